@@ -1,0 +1,363 @@
+"""The scoring core: BMX, WQA and BM25 as pure numpy functions.
+
+Arrays in, arrays out: no I/O, no globals, float64 throughout. Every later layer (proxy, client
+wrapper, CLI, benchmarks) gathers the same three inputs and calls `score`:
+
+- `TermStats`: corpus-wide statistics of the distinct terms a query uses (N, avgdl, df, raw entropy),
+- `Candidates`: each candidate's term frequency of those terms and its length,
+- `Query`: the query's tokens as indices into those terms, in order, duplicates kept, with weights.
+
+Definitions follow `BMX.md` (the paper, arXiv 2408.06643, and its reference implementation,
+baguetter 0.1.1, `baguetter/indices/sparse/models/bmx/index.py`); where they differ the reference wins
+unless a mode names the paper's variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MODES = ("bmx", "bm25")
+WQA_MODES = ("merged", "sum")
+NORMALIZATIONS = ("paper", "reference", "none")
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """Corpus statistics for `u` distinct terms: the exact, corpus-wide numbers BMX needs."""
+
+    n_docs: int
+    avgdl: float
+    df: np.ndarray  # (u,) documents holding the term
+    entropy: np.ndarray  # (u,) raw entropy: sum over every holding document of h(sigmoid(tf))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "df", _array("df", self.df, ndim=1))
+        object.__setattr__(self, "entropy", _array("entropy", self.entropy, ndim=1))
+        if self.df.shape != self.entropy.shape:
+            raise ValueError(
+                f"df and entropy must have the same shape, got {self.df.shape} and {self.entropy.shape}"
+            )
+        if self.n_docs < 0:
+            raise ValueError(f"n_docs must be >= 0, got {self.n_docs}")
+        if self.n_docs > 0 and not (math.isfinite(self.avgdl) and self.avgdl > 0):
+            raise ValueError(f"avgdl must be finite and > 0 when n_docs > 0, got {self.avgdl}")
+        if np.any(self.df < 0) or np.any(self.df > self.n_docs):
+            raise ValueError("df must lie in [0, n_docs]")
+        if np.any(self.entropy < 0):
+            raise ValueError("entropy must be >= 0")
+
+    @property
+    def n_terms(self) -> int:
+        return int(self.df.shape[0])
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Per-candidate features: `tf[i, j]` occurrences of term j in candidate i, and its length |D|."""
+
+    tf: np.ndarray  # (n, u)
+    length: np.ndarray  # (n,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tf", _array("tf", self.tf, ndim=2))
+        object.__setattr__(self, "length", _array("length", self.length, ndim=1))
+        if self.tf.shape[0] != self.length.shape[0]:
+            raise ValueError(f"tf has {self.tf.shape[0]} rows but length has {self.length.shape[0]} entries")
+        if np.any(self.tf < 0) or np.any(self.length < 0):
+            raise ValueError("tf and length must be >= 0")
+
+    @property
+    def n(self) -> int:
+        return int(self.length.shape[0])
+
+
+@dataclass(frozen=True)
+class Query:
+    """Query tokens as term indices (duplicates kept, in order) and one weight per token.
+
+    With WQA `merged`, the tokens of the original and augmented queries are concatenated and each token
+    carries its query's weight (1 for the original)."""
+
+    tokens: np.ndarray  # (m,) int indices into the term axis
+    weights: np.ndarray = field(default=None)  # type: ignore[assignment]  # (m,), default all 1
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        object.__setattr__(self, "tokens", tokens)
+        weights = np.ones(tokens.shape[0]) if self.weights is None else _array("weights", self.weights, 1)
+        if weights.shape != tokens.shape:
+            raise ValueError(f"weights must have one entry per token, got {weights.shape} for {tokens.shape}")
+        if np.any(weights < 0):
+            raise ValueError("weights must be >= 0")
+        object.__setattr__(self, "weights", weights)
+
+    @property
+    def m(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class BMXParams:
+    """alpha and beta; None means the reference defaults (from avgdl and N)."""
+
+    alpha: float | None = None
+    beta: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta"):
+            _check_non_negative(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    """Lucene's BM25 parameters."""
+
+    k1: float = 1.2
+    b: float = 0.75
+
+    def __post_init__(self) -> None:
+        _check_non_negative("k1", self.k1)
+        _check_non_negative("b", self.b)
+        if self.b > 1:
+            raise ValueError(f"b must lie in [0, 1], got {self.b}")
+
+
+def idf(n_docs: int, df: np.ndarray) -> np.ndarray:
+    """Lucene's BM25 IDF: ln(1 + (N - df + 0.5) / (df + 0.5))."""
+    df = np.asarray(df, dtype=np.float64)
+    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+def entropy_contribution(tf: np.ndarray) -> np.ndarray:
+    """One document's contribution to a term's raw entropy: h(sigmoid(tf)) with h(p) = -p ln p.
+
+    Summed over every document holding a term this gives its raw entropy (BMX.md); it is additive, so
+    statistics of shards or indices combine by summing."""
+    tf = np.asarray(tf, dtype=np.float64)
+    p = 1.0 / (1.0 + np.exp(-tf))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p > 0, -p * np.log(p), 0.0)
+
+
+def default_alpha(avgdl: float) -> float:
+    """Reference default: clamp(avgdl / 100, 0.5, 1.5)."""
+    return float(min(max(avgdl / 100.0, 0.5), 1.5))
+
+
+def default_beta(n_docs: int) -> float:
+    """Reference default: 1 / ln(1 + N)."""
+    return 1.0 / math.log1p(n_docs) if n_docs > 0 else 0.0
+
+
+def live_tokens(stats: TermStats, query: Query) -> Query:
+    """Drop query tokens whose term no document holds (df = 0), as the reference does."""
+    _check_tokens(stats, query)
+    keep = stats.df[query.tokens] > 0
+    if np.all(keep):
+        return query
+    return Query(query.tokens[keep], query.weights[keep])
+
+
+def bmx_terms(
+    stats: TermStats, cands: Candidates, query: Query, params: BMXParams | None = None
+) -> np.ndarray:
+    """Per-token BMX contributions, shape (n, m) over the live tokens; `bmx` is their row sum.
+
+    score(D,Q) = sum_{i: tf(q_i,D)>0} w_i [IDF(q_i) tf (a+1) / (tf + a|D|/avgdl + a*Ebar) + b E(q_i) S(Q,D)]
+    with E the raw entropy over the query's max, Ebar its mean over the tokens, S the matching share of
+    tokens. The beta term counts only matching tokens (reference semantics)."""
+    _check_candidates(stats, cands)
+    query = live_tokens(stats, query)
+    if query.m == 0 or cands.n == 0:
+        return np.zeros((cands.n, query.m))
+    params = params or BMXParams()
+    alpha = default_alpha(stats.avgdl) if params.alpha is None else params.alpha
+    beta = default_beta(stats.n_docs) if params.beta is None else params.beta
+    raw = stats.entropy[query.tokens]
+    top = raw.max()
+    ent = raw / top if top > 0 else np.zeros_like(raw)
+    mean_ent = ent.mean()
+    tf = cands.tf[:, query.tokens]  # (n, m)
+    matched = tf > 0
+    similarity = matched.sum(axis=1, keepdims=True) / query.m  # (n, 1)
+    rel_len = cands.length[:, None] / stats.avgdl
+    denom = tf + alpha * rel_len + alpha * mean_ent
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tf_part = np.where(matched, idf(stats.n_docs, stats.df[query.tokens]) * tf * (alpha + 1) / denom, 0.0)
+    sim_part = np.where(matched, beta * ent * similarity, 0.0)
+    return query.weights * (tf_part + sim_part)
+
+
+def bmx(stats: TermStats, cands: Candidates, query: Query, params: BMXParams | None = None) -> np.ndarray:
+    """BMX score of every candidate (reference semantics; WQA `merged` when the query carries weights)."""
+    return bmx_terms(stats, cands, query, params).sum(axis=1)
+
+
+def bm25_terms(
+    stats: TermStats, cands: Candidates, query: Query, params: BM25Params | None = None
+) -> np.ndarray:
+    """Per-token BM25 contributions, IDF * tf (k1 + 1) / (tf + k1 (1 - b + b |D|/avgdl)).
+
+    The classic form, as the shared test vectors define it: Lucene drops the constant (k1 + 1), which
+    changes no ranking. Unlike Elasticsearch it uses exact corpus-wide N, df, avgdl and lengths."""
+    _check_candidates(stats, cands)
+    query = live_tokens(stats, query)
+    if query.m == 0 or cands.n == 0:
+        return np.zeros((cands.n, query.m))
+    params = params or BM25Params()
+    tf = cands.tf[:, query.tokens]
+    norm = params.k1 * (1.0 - params.b + params.b * cands.length[:, None] / stats.avgdl)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        part = np.where(
+            tf > 0, idf(stats.n_docs, stats.df[query.tokens]) * tf * (params.k1 + 1) / (tf + norm), 0.0
+        )
+    return query.weights * part
+
+
+def bm25(stats: TermStats, cands: Candidates, query: Query, params: BM25Params | None = None) -> np.ndarray:
+    """BM25 score of every candidate with exact statistics."""
+    return bm25_terms(stats, cands, query, params).sum(axis=1)
+
+
+def normalizer(m: int, n_docs: int, kind: str) -> float:
+    """The per-query constant a normalized score is divided by (0 when there is nothing to score).
+
+    `paper`: m (ln(1 + (N - 0.5)/1.5) + 1) (the BMX paper's normalized BMX); `reference`: m ln(1 +
+    (N - 0.5)/1.5) (baguetter, and the paper's normalized BM25, appendix B); `none`: 1. Neither is a
+    strict bound: a normalized score can exceed 1. m counts the live (df > 0) tokens."""
+    _check_choice("normalize", kind, NORMALIZATIONS)
+    if kind == "none":
+        return 1.0
+    if m == 0 or n_docs == 0:
+        return 0.0
+    top_idf = math.log1p((n_docs - 0.5) / 1.5)
+    return m * (top_idf + 1.0 if kind == "paper" else top_idf)
+
+
+def normalize(scores: np.ndarray, m: int, n_docs: int, kind: str) -> np.ndarray:
+    """Scores divided by `normalizer` (all zero when it is 0)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    divisor = normalizer(m, n_docs, kind)
+    return scores / divisor if divisor > 0 else np.zeros_like(scores)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything one rerank needs besides the arrays: mode, parameters, WQA and normalization."""
+
+    mode: str = "bmx"
+    alpha: float | None = None
+    beta: float | None = None
+    k1: float = 1.2
+    b: float = 0.75
+    wqa_mode: str = "merged"
+    normalize: str = "none"
+
+    def __post_init__(self) -> None:
+        _check_choice("mode", self.mode, MODES)
+        _check_choice("wqa_mode", self.wqa_mode, WQA_MODES)
+        _check_choice("normalize", self.normalize, NORMALIZATIONS)
+        BMXParams(self.alpha, self.beta)
+        BM25Params(self.k1, self.b)
+
+    def terms_scorer(self) -> Callable[[TermStats, Candidates, Query], np.ndarray]:
+        """The per-token scorer this request names."""
+        if self.mode == "bm25":
+            params25 = BM25Params(self.k1, self.b)
+            return lambda s, c, q: bm25_terms(s, c, q, params25)
+        paramsx = BMXParams(self.alpha, self.beta)
+        return lambda s, c, q: bmx_terms(s, c, q, paramsx)
+
+
+def score(
+    stats: TermStats,
+    cands: Candidates,
+    queries: Sequence[Query],
+    request: Request | None = None,
+) -> np.ndarray:
+    """Final score of every candidate for a query and its augmentations (`queries[0]` is the original).
+
+    `merged` (reference WQA) scores the concatenated tokens in one pass; `sum` (the paper's equation)
+    adds each augmented query's own score times its weight. Normalization divides by the live token count
+    over all queries, which for `merged` is the m of the merged query."""
+    return score_terms(stats, cands, queries, request).sum(axis=1)
+
+
+def score_terms(
+    stats: TermStats,
+    cands: Candidates,
+    queries: Sequence[Query],
+    request: Request | None = None,
+) -> np.ndarray:
+    """Per-token contributions (n, m_live) behind `score`, in merged token order, for `explain`."""
+    if not queries:
+        raise ValueError("queries must hold at least the original query")
+    scorer = (request or Request()).terms_scorer()
+    if request.wqa_mode == "merged" or len(queries) == 1:
+        parts = scorer(stats, cands, merge(queries))
+    else:
+        parts = np.concatenate(
+            [scorer(stats, cands, _unit_weights(q)) * _query_weight(q) for q in queries], axis=1
+        )
+    return normalize(parts, parts.shape[1], stats.n_docs, (request or Request()).normalize)
+
+
+def merge(queries: Sequence[Query]) -> Query:
+    """Concatenate queries into one for WQA `merged`: each token keeps its query's weight."""
+    if len(queries) == 1:
+        return queries[0]
+    return Query(
+        np.concatenate([q.tokens for q in queries]),
+        np.concatenate([q.weights for q in queries]),
+    )
+
+
+def _query_weight(query: Query) -> float:
+    """The single weight a `sum`-mode query carries (all its tokens share it)."""
+    if query.m == 0:
+        return 0.0
+    w = query.weights
+    if np.any(w != w[0]):
+        raise ValueError("in wqa_mode 'sum' every token of one query must carry the same weight")
+    return float(w[0])
+
+
+def _unit_weights(query: Query) -> Query:
+    return Query(query.tokens, np.ones(query.m))
+
+
+def _array(name: str, value: object, ndim: int) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite")
+    return arr
+
+
+def _check_non_negative(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_tokens(stats: TermStats, query: Query) -> None:
+    if query.m and (query.tokens.min() < 0 or query.tokens.max() >= stats.n_terms):
+        raise ValueError(f"query tokens must index the {stats.n_terms} terms of the statistics")
+
+
+def _check_candidates(stats: TermStats, cands: Candidates) -> None:
+    if cands.tf.shape[1] != stats.n_terms:
+        raise ValueError(f"tf has {cands.tf.shape[1]} columns but the statistics hold {stats.n_terms} terms")

@@ -1,0 +1,156 @@
+"""Calls the sidecar makes to the cluster: token analysis and per-document term frequencies.
+
+Every call takes the caller's headers (credentials included) so the sidecar reads nothing on a client's
+behalf that the client could not read directly. Errors come back as `SearchError`s: the cluster's own
+error passes through as `UpstreamError`, an unreachable cluster is a 502 and a slow one a 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bmx_rerank.errors import UpstreamError, timed_out, unreachable
+
+# Only term frequencies: statistics, positions and offsets cost the cluster time and are not needed.
+TERM_VECTOR_PARAMETERS = {
+    "term_statistics": False,
+    "field_statistics": False,
+    "positions": False,
+    "offsets": False,
+    "payloads": False,
+}
+
+
+@dataclass(frozen=True)
+class DocRef:
+    """Where a document lives, as a search hit names it."""
+
+    index: str
+    id: str
+    routing: str | None = None
+
+
+@dataclass(frozen=True)
+class DocTerms:
+    """A document's term frequencies in one field; `length` is their sum (BMX's |D|)."""
+
+    ref: DocRef
+    found: bool
+    tf: dict[str, int] = field(default_factory=dict)
+    version: int | None = None
+    seq_no: int | None = None
+    primary_term: int | None = None
+
+    @property
+    def length(self) -> int:
+        return sum(self.tf.values())
+
+
+def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The caller's headers worth repeating on the sidecar's own calls: credentials and tracing."""
+    keep = ("authorization", "x-opaque-id", "es-security-runas-user", "cookie")
+    return {k: v for k, v in headers.items() if k.lower() in keep}
+
+
+async def request_json(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """One JSON call to the cluster; its error answers become `UpstreamError`, failures 502/504."""
+    data = None if body is None else orjson.dumps(body)
+    hdrs = {**(headers or {}), "Content-Type": "application/json", "Accept": "application/json"}
+    try:
+        async with session.request(
+            method, url, data=data, headers=hdrs, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            payload = await resp.read()
+            if resp.status >= 400:
+                raise _upstream_error(resp.status, payload, resp.content_type)
+            return orjson.loads(payload) if payload else None
+    except asyncio.TimeoutError as exc:
+        raise timed_out(f"{method} {_path(url)} took longer than {timeout}s") from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise unreachable(f"{method} {_path(url)} failed: {exc.__class__.__name__}") from exc
+
+
+async def analyze(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    field_name: str,
+    text: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> list[str]:
+    """The tokens `text` is searched with on `field_name` (its search analyzer), in order."""
+    body = {"field": field_name, "text": text}
+    answer = await request_json(session, "POST", f"{base_url}/{index}/_analyze", body, headers, timeout)
+    return [tok["token"] for tok in answer.get("tokens", [])]
+
+
+async def mtermvectors(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    docs: Sequence[DocRef],
+    field_name: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> list[DocTerms]:
+    """Exact term frequencies of `field_name` for each document, in the order given.
+
+    Works whether or not the mapping stores term vectors (the cluster re-analyzes the source)."""
+    if not docs:
+        return []
+    specs = []
+    for ref in docs:
+        spec: dict[str, Any] = {"_index": ref.index, "_id": ref.id, "fields": [field_name]}
+        if ref.routing is not None:
+            spec["routing"] = ref.routing
+        specs.append({**spec, **TERM_VECTOR_PARAMETERS})
+    answer = await request_json(
+        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers, timeout
+    )
+    return [_doc_terms(ref, doc, field_name) for ref, doc in zip(docs, answer["docs"], strict=True)]
+
+
+def _doc_terms(ref: DocRef, doc: Mapping[str, Any], field_name: str) -> DocTerms:
+    if "error" in doc:
+        err = doc["error"]
+        reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+        raise UpstreamError(
+            500, "bmx_termvectors_exception", f"term vectors of [{ref.index}][{ref.id}]: {reason}"
+        )
+    terms = doc.get("term_vectors", {}).get(field_name, {}).get("terms", {})
+    return DocTerms(
+        ref,
+        bool(doc.get("found", False)),
+        {t: int(v["term_freq"]) for t, v in terms.items()},
+        doc.get("_version"),
+        doc.get("_seq_no"),
+        doc.get("_primary_term"),
+    )
+
+
+def _upstream_error(status: int, payload: bytes, content_type: str) -> UpstreamError:
+    try:
+        err = orjson.loads(payload).get("error", {})
+        kind = err.get("type", "upstream_exception") if isinstance(err, dict) else "upstream_exception"
+        reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+    except (orjson.JSONDecodeError, AttributeError):
+        kind, reason = "upstream_exception", payload[:200].decode("utf-8", "replace")
+    return UpstreamError(status, kind, reason, payload, content_type or "application/json")
+
+
+def _path(url: str) -> str:
+    """The URL without scheme, host or query, so logs and errors never carry credentials."""
+    return "/" + url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
