@@ -296,14 +296,15 @@ def score_terms(
     """Per-token contributions (n, m_live) behind `score`, in merged token order, for `explain`."""
     if not queries:
         raise ValueError("queries must hold at least the original query")
-    scorer = (request or Request()).terms_scorer()
+    request = request or Request()
+    scorer = request.terms_scorer()
     if request.wqa_mode == "merged" or len(queries) == 1:
         parts = scorer(stats, cands, merge(queries))
     else:
         parts = np.concatenate(
             [scorer(stats, cands, _unit_weights(q)) * _query_weight(q) for q in queries], axis=1
         )
-    return normalize(parts, parts.shape[1], stats.n_docs, (request or Request()).normalize)
+    return normalize(parts, parts.shape[1], stats.n_docs, request.normalize)
 
 
 def merge(queries: Sequence[Query]) -> Query:
