@@ -22,6 +22,7 @@ import numpy as np
 
 MODES = ("bmx", "bm25")
 WQA_MODES = ("merged", "sum")
+Scorer = Callable[["TermStats", "Candidates", "Query"], np.ndarray]
 NORMALIZATIONS = ("paper", "reference", "none")
 
 
@@ -162,39 +163,79 @@ def live_tokens(stats: TermStats, query: Query) -> Query:
     return Query(query.tokens[keep], query.weights[keep])
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """A query reduced to its distinct live terms: the work is done once per term, not per token."""
+
+    query: Query  # live tokens only
+    inverse: np.ndarray  # (m,) token -> distinct-term column
+    tf: np.ndarray  # (n, u) term frequencies of the distinct terms
+    df: np.ndarray  # (u,)
+
+    def per_term(self, per_token: np.ndarray) -> np.ndarray:
+        """Sum a per-token vector into its distinct terms (how duplicated tokens add up)."""
+        return np.bincount(self.inverse, weights=per_token, minlength=self.tf.shape[1])
+
+
+def _columns(stats: TermStats, cands: Candidates, query: Query) -> _Columns:
+    _check_candidates(stats, cands)
+    query = live_tokens(stats, query)
+    distinct, inverse = np.unique(query.tokens, return_inverse=True)
+    return _Columns(query, inverse.reshape(-1), cands.tf[:, distinct], stats.df[distinct])
+
+
+def _ratio(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """num / den where a term matches, 0 elsewhere (an unmatched term contributes nothing)."""
+    return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=where)
+
+
+def _bmx_pieces(stats: TermStats, cands: Candidates, query: Query, params: BMXParams | None):
+    """Shared by `bmx` and `bmx_terms`: per-term tf part, match mask, per-token entropy, similarity."""
+    cols = _columns(stats, cands, query)
+    m = cols.query.m
+    params = params or BMXParams()
+    alpha = default_alpha(stats.avgdl) if params.alpha is None else params.alpha
+    beta = default_beta(stats.n_docs) if params.beta is None else params.beta
+    raw = stats.entropy[cols.query.tokens]
+    top = raw.max() if m else 0.0
+    ent = raw / top if top > 0 else np.zeros_like(raw)
+    mean_ent = ent.mean() if m else 0.0
+    matched = cols.tf > 0
+    denom = cols.tf + alpha * (cands.length[:, None] / stats.avgdl + mean_ent) if m else cols.tf
+    tf_part = _ratio(idf(stats.n_docs, cols.df) * (alpha + 1) * cols.tf, denom, matched)
+    matched = matched.astype(np.float64)
+    similarity = matched @ cols.per_term(np.ones(m)) / m if m else np.zeros(cands.n)
+    return cols, tf_part, matched, ent, beta, similarity
+
+
 def bmx_terms(
     stats: TermStats, cands: Candidates, query: Query, params: BMXParams | None = None
 ) -> np.ndarray:
-    """Per-token BMX contributions, shape (n, m) over the live tokens; `bmx` is their row sum.
+    """Per-token BMX contributions, shape (n, m) over the live tokens, for explanations.
 
     score(D,Q) = sum_{i: tf(q_i,D)>0} w_i [IDF(q_i) tf (a+1) / (tf + a|D|/avgdl + a*Ebar) + b E(q_i) S(Q,D)]
     with E the raw entropy over the query's max, Ebar its mean over the tokens, S the matching share of
     tokens. The beta term counts only matching tokens (reference semantics)."""
-    _check_candidates(stats, cands)
-    query = live_tokens(stats, query)
-    if query.m == 0 or cands.n == 0:
-        return np.zeros((cands.n, query.m))
-    params = params or BMXParams()
-    alpha = default_alpha(stats.avgdl) if params.alpha is None else params.alpha
-    beta = default_beta(stats.n_docs) if params.beta is None else params.beta
-    raw = stats.entropy[query.tokens]
-    top = raw.max()
-    ent = raw / top if top > 0 else np.zeros_like(raw)
-    mean_ent = ent.mean()
-    tf = cands.tf[:, query.tokens]  # (n, m)
-    matched = tf > 0
-    similarity = matched.sum(axis=1, keepdims=True) / query.m  # (n, 1)
-    rel_len = cands.length[:, None] / stats.avgdl
-    denom = tf + alpha * rel_len + alpha * mean_ent
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tf_part = np.where(matched, idf(stats.n_docs, stats.df[query.tokens]) * tf * (alpha + 1) / denom, 0.0)
-    sim_part = np.where(matched, beta * ent * similarity, 0.0)
-    return query.weights * (tf_part + sim_part)
+    cols, tf_part, matched, ent, beta, similarity = _bmx_pieces(stats, cands, query, params)
+    inv = cols.inverse
+    return cols.query.weights * (tf_part[:, inv] + beta * similarity[:, None] * matched[:, inv] * ent)
 
 
 def bmx(stats: TermStats, cands: Candidates, query: Query, params: BMXParams | None = None) -> np.ndarray:
-    """BMX score of every candidate (reference semantics; WQA `merged` when the query carries weights)."""
-    return bmx_terms(stats, cands, query, params).sum(axis=1)
+    """BMX score of every candidate: the row sums of `bmx_terms`, computed per distinct term.
+
+    Reference semantics; WQA `merged` when the query's tokens carry their queries' weights."""
+    cols, tf_part, matched, ent, beta, similarity = _bmx_pieces(stats, cands, query, params)
+    weights = cols.query.weights
+    return tf_part @ cols.per_term(weights) + beta * similarity * (matched @ cols.per_term(weights * ent))
+
+
+def _bm25_part(stats: TermStats, cands: Candidates, query: Query, params: BM25Params | None):
+    cols = _columns(stats, cands, query)
+    params = params or BM25Params()
+    norm = params.k1 * (1.0 - params.b + params.b * cands.length[:, None] / stats.avgdl)
+    num = idf(stats.n_docs, cols.df) * (params.k1 + 1) * cols.tf
+    return cols, _ratio(num, cols.tf + norm, cols.tf > 0)
 
 
 def bm25_terms(
@@ -204,23 +245,14 @@ def bm25_terms(
 
     The classic form, as the shared test vectors define it: Lucene drops the constant (k1 + 1), which
     changes no ranking. Unlike Elasticsearch it uses exact corpus-wide N, df, avgdl and lengths."""
-    _check_candidates(stats, cands)
-    query = live_tokens(stats, query)
-    if query.m == 0 or cands.n == 0:
-        return np.zeros((cands.n, query.m))
-    params = params or BM25Params()
-    tf = cands.tf[:, query.tokens]
-    norm = params.k1 * (1.0 - params.b + params.b * cands.length[:, None] / stats.avgdl)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        part = np.where(
-            tf > 0, idf(stats.n_docs, stats.df[query.tokens]) * tf * (params.k1 + 1) / (tf + norm), 0.0
-        )
-    return query.weights * part
+    cols, part = _bm25_part(stats, cands, query, params)
+    return cols.query.weights * part[:, cols.inverse]
 
 
 def bm25(stats: TermStats, cands: Candidates, query: Query, params: BM25Params | None = None) -> np.ndarray:
-    """BM25 score of every candidate with exact statistics."""
-    return bm25_terms(stats, cands, query, params).sum(axis=1)
+    """BM25 score of every candidate with exact statistics (row sums of `bm25_terms`)."""
+    cols, part = _bm25_part(stats, cands, query, params)
+    return part @ cols.per_term(cols.query.weights)
 
 
 def normalizer(m: int, n_docs: int, kind: str) -> float:
@@ -264,13 +296,13 @@ class Request:
         BMXParams(self.alpha, self.beta)
         BM25Params(self.k1, self.b)
 
-    def terms_scorer(self) -> Callable[[TermStats, Candidates, Query], np.ndarray]:
-        """The per-token scorer this request names."""
+    def scorers(self) -> tuple[Scorer, Scorer]:
+        """The (per-candidate, per-token) scorers this request names."""
         if self.mode == "bm25":
-            params25 = BM25Params(self.k1, self.b)
-            return lambda s, c, q: bm25_terms(s, c, q, params25)
-        paramsx = BMXParams(self.alpha, self.beta)
-        return lambda s, c, q: bmx_terms(s, c, q, paramsx)
+            p25 = BM25Params(self.k1, self.b)
+            return (lambda s, c, q: bm25(s, c, q, p25)), (lambda s, c, q: bm25_terms(s, c, q, p25))
+        px = BMXParams(self.alpha, self.beta)
+        return (lambda s, c, q: bmx(s, c, q, px)), (lambda s, c, q: bmx_terms(s, c, q, px))
 
 
 def score(
@@ -284,7 +316,9 @@ def score(
     `merged` (reference WQA) scores the concatenated tokens in one pass; `sum` (the paper's equation)
     adds each augmented query's own score times its weight. Normalization divides by the live token count
     over all queries, which for `merged` is the m of the merged query."""
-    return score_terms(stats, cands, queries, request).sum(axis=1)
+    request = request or Request()
+    scorer, _ = request.scorers()
+    return _combine(stats, cands, queries, request, scorer, lambda parts: sum(parts))
 
 
 def score_terms(
@@ -294,17 +328,21 @@ def score_terms(
     request: Request | None = None,
 ) -> np.ndarray:
     """Per-token contributions (n, m_live) behind `score`, in merged token order, for `explain`."""
+    request = request or Request()
+    _, scorer = request.scorers()
+    return _combine(stats, cands, queries, request, scorer, lambda parts: np.concatenate(parts, axis=1))
+
+
+def _combine(stats, cands, queries, request, scorer, join) -> np.ndarray:
     if not queries:
         raise ValueError("queries must hold at least the original query")
-    request = request or Request()
-    scorer = request.terms_scorer()
     if request.wqa_mode == "merged" or len(queries) == 1:
-        parts = scorer(stats, cands, merge(queries))
+        merged = merge(queries)
+        out = scorer(stats, cands, merged)
     else:
-        parts = np.concatenate(
-            [scorer(stats, cands, _unit_weights(q)) * _query_weight(q) for q in queries], axis=1
-        )
-    return normalize(parts, parts.shape[1], stats.n_docs, request.normalize)
+        out = join([scorer(stats, cands, _unit_weights(q)) * _query_weight(q) for q in queries])
+    m = sum(live_tokens(stats, q).m for q in queries)
+    return normalize(out, m, stats.n_docs, request.normalize)
 
 
 def merge(queries: Sequence[Query]) -> Query:
