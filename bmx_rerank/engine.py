@@ -291,8 +291,8 @@ def render_yaml(settings: dict[str, str]) -> str:
 
 def classify_maven_failure(output: str, artifact: Artifact) -> EngineError:
     """Turn Maven's output into an actionable message (not published vs. download refused)."""
-    tail = "\n".join(line for line in output.strip().splitlines()[-8:])
-    if "Could not find artifact" in output or "Failure to find" in output:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    if re.search(r"Could not find artifact|Failure to find|was not found in", text):
         hint = ""
         if artifact.group.startswith("org.elasticsearch.distribution") and artifact.version.startswith("9."):
             hint = " Elastic does not publish the 9.x integ-test-zip to Maven Central; use 8.19.21."
@@ -300,9 +300,11 @@ def classify_maven_failure(output: str, artifact: Artifact) -> EngineError:
             f"{artifact.coordinate} is not on Maven Central.{hint} "
             "Pick a published version with --version (see docs/engines.md)."
         )
+    errors = [line for line in text.splitlines() if line.startswith("[ERROR]") and len(line) > 12]
+    detail = "\n".join((errors or text.strip().splitlines())[:3])
     return EngineError(
         f"Maven could not download {artifact.coordinate}. Check access to Maven Central "
-        f"(proxy, ~/.m2/settings.xml mirrors) or place the file in the cache yourself.\n{tail}"
+        f"(proxy, ~/.m2/settings.xml mirrors) or place the file in the cache yourself.\n{detail}"
     )
 
 

@@ -1,0 +1,200 @@
+"""Real Elasticsearch and OpenSearch for integration tests.
+
+Where the engines come from, first match wins:
+1. `BMX_TEST_ELASTICSEARCH_URL` / `BMX_TEST_OPENSEARCH_URL` (e.g. from `bmx-rerank engine start ...`);
+2. testcontainers, when a Docker engine answers (images overridable with `BMX_TEST_*_IMAGE`);
+3. otherwise the tests skip, or fail when `BMX_REQUIRE_ENGINES=1` (as `scripts/test.sh` sets).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+KINDS = ("elasticsearch", "opensearch")
+URL_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_URL", "opensearch": "BMX_TEST_OPENSEARCH_URL"}
+IMAGE_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_IMAGE", "opensearch": "BMX_TEST_OPENSEARCH_IMAGE"}
+DEFAULT_IMAGES = {
+    "elasticsearch": "docker.elastic.co/elasticsearch/elasticsearch:8.19.21",
+    "opensearch": "opensearchproject/opensearch:2.19.3",
+}
+HEAP = "-Xms512m -Xmx512m"
+
+
+@dataclass(frozen=True)
+class Response:
+    """An engine's answer: HTTP status, parsed JSON body and headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class EngineClient:
+    """Plain-HTTP access to one engine; identical for ES and OpenSearch, unlike the official clients."""
+
+    kind: str
+    url: str
+
+    def call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Response:
+        """Send a request and return the response whatever its status (tests assert on errors too)."""
+        query = ""
+        if params:
+            query = "?" + urllib.parse.urlencode(
+                {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
+            )
+        data = None if body is None else json.dumps(body).encode()
+        if isinstance(body, str):  # NDJSON for _bulk
+            data = body.encode()
+        content_type = "application/x-ndjson" if isinstance(body, str) else "application/json"
+        request = urllib.request.Request(
+            f"{self.url}{path}{query}", data=data, method=method, headers={"Content-Type": content_type}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                status, raw, headers = resp.status, resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as err:
+            status, raw, headers = err.code, err.read(), dict(err.headers)
+        return Response(status, json.loads(raw) if raw else None, headers)
+
+    def ok(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
+        """Send a request that must succeed; return its JSON body."""
+        resp = self.call(method, path, body, params)
+        assert 200 <= resp.status < 300, f"{method} {path} -> {resp.status}: {resp.body}"
+        return resp.body
+
+
+def _unavailable(reason: str) -> None:
+    """Skip, or fail when the run promised real engines (BMX_REQUIRE_ENGINES=1)."""
+    if os.environ.get("BMX_REQUIRE_ENGINES") == "1":
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+def _check_engine(kind: str, url: str, source: str) -> None:
+    """Fail loudly when the URL does not answer or is the other engine (ES tags every response)."""
+    try:
+        resp = EngineClient(kind, url).call("GET", "/_cluster/health")
+    except OSError as exc:
+        pytest.fail(f"{source}={url} does not answer /_cluster/health: {exc}", pytrace=False)
+    if resp.status != 200:
+        pytest.fail(f"{source}={url}: /_cluster/health answered {resp.status}: {resp.body}", pytrace=False)
+    if _kind_of(url) != kind:
+        pytest.fail(f"{source}={url} is not {kind} but {_kind_of(url)}", pytrace=False)
+
+
+def _docker_reachable() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:  # no SDK, no socket, no daemon: all mean "no Docker here"
+        return False
+    return True
+
+
+def _container(kind: str, image: str) -> Any:
+    """A testcontainers container for `kind` (modules moved to testcontainers.community in 4.x)."""
+    if kind == "elasticsearch":
+        try:
+            from testcontainers.community.elasticsearch import ElasticSearchContainer
+        except ImportError:
+            from testcontainers.elasticsearch import ElasticSearchContainer
+        # Older releases raise ValueError on 9.x tags (testcontainers-python#860).
+        return ElasticSearchContainer(image, mem_limit="2G").with_env("ES_JAVA_OPTS", HEAP)
+    try:
+        from testcontainers.community.opensearch import OpenSearchContainer
+    except ImportError:
+        from testcontainers.opensearch import OpenSearchContainer
+    return OpenSearchContainer(image).with_env("OPENSEARCH_JAVA_OPTS", HEAP)
+
+
+def _engine_url(kind: str) -> Iterator[str]:
+    env_var = URL_VARS[kind]
+    url = os.environ.get(env_var, "").strip().rstrip("/")
+    if url:
+        _check_engine(kind, url, env_var)
+        yield url
+        return
+    if not _docker_reachable():
+        _unavailable(
+            f"no {kind}: set {env_var} (e.g. `export {env_var}=$(bmx-rerank engine start {kind} | tail -n1)`) "
+            "or make a Docker engine reachable for testcontainers"
+        )
+    image = os.environ.get(IMAGE_VARS[kind]) or DEFAULT_IMAGES[kind]
+    container = _container(kind, image)
+    container.start()
+    try:
+        # get_url() is gone from ElasticSearchContainer (testcontainers-python#980): build it.
+        url = f"http://{container.get_container_host_ip()}:{container.get_exposed_port(container.port)}"
+        _check_engine(kind, url, f"testcontainers {image}")
+        yield url
+    finally:
+        container.stop()
+
+
+@pytest.fixture(scope="session")
+def elasticsearch_url() -> Iterator[str]:
+    """Base URL of a real Elasticsearch (plain HTTP, no auth)."""
+    yield from _engine_url("elasticsearch")
+
+
+@pytest.fixture(scope="session")
+def opensearch_url() -> Iterator[str]:
+    """Base URL of a real OpenSearch (plain HTTP, no auth)."""
+    yield from _engine_url("opensearch")
+
+
+@pytest.fixture(scope="session", params=KINDS, ids=list(KINDS))
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """Each engine in turn: the same test runs against Elasticsearch and OpenSearch."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+def _kind_of(url: str) -> str:
+    """Which engine answers at `url`: Elasticsearch tags every response with X-elastic-product."""
+    headers = EngineClient("?", url).call("GET", "/_cluster/health").headers
+    return "elasticsearch" if headers.get("X-elastic-product") == "Elasticsearch" else "opensearch"
+
+
+@pytest.fixture(scope="session")
+def engine(engine_url: str) -> EngineClient:
+    """An HTTP client for the current `engine_url`, knowing which engine it is."""
+    return EngineClient(_kind_of(engine_url), engine_url)
+
+
+MakeIndex = Callable[..., str]
+
+
+@pytest.fixture
+def make_index(engine: EngineClient) -> Iterator[MakeIndex]:
+    """Create uniquely named indices (1 shard, 0 replicas, so health stays green); delete them after."""
+    created: list[str] = []
+
+    def create(mappings: dict[str, Any] | None = None, settings: dict[str, Any] | None = None) -> str:
+        name = f"bmx-test-{uuid.uuid4().hex[:12]}"
+        body: dict[str, Any] = {
+            "settings": {"number_of_shards": 1, "number_of_replicas": 0, **(settings or {})}
+        }
+        if mappings is not None:
+            body["mappings"] = mappings
+        engine.ok("PUT", f"/{name}", body)
+        created.append(name)
+        return name
+
+    yield create
+    for name in created:
+        resp = engine.call("DELETE", f"/{name}")
+        assert resp.status in (200, 404), f"could not delete test index {name}: {resp.body}"
