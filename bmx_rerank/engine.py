@@ -718,6 +718,19 @@ def _engine_env(req: StartRequest, java: JavaHome, node: Path) -> dict[str, str]
     return env
 
 
+def _java_candidates(java_home: Path | None) -> list[JavaHome]:
+    """--java-home, else $BMX_RERANK_JAVA_HOME, else every JDK on the machine."""
+    explicit = java_home or (
+        Path(os.environ["BMX_RERANK_JAVA_HOME"]) if os.environ.get("BMX_RERANK_JAVA_HOME") else None
+    )
+    if explicit is None:
+        return find_java_homes()
+    found = read_java_home(explicit)
+    if found is None:
+        raise EngineError(f"{explicit} is not a JDK (it needs bin/java and a release file)")
+    return [found]
+
+
 def start(req: StartRequest, report: Reporter = _quiet) -> EngineState:
     """Start the engine (or find it running) and return its state once /_cluster/health answers."""
     with _locked(state_dir() / f".{req.kind}.lock"):
@@ -729,21 +742,12 @@ def start(req: StartRequest, report: Reporter = _quiet) -> EngineState:
                     f"run `bmx-rerank engine stop {req.kind}` first to change version or port"
                 )
             return current
+        java = choose_java(req.kind, req.version, _java_candidates(req.java_home))
         if port_in_use(req.port):
             raise EngineError(
                 f"port {req.port} on 127.0.0.1 is already in use by another process. Choose another "
                 f"with --port, or find the user with `ss -ltnp 'sport = :{req.port}'`."
             )
-        homes = find_java_homes() if req.java_home is None else []
-        if req.java_home is not None:
-            explicit = read_java_home(req.java_home)
-            if explicit is None:
-                raise EngineError(f"{req.java_home} is not a JDK (no bin/java or release file)")
-            homes = [explicit]
-        elif os.environ.get("BMX_RERANK_JAVA_HOME"):
-            explicit = read_java_home(Path(os.environ["BMX_RERANK_JAVA_HOME"]))
-            homes = [explicit] if explicit else []
-        java = choose_java(req.kind, req.version, homes)
         home = ensure_distribution(req.kind, req.version, report)
         run_as = ensure_run_user(report)
         if _is_root():

@@ -1,0 +1,350 @@
+"""The engine launcher's pure parts, and its process handling against fake (JVM-free) distributions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bmx_rerank import engine as eng
+from bmx_rerank.cli import main
+
+# Verbatim lines from the real integ-test-zip jvm.options files.
+OS_219_JVM = """\
+-Xms1g
+-Xmx1g
+## specify an alternative path for heap dumps
+-XX:HeapDumpPath=data
+-XX:ErrorFile=logs/hs_err_pid%p.log
+8:-Xloggc:logs/gc.log
+9-:-Xlog:gc*,gc+age=trace,safepoint:file=logs/gc.log:utctime,pid,tags:filecount=32,filesize=64m
+-Djava.io.tmpdir=${OPENSEARCH_TMPDIR}
+"""
+ES_819_JVM = """\
+-Djava.io.tmpdir=${ES_TMPDIR}
+-XX:+HeapDumpOnOutOfMemoryError
+-XX:ErrorFile=hs_err_pid%p.log
+-Xlog:gc*,gc+age=trace,safepoint:file=gc.log:utctime,level,pid,tags:filecount=32,filesize=64m
+# -XX:HeapDumpPath=/heap/dump/path
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions
+# --------------------------------------------------------------------------------------------
+
+
+def test_rewrite_jvm_options_makes_log_paths_absolute() -> None:
+    logs = Path("/n/logs")
+    out = eng.rewrite_jvm_options(OS_219_JVM, logs)
+    assert "-XX:HeapDumpPath=/n/logs\n" in out
+    assert "-XX:ErrorFile=/n/logs/hs_err_pid%p.log\n" in out
+    assert "8:-Xloggc:/n/logs/gc.log\n" in out
+    assert "9-:-Xlog:gc*,gc+age=trace,safepoint:file=/n/logs/gc.log:utctime,pid,tags:filecount=32" in out
+    assert "-Djava.io.tmpdir=${OPENSEARCH_TMPDIR}\n" in out  # env placeholders untouched
+    assert "-Xms1g\n" in out and "## specify an alternative path for heap dumps\n" in out
+
+    es = eng.rewrite_jvm_options(ES_819_JVM, logs)
+    assert "-XX:ErrorFile=/n/logs/hs_err_pid%p.log\n" in es
+    assert "safepoint:file=/n/logs/gc.log:utctime,level" in es
+    assert "# -XX:HeapDumpPath=/heap/dump/path\n" in es  # comments untouched
+    assert eng.rewrite_jvm_options(es, logs) == es  # absolute paths stay as they are
+
+
+def test_plugin_classname_is_read_from_the_jar() -> None:
+    names_2x = ["META-INF/MANIFEST.MF", "org/opensearch/analysis/common/CommonAnalysisPlugin.class"]
+    names_3x = ["org/opensearch/analysis/common/CommonAnalysisModulePlugin.class"]
+    assert eng.plugin_classname(names_2x) == "org.opensearch.analysis.common.CommonAnalysisPlugin"
+    assert eng.plugin_classname(names_3x) == "org.opensearch.analysis.common.CommonAnalysisModulePlugin"
+    with pytest.raises(eng.EngineError, match="neither"):
+        eng.plugin_classname(["org/opensearch/Other.class"])
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_plugin_descriptor_has_only_known_keys_and_no_painless_dependency() -> None:
+    props = _properties(
+        eng.plugin_descriptor("2.19.3", "org.opensearch.analysis.common.CommonAnalysisPlugin")
+    )
+    assert set(props) == {"name", "description", "version", "opensearch.version", "java.version", "classname"}
+    assert props["opensearch.version"] == props["version"] == "2.19.3"
+    assert props["java.version"] == "11"
+    assert props["classname"] == "org.opensearch.analysis.common.CommonAnalysisPlugin"
+    assert _properties(eng.plugin_descriptor("3.6.0", "x.Y"))["java.version"] == "21"
+
+
+def _jdk(feature: int, modules: str = "java.base jdk.attach") -> eng.JavaHome:
+    return eng.JavaHome(Path(f"/jvm/{feature}"), f"{feature}.0.1", feature, frozenset(modules.split()))
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "expected"),
+    [
+        ("elasticsearch", "8.19.21", 17),
+        ("elasticsearch", "9.3.0", 25),
+        ("opensearch", "2.19.3", 17),
+        ("opensearch", "3.6.0", 25),
+    ],
+)
+def test_choose_java_picks_the_oldest_accepted_jdk(kind: eng.EngineKind, version: str, expected: int) -> None:
+    assert eng.choose_java(kind, version, [_jdk(25), _jdk(17)]).feature == expected
+
+
+def test_choose_java_explains_what_is_missing() -> None:
+    with pytest.raises(eng.EngineError, match=r"opensearch 2\.19\.3 needs Java 11 to 23.*found: 25"):
+        eng.choose_java("opensearch", "2.19.3", [_jdk(25)])
+    with pytest.raises(eng.EngineError, match=r"needs Java 21 or newer.*openjdk-21-jdk-headless"):
+        eng.choose_java("elasticsearch", "9.3.0", [_jdk(17)])
+    with pytest.raises(eng.EngineError, match="found: none"):
+        eng.choose_java("elasticsearch", "8.19.21", [])
+    # ES self-attaches its entitlement agent: a JRE without jdk.attach does not do.
+    with pytest.raises(eng.EngineError, match="full JDK"):
+        eng.choose_java("elasticsearch", "8.19.21", [_jdk(17, "java.base")])
+    with pytest.raises(eng.EngineError, match="MAJOR.MINOR.PATCH"):
+        eng.java_range("elasticsearch", "8.19")
+
+
+def test_read_java_home_parses_the_release_file(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "java").write_text("")
+    assert eng.read_java_home(tmp_path) is None  # no release file
+    (tmp_path / "release").write_text('JAVA_VERSION="1.8.0_402"\nMODULES="java.base"\n')
+    assert eng.read_java_home(tmp_path) == eng.JavaHome(tmp_path, "1.8.0_402", 8, frozenset({"java.base"}))
+
+
+def test_artifacts_and_their_maven_paths() -> None:
+    es = eng.distribution_artifact("elasticsearch", "8.19.21")
+    assert es.coordinate == "org.elasticsearch.distribution.integ-test-zip:elasticsearch:8.19.21:zip"
+    assert es.local_path(Path("/m2")) == Path(
+        "/m2/org/elasticsearch/distribution/integ-test-zip/elasticsearch/8.19.21/elasticsearch-8.19.21.zip"
+    )
+    assert (
+        eng.analysis_common_artifact("2.19.3").coordinate
+        == "org.opensearch.plugin:analysis-common:2.19.3:jar"
+    )
+
+
+def test_classify_maven_failure() -> None:
+    es9 = eng.distribution_artifact("elasticsearch", "9.3.0")
+    cached = (
+        "[ERROR] Failed ... zip:9.3.0 was not found in https://repo.maven.apache.org/maven2 during a previous"
+    )
+    message = str(eng.classify_maven_failure(cached, es9))
+    assert "not on Maven Central" in message and "does not publish the 9.x integ-test-zip" in message
+    os2 = eng.distribution_artifact("opensearch", "2.0.99")
+    message = str(eng.classify_maven_failure("[ERROR] Could not find artifact org.opensearch...", os2))
+    assert "not on Maven Central" in message and "9.x" not in message
+    refused = "[ERROR] Failed to transfer file ... status code: 403, reason phrase: Forbidden (403)\n"
+    message = str(eng.classify_maven_failure(refused, os2))
+    assert "could not download" in message and "403" in message and "settings.xml" in message
+
+
+def test_engine_settings_security_only_on_elasticsearch() -> None:
+    es = eng.engine_settings("elasticsearch", 9200, Path("/d"), Path("/l"))
+    os_ = eng.engine_settings("opensearch", 9201, Path("/d"), Path("/l"))
+    assert es["xpack.security.enabled"] == "false"
+    assert not [k for k in os_ if "security" in k or k.startswith("xpack")]  # unknown settings are fatal
+    for settings, port in ((es, "9200"), (os_, "9201")):
+        assert settings["network.host"] == "127.0.0.1" and settings["http.port"] == port
+        assert settings["discovery.type"] == "single-node"
+        assert settings["cluster.routing.allocation.disk.watermark.flood_stage"] == "1b"
+    assert eng.render_yaml({"a.b": "1b"}) == 'a.b: "1b"\n'
+
+
+def test_check_traversable_rejects_a_private_parent(tmp_path: Path) -> None:
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    with pytest.raises(eng.EngineError, match="BMX_RERANK_CACHE"):
+        eng.check_traversable(private / "cache")
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching archives
+# --------------------------------------------------------------------------------------------
+
+
+def test_fetch_without_maven_or_cache_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BMX_RERANK_M2_REPO", str(tmp_path / "m2"))
+    monkeypatch.setattr(eng.shutil, "which", lambda _name: None)
+    with pytest.raises(eng.EngineError, match=r"no Maven.*apt-get install maven"):
+        eng.fetch_artifact(eng.distribution_artifact("opensearch", "2.19.3"), tmp_path / "cache")
+
+
+def test_fetch_copies_from_m2_and_checks_sha1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BMX_RERANK_M2_REPO", str(tmp_path / "m2"))
+    artifact = eng.analysis_common_artifact("2.19.3")
+    local = artifact.local_path(tmp_path / "m2")
+    local.parent.mkdir(parents=True)
+    local.write_bytes(b"jar bytes")
+    Path(f"{local}.sha1").write_text("0" * 40)
+    with pytest.raises(eng.EngineError, match="does not match its .sha1"):
+        eng.fetch_artifact(artifact, tmp_path / "cache")
+    Path(f"{local}.sha1").write_text(hashlib.sha1(b"jar bytes").hexdigest() + "  file\n")
+    copied = eng.fetch_artifact(artifact, tmp_path / "cache")
+    assert copied == tmp_path / "cache" / "analysis-common-2.19.3.jar"
+    assert copied.read_bytes() == b"jar bytes" and copied.stat().st_mode & 0o777 == 0o644
+
+
+# --------------------------------------------------------------------------------------------
+# Process handling with fake distributions (a shell/Python script instead of a JVM)
+# --------------------------------------------------------------------------------------------
+
+FAKE_SERVER = """\
+import http.server, json, os, re, sys
+conf = os.environ["OPENSEARCH_PATH_CONF"]
+yml = open(os.path.join(conf, "opensearch.yml")).read()
+port = int(re.search(r'http.port: "(\\d+)"', yml).group(1))
+json.dump(dict(os.environ), open(os.path.join(os.environ["HOME"], "env.json"), "w"))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"cluster_name": CLUSTER, "status": "green"}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+print("fake engine listening", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fake OpenSearch 2.19.3 in a private cache/state, run as the current user."""
+    monkeypatch.setenv("BMX_RERANK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BMX_RERANK_STATE", str(tmp_path / "state"))
+    monkeypatch.setattr(eng, "_is_root", lambda: False)
+    home = tmp_path / "cache" / "dists" / "opensearch-2.19.3"
+    (home / "bin").mkdir(parents=True)
+    (home / "config").mkdir()
+    (home / "config" / "jvm.options").write_text(OS_219_JVM)
+    (home / "config" / "opensearch.yml").write_text("# comments only\n")
+    jdk = tmp_path / "jdk"
+    (jdk / "bin").mkdir(parents=True)
+    (jdk / "bin" / "java").write_text("")
+    (jdk / "release").write_text('JAVA_VERSION="17.0.15"\n')
+
+    def install(script: str, timeout: float = 20.0) -> eng.StartRequest:
+        launcher = home / "bin" / "opensearch"
+        launcher.write_text("#!/bin/sh\n" + script)
+        launcher.chmod(0o755)
+        return eng.StartRequest("opensearch", "2.19.3", _free_port(), java_home=jdk, timeout=timeout)
+
+    return install
+
+
+def _group_gone(pgid: int) -> bool:
+    for _ in range(50):
+        if not eng._group_alive(pgid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _server_script(tmp_path: Path, cluster: str) -> str:
+    path = tmp_path / "server.py"
+    path.write_text(f"CLUSTER = {cluster!r}\n" + FAKE_SERVER)
+    return f'exec "{sys.executable}" "{path}"\n'
+
+
+def test_start_status_stop_and_idempotent_start(fake, tmp_path: Path) -> None:
+    req = fake(_server_script(tmp_path, "bmx-rerank-opensearch"))
+    state = eng.start(req)
+    try:
+        assert state.url == f"http://127.0.0.1:{req.port}"
+        assert eng.start(req).pid == state.pid  # already running: same process, no second start
+        st = eng.status("opensearch")
+        assert st.running and st.health == "green" and st.state is not None and st.state.url == state.url
+
+        node = Path(state.node_dir)
+        env = json.loads((node / "env.json").read_text())
+        assert env["OPENSEARCH_JAVA_HOME"] == str(tmp_path / "jdk")
+        assert env["OPENSEARCH_JAVA_OPTS"] == "-Xms512m -Xmx512m"
+        assert env["OPENSEARCH_PATH_CONF"] == str(node / "config")
+        assert (
+            "-XX:ErrorFile=" + str(node / "logs" / "hs_err_pid%p.log")
+            in (node / "config/jvm.options").read_text()
+        )
+        assert 'discovery.type: "single-node"' in (node / "config/opensearch.yml").read_text()
+        assert "fake engine listening" in (node / "logs" / "console.log").read_text()
+    finally:
+        assert eng.stop("opensearch") is True
+    assert _group_gone(state.pid)
+    assert not eng.status("opensearch").running
+    assert eng.stop("opensearch") is False
+
+
+def test_engine_exiting_during_start_shows_its_log(fake) -> None:
+    req = fake("echo 'fatal error: unknown setting [plugins.security.disabled]'\nexit 3\n")
+    with pytest.raises(eng.EngineError, match=r"(?s)exited with code 3.*unknown setting \[plugins"):
+        eng.start(req)
+    assert eng.load_state("opensearch") is None
+
+
+def test_start_timeout_kills_the_whole_process_group(fake, tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    req = fake(f"sleep 300 &\necho $! > {pidfile}\nwait\n", timeout=1.0)
+    with pytest.raises(eng.EngineError, match=r"did not become ready within 1s"):
+        eng.start(req)
+    child = int(pidfile.read_text())
+    for _ in range(50):  # the grandchild (same process group) must die too; init reaps it
+        if eng._proc_start_ticks(child) is None:
+            break
+        time.sleep(0.1)
+    assert eng._proc_start_ticks(child) is None
+
+
+def test_another_cluster_on_the_port_is_not_taken_for_ours(fake, tmp_path: Path) -> None:
+    req = fake(_server_script(tmp_path, "someone-else"))
+    with pytest.raises(eng.EngineError, match="another engine grabbed port"):
+        eng.start(req)
+
+
+def test_port_taken_fails_before_starting(fake) -> None:
+    req = fake("echo started > /dev/stderr\nexit 1\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", req.port))
+        sock.listen()
+        with pytest.raises(eng.EngineError, match=rf"port {req.port} on 127.0.0.1 is already in use.*--port"):
+            eng.start(req)
+
+
+def test_cli_prints_errors_without_traceback(fake, tmp_path: Path) -> None:
+    req = fake("exit 0\n")
+    args = ["--version", "3.6.0", "--port", str(req.port), "--java-home", str(tmp_path / "jdk")]
+    result = CliRunner().invoke(main, ["engine", "start", "opensearch", *args])
+    assert result.exit_code == 1
+    assert "error: opensearch 3.6.0 needs Java 21 or newer" in result.output
+    assert "Traceback" not in result.output
+    status = CliRunner().invoke(main, ["engine", "status", "opensearch"])
+    assert status.exit_code == 1 and "opensearch: not running" in status.output
+
+
+def test_cli_start_prints_the_url_last(fake, tmp_path: Path) -> None:
+    req = fake(_server_script(tmp_path, "bmx-rerank-opensearch"))
+    runner = CliRunner()
+    try:
+        result = runner.invoke(
+            main,
+            ["engine", "start", "opensearch", "--port", str(req.port), "--java-home", str(tmp_path / "jdk")],
+        )
+        assert result.exit_code == 0, result.output
+        assert result.output.strip().splitlines()[-1] == f"http://127.0.0.1:{req.port}"
+    finally:
+        stopped = runner.invoke(main, ["engine", "stop", "opensearch"])
+    assert "opensearch: stopped" in stopped.output
