@@ -14,8 +14,13 @@ from typing import Any
 
 import aiohttp
 import orjson
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from bmx_rerank.errors import UpstreamError, timed_out, unreachable
+from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
+
+# Sidecar-originated reads are idempotent: a dropped connection is retried a few times, quickly.
+# Client requests are never retried (a retried write could apply twice).
+DEFAULT_ATTEMPTS = 3
 
 # Only term frequencies: statistics, positions and offsets cost the cluster time and are not needed.
 TERM_VECTOR_PARAMETERS = {
@@ -83,6 +88,32 @@ async def request_json(
         raise unreachable(f"{method} {_path(url)} failed: {exc.__class__.__name__}") from exc
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """True for a connection failure (502 from `request_json`), the one failure worth retrying."""
+    return isinstance(exc, SearchError) and not isinstance(exc, UpstreamError) and exc.status == 502
+
+
+async def request_json_retrying(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> Any:
+    """`request_json` for idempotent calls, retried on connection errors only (bounded, with backoff)."""
+    async for attempt in AsyncRetrying(
+        stop=stop_after_attempt(max(1, attempts)),
+        wait=wait_exponential(multiplier=0.05, max=0.5),
+        retry=retry_if_exception(is_unreachable),
+        reraise=True,
+    ):
+        with attempt:
+            return await request_json(session, method, url, body, headers, timeout)
+    raise AssertionError("unreachable: AsyncRetrying either returns or re-raises")
+
+
 async def analyze(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -91,10 +122,13 @@ async def analyze(
     text: str,
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
 ) -> list[str]:
     """The tokens `text` is searched with on `field_name` (its search analyzer), in order."""
     body = {"field": field_name, "text": text}
-    answer = await request_json(session, "POST", f"{base_url}/{index}/_analyze", body, headers, timeout)
+    answer = await request_json_retrying(
+        session, "POST", f"{base_url}/{index}/_analyze", body, headers, timeout, attempts
+    )
     return [tok["token"] for tok in answer.get("tokens", [])]
 
 
@@ -105,6 +139,7 @@ async def mtermvectors(
     field_name: str,
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
 ) -> list[DocTerms]:
     """Exact term frequencies of `field_name` for each document, in the order given.
 
@@ -117,8 +152,8 @@ async def mtermvectors(
         if ref.routing is not None:
             spec["routing"] = ref.routing
         specs.append({**spec, **TERM_VECTOR_PARAMETERS})
-    answer = await request_json(
-        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers, timeout
+    answer = await request_json_retrying(
+        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers, timeout, attempts
     )
     return [_doc_terms(ref, doc, field_name) for ref, doc in zip(docs, answer["docs"], strict=True)]
 

@@ -1,0 +1,94 @@
+"""Server-side rerank policies: the drop-in case, where clients change nothing at all.
+
+A policy maps an index pattern to a field and BMX parameters. It applies to a search without
+`ext.bmx` whose query is a plain `match` on that field (or a `multi_match` that includes it); every
+other search is left alone. One rule per line, in a file or a repeated `--policy` option:
+
+    PATTERN=FIELD[,key=value,...]      e.g.   articles-*=body,window_size=200,normalize=paper
+
+Keys are those of `ext.bmx` except `query` and `augment`. Blank lines and `#` comments are ignored.
+The first rule whose pattern matches wins; a comma-separated index expression matches a rule only when
+every part does (each part is an index name, alias or pattern, compared with shell-style wildcards)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bmx_rerank.errors import SearchError
+from bmx_rerank.rerank.spec import RerankSpec, parse_spec
+
+NOT_IN_POLICY = ("query", "augment")
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    spec: RerankSpec
+
+
+class PolicyError(ValueError):
+    """A policy line that cannot be used; names the line."""
+
+
+def parse_rule(line: str, *, widen_default: bool = True) -> Rule:
+    """One `PATTERN=FIELD[,key=value...]` rule."""
+    pattern, sep, rest = line.strip().partition("=")
+    parts = [p.strip() for p in rest.split(",")]
+    if not sep or not pattern.strip() or not parts[0]:
+        raise PolicyError(f"policy {line!r}: expected PATTERN=FIELD[,key=value,...]")
+    raw: dict[str, Any] = {"field": parts[0]}
+    for part in parts[1:]:
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise PolicyError(f"policy {line!r}: expected key=value, got {part!r}")
+        if key in NOT_IN_POLICY:
+            raise PolicyError(f"policy {line!r}: [{key}] comes from the request, not from a policy")
+        raw[key] = _value(value.strip())
+    try:
+        return Rule(pattern.strip(), parse_spec(raw, widen_default=widen_default, where="policy"))
+    except SearchError as exc:
+        raise PolicyError(f"policy {line!r}: {exc.reason}") from exc
+
+
+def parse_rules(lines: Iterable[str], *, widen_default: bool = True) -> list[Rule]:
+    """Rules from lines of text; blank lines and comments skipped."""
+    rules = []
+    for line in lines:
+        text = line.split("#", 1)[0].strip()
+        if text:
+            rules.append(parse_rule(text, widen_default=widen_default))
+    return rules
+
+
+def load_rules(path: str | Path, *, widen_default: bool = True) -> list[Rule]:
+    return parse_rules(Path(path).read_text().splitlines(), widen_default=widen_default)
+
+
+def match(rules: Sequence[Rule], index_expr: str) -> RerankSpec | None:
+    """The spec of the first rule matching every index of the expression, or None."""
+    names = [n.strip() for n in index_expr.split(",") if n.strip()]
+    if not names:
+        return None
+    for rule in rules:
+        if all(fnmatch.fnmatchcase(name, rule.pattern) for name in names):
+            return rule.spec
+    return None
+
+
+def _value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None if lowered == "null" else "none"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text

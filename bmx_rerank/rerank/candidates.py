@@ -1,0 +1,77 @@
+"""Candidates: which documents a window holds, and their term frequencies as the scoring core wants them.
+
+Term vectors are cached by (index, id, _seq_no, _primary_term, field): a document's terms change only
+when its sequence number does, so a cached entry is never stale, only unused."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from bmx_rerank.scoring import Candidates
+from bmx_rerank.upstream import DocRef, DocTerms
+
+CacheKey = tuple[str, str, int, int, str]
+
+
+def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
+    """Where each hit lives; `_index` and `_id` come back even with `_source: false`."""
+    refs = []
+    for hit in hits:
+        if "_id" not in hit or "_index" not in hit:
+            raise ValueError("a hit without _index/_id cannot be reranked (stored_fields: _none_?)")
+        routing = hit.get("_routing")
+        refs.append(DocRef(hit["_index"], str(hit["_id"]), None if routing is None else str(routing)))
+    return refs
+
+
+def cache_key(hit: Mapping[str, Any], field: str) -> CacheKey | None:
+    """The cache key of a hit, or None when the cluster did not return its sequence number."""
+    seq, term = hit.get("_seq_no"), hit.get("_primary_term")
+    if not isinstance(seq, int) or not isinstance(term, int) or seq < 0:
+        return None
+    return (hit["_index"], str(hit["_id"]), seq, term, field)
+
+
+class TermVectorCache:
+    """A bounded LRU map from `CacheKey` to a document's term frequencies and length."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[CacheKey, DocTerms] = OrderedDict()
+
+    def get(self, key: CacheKey | None) -> DocTerms | None:
+        if key is None or self.capacity <= 0:
+            return None
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: CacheKey | None, terms: DocTerms) -> None:
+        if key is None or self.capacity <= 0 or not terms.found:
+            return
+        self._items[key] = terms
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def candidate_features(docs: Sequence[DocTerms], vocabulary: Sequence[str]) -> Candidates:
+    """tf of each vocabulary term per document, and each document's full length in the field."""
+    column = {term: j for j, term in enumerate(vocabulary)}
+    tf = np.zeros((len(docs), len(vocabulary)))
+    length = np.zeros(len(docs))
+    for i, doc in enumerate(docs):
+        length[i] = doc.length
+        for term, count in doc.tf.items():
+            j = column.get(term)
+            if j is not None:
+                tf[i, j] = count
+    return Candidates(tf, length)

@@ -1,0 +1,203 @@
+"""Reading `ext.bmx`: the client's (or a policy's) rerank parameters, validated into a `RerankSpec`.
+
+Every invalid value is a 400 in Elasticsearch's own error shape, so a client learns what to fix the
+same way it learns it from the cluster: wrong JSON types are `x_content_parse_exception`, values out of
+range `illegal_argument_exception`, unknown keys `x_content_parse_exception` ("unknown field")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.scoring import MODES, NORMALIZATIONS, WQA_MODES, Request
+
+DEFAULT_WINDOW = 100
+MAX_WINDOW = 10_000  # Elasticsearch's index.max_result_window default: a bigger window fails upstream anyway
+
+KEYS = (
+    "field",
+    "query",
+    "window_size",
+    "alpha",
+    "beta",
+    "k1",
+    "b",
+    "normalize",
+    "min_score",
+    "mode",
+    "augment",
+    "wqa_mode",
+    "widen",
+    "explain",
+)
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Augmented queries (WQA) and their weights."""
+
+    queries: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class RerankSpec:
+    """What one reranked search asks for; `query` None means "take it from the request's match query"."""
+
+    field: str
+    query: str | None = None
+    window_size: int = DEFAULT_WINDOW
+    alpha: float | None = None
+    beta: float | None = None
+    k1: float = 1.2
+    b: float = 0.75
+    normalize: str = "none"
+    min_score: float | None = None
+    mode: str = "bmx"
+    augment: Augment = field(default_factory=Augment)
+    wqa_mode: str = "merged"
+    widen: bool = True
+    explain: bool = False
+
+    def scoring_request(self) -> Request:
+        """The scoring core's view of these parameters."""
+        return Request(self.mode, self.alpha, self.beta, self.k1, self.b, self.wqa_mode, self.normalize)
+
+    def marker(self) -> dict[str, Any]:
+        """The parameters echoed in the `_bmx` marker of a reranked answer."""
+        return {
+            "mode": self.mode,
+            "field": self.field,
+            "window_size": self.window_size,
+            "normalize": self.normalize,
+            "wqa_mode": self.wqa_mode if self.augment.queries else None,
+        }
+
+
+def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> RerankSpec:
+    """Validate `ext.bmx` (a JSON object) into a spec, or raise a 400 `SearchError`."""
+    if not isinstance(raw, Mapping):
+        raise _parse_error(f"[{where}] expected an object, got {_kind(raw)}")
+    unknown = [k for k in raw if k not in KEYS]
+    if unknown:
+        raise _parse_error(f"[{where}] unknown field [{unknown[0]}]")
+    if "field" not in raw:
+        raise bad_request(f"[{where}] requires [field]: the text field to rerank on")
+    spec = RerankSpec(field=_string(raw, "field", where), widen=widen_default)
+    values: dict[str, Any] = {}
+    if raw.get("query") is not None:
+        values["query"] = _string(raw, "query", where, allow_empty=True)
+    if "window_size" in raw:
+        values["window_size"] = _integer(raw, "window_size", where, 1, MAX_WINDOW)
+    for name in ("alpha", "beta", "k1", "b"):
+        if raw.get(name) is not None:
+            values[name] = _number(raw, name, where, minimum=0.0)
+    if "b" in values and values["b"] > 1:
+        raise bad_request(f"[{where}] [b] must lie in [0, 1], got {values['b']}")
+    if raw.get("min_score") is not None:
+        values["min_score"] = _number(raw, "min_score", where, minimum=None)
+    if "normalize" in raw:
+        values["normalize"] = (
+            "none" if raw["normalize"] is None else _choice(raw, "normalize", where, NORMALIZATIONS)
+        )
+    if "mode" in raw:
+        values["mode"] = _choice(raw, "mode", where, MODES)
+    if "wqa_mode" in raw:
+        values["wqa_mode"] = _choice(raw, "wqa_mode", where, WQA_MODES)
+    for name in ("widen", "explain"):
+        if name in raw:
+            values[name] = _boolean(raw, name, where)
+    if raw.get("augment") is not None:
+        values["augment"] = _augment(raw["augment"], where)
+    spec = replace(spec, **values)
+    try:
+        spec.scoring_request()
+    except ValueError as exc:  # the core's own checks, should a combination slip through
+        raise bad_request(f"[{where}] {exc}") from exc
+    return spec
+
+
+def _augment(raw: Any, where: str) -> Augment:
+    if not isinstance(raw, Mapping):
+        raise _parse_error(f"[{where}] [augment] expected an object, got {_kind(raw)}")
+    unknown = [k for k in raw if k not in ("queries", "weights")]
+    if unknown:
+        raise _parse_error(f"[{where}.augment] unknown field [{unknown[0]}]")
+    queries = raw.get("queries", [])
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise _parse_error(f"[{where}] [augment.queries] expected an array of strings")
+    weights = raw.get("weights")
+    if weights is None:
+        weights = [1.0] * len(queries)
+    if not isinstance(weights, list) or not all(_is_number(w) for w in weights):
+        raise _parse_error(f"[{where}] [augment.weights] expected an array of numbers")
+    if len(weights) != len(queries):
+        raise bad_request(
+            f"[{where}] [augment.weights] must have one weight per query: "
+            f"{len(weights)} weights for {len(queries)} queries"
+        )
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+        raise bad_request(f"[{where}] [augment.weights] must be finite numbers >= 0")
+    return Augment(tuple(queries), tuple(float(w) for w in weights))
+
+
+def _string(raw: Mapping[str, Any], name: str, where: str, allow_empty: bool = False) -> str:
+    value = raw[name]
+    if not isinstance(value, str):
+        raise _parse_error(f"[{where}] [{name}] expected a string, got {_kind(value)}")
+    if not value and not allow_empty:
+        raise bad_request(f"[{where}] [{name}] must not be empty")
+    return value
+
+
+def _integer(raw: Mapping[str, Any], name: str, where: str, low: int, high: int) -> int:
+    value = raw[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _parse_error(f"[{where}] [{name}] expected an integer, got {_kind(value)}")
+    if not low <= value <= high:
+        raise bad_request(f"[{where}] [{name}] must lie in [{low}, {high}], got {value}")
+    return value
+
+
+def _number(raw: Mapping[str, Any], name: str, where: str, minimum: float | None) -> float:
+    value = raw[name]
+    if not _is_number(value):
+        raise _parse_error(f"[{where}] [{name}] expected a number, got {_kind(value)}")
+    value = float(value)
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise bad_request(f"[{where}] [{name}] must be a finite number{bound}, got {value}")
+    return value
+
+
+def _choice(raw: Mapping[str, Any], name: str, where: str, choices: tuple[str, ...]) -> str:
+    value = raw[name]
+    if not isinstance(value, str):
+        raise _parse_error(f"[{where}] [{name}] expected a string, got {_kind(value)}")
+    if value not in choices:
+        raise bad_request(f"[{where}] [{name}] must be one of [{', '.join(choices)}], got [{value}]")
+    return value
+
+
+def _boolean(raw: Mapping[str, Any], name: str, where: str) -> bool:
+    value = raw[name]
+    if not isinstance(value, bool):
+        raise _parse_error(f"[{where}] [{name}] expected a boolean, got {_kind(value)}")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if _is_number(value) else type(value).__name__
+    )
+
+
+def _parse_error(reason: str) -> SearchError:
+    return bad_request(reason, "x_content_parse_exception")

@@ -1,0 +1,163 @@
+"""Scoring a window and packing the answer: order, slicing, min_score, explain, untouched parts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from bmx_rerank import scoring
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, candidate_features, doc_refs
+from bmx_rerank.rerank.pack import fallback, pack, ranking
+from bmx_rerank.rerank.plan import plan_search
+from bmx_rerank.rerank.rescore import rescore
+from bmx_rerank.upstream import DocRef, DocTerms
+
+DOCS = {
+    "a": "t0 t0 t1",
+    "b": "t0 t3 t3 t5 t6",
+    "c": "t3",
+    "d": "t1 t2 t2 t2",
+    "e": "t0 t3 t4",
+}
+CORPUS = CorpusStats.from_documents(Counter(text.split()) for text in DOCS.values())
+
+
+def terms(doc_id: str) -> DocTerms:
+    return DocTerms(DocRef("i", doc_id), True, dict(Counter(DOCS[doc_id].split())))
+
+
+def window(ids):
+    hits = [
+        {"_index": "i", "_id": i, "_score": 1.0, "_seq_no": n, "_primary_term": 1, "_source": {"n": n}}
+        for n, i in enumerate(ids)
+    ]
+    return {
+        "took": 3,
+        "hits": {"total": {"value": 42, "relation": "eq"}, "max_score": 1.0, "hits": hits},
+        "aggregations": {"k": {"buckets": []}},
+    }
+
+
+def brute(ids, tokens, **kw):
+    vocab = sorted(set(tokens))
+    stats = CORPUS.term_stats(vocab)
+    cands = candidate_features([terms(i) for i in ids], vocab)
+    q = scoring.Query(np.array([vocab.index(t) for t in tokens]))
+    return scoring.score(stats, cands, [q], scoring.Request(**kw))
+
+
+def test_rescore_equals_the_scoring_core():
+    ids = list(DOCS)
+    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3", "nope"]], [1.0], scoring.Request())
+    np.testing.assert_allclose(scored.scores, brute(ids, ["t0", "t3", "nope"]), rtol=1e-12)
+    assert [lab.token for lab in scored.labels] == ["t0", "t3"], "df=0 tokens are dropped"
+    np.testing.assert_allclose(scored.parts.sum(axis=1), scored.scores)
+
+
+def test_pack_orders_slices_and_keeps_the_rest():
+    ids = list(DOCS)
+    plan = plan_search(
+        {"from": 1, "size": 2, "ext": {"bmx": {"field": "f", "query": "t0 t3", "window_size": 5}}}, {}
+    )
+    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3"]], [1.0], scoring.Request())
+    response = window(ids)
+    out = pack(response, scored, plan, {"reranked": True})
+    expected = [ids[i] for i in np.argsort(-scored.scores, kind="stable")]
+    assert [h["_id"] for h in out["hits"]["hits"]] == expected[1:3]
+    assert out["hits"]["max_score"] == pytest.approx(scored.scores.max())
+    assert [h["_score"] for h in out["hits"]["hits"]] == sorted(
+        [h["_score"] for h in out["hits"]["hits"]], reverse=True
+    )
+    assert out["hits"]["total"] == {"value": 42, "relation": "eq"}
+    assert out["aggregations"] == response["aggregations"]
+    assert all("_seq_no" not in h and "_primary_term" not in h for h in out["hits"]["hits"])
+    assert all("_source" in h for h in out["hits"]["hits"])
+    assert out["_bmx"] == {"reranked": True}
+    assert len(response["hits"]["hits"]) == 5, "the upstream answer is not mutated"
+
+
+def test_min_score_and_explain():
+    ids = list(DOCS)
+    ext = {"field": "f", "query": "t0 t3", "window_size": 5, "min_score": 0.5, "explain": True}
+    plan = plan_search({"size": 5, "ext": {"bmx": ext}}, {})
+    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3"]], [1.0], scoring.Request())
+    out = pack(window(ids), scored, plan, {})
+    kept = [h["_id"] for h in out["hits"]["hits"]]
+    assert kept == [ids[i] for i in ranking(scored.scores, 0.5)]
+    assert "d" not in kept, "d has neither token: score 0 < min_score"
+    for hit in out["hits"]["hits"]:
+        exp = hit["_bmx_explanation"]
+        assert exp["value"] == pytest.approx(hit["_score"])
+        assert sum(d["value"] for d in exp["details"]) == pytest.approx(hit["_score"])
+        assert [d["token"] for d in exp["details"]] == ["t0", "t3"]
+
+
+def test_min_score_above_everything_gives_no_hits_and_null_max_score():
+    plan = plan_search({"ext": {"bmx": {"field": "f", "query": "t0", "min_score": 1e9}}}, {})
+    scored = rescore(CORPUS, [terms("a")], [["t0"]], [1.0], scoring.Request())
+    out = pack(window(["a"]), scored, plan, {})
+    assert out["hits"]["hits"] == [] and out["hits"]["max_score"] is None
+
+
+def test_seq_no_kept_when_asked():
+    plan = plan_search({"seq_no_primary_term": True, "ext": {"bmx": {"field": "f", "query": "t0"}}}, {})
+    scored = rescore(CORPUS, [terms("a")], [["t0"]], [1.0], scoring.Request())
+    assert pack(window(["a"]), scored, plan, {})["hits"]["hits"][0]["_seq_no"] == 0
+
+
+def test_fallback_pages_in_upstream_order():
+    plan = plan_search({"from": 1, "size": 2, "ext": {"bmx": {"field": "f", "query": "t0"}}}, {})
+    out = fallback(window(list(DOCS)), plan, {"reranked": False})
+    assert [h["_id"] for h in out["hits"]["hits"]] == ["b", "c"]
+    assert all(h["_score"] == 1.0 for h in out["hits"]["hits"])
+    assert out["_bmx"] == {"reranked": False}
+
+
+def test_wqa_sum_and_merged_through_rescore():
+    ids = list(DOCS)
+    tokens = [["t0", "t3"], ["t1", "t3"], ["t2"]]
+    weights = [1.0, 0.6, 0.3]
+    for wqa in ("merged", "sum"):
+        req = scoring.Request(wqa_mode=wqa, normalize="paper")
+        scored = rescore(CORPUS, [terms(i) for i in ids], tokens, weights, req)
+        vocab = sorted({t for q in tokens for t in q})
+        queries = [
+            scoring.Query(np.array([vocab.index(t) for t in q]), np.full(len(q), w))
+            for q, w in zip(tokens, weights, strict=True)
+        ]
+        direct = scoring.score(
+            CORPUS.term_stats(vocab), candidate_features([terms(i) for i in ids], vocab), queries, req
+        )
+        np.testing.assert_allclose(scored.scores, direct, rtol=1e-12)
+        assert [(lab.token, lab.query) for lab in scored.labels] == [
+            ("t0", 0),
+            ("t3", 0),
+            ("t1", 1),
+            ("t3", 1),
+            ("t2", 2),
+        ]
+
+
+def test_candidates_and_cache():
+    hits = [
+        {"_index": "i", "_id": "a", "_routing": "r", "_seq_no": 4, "_primary_term": 2},
+        {"_index": "i", "_id": 7},
+    ]
+    assert doc_refs(hits) == [DocRef("i", "a", "r"), DocRef("i", "7", None)]
+    assert cache_key(hits[0], "f") == ("i", "a", 4, 2, "f")
+    assert cache_key(hits[1], "f") is None
+    with pytest.raises(ValueError):
+        doc_refs([{"_score": 1}])
+    cache = TermVectorCache(capacity=2)
+    for n in range(3):
+        cache.put(("i", str(n), 1, 1, "f"), terms("a"))
+    assert len(cache) == 2 and cache.get(("i", "0", 1, 1, "f")) is None
+    assert cache.get(("i", "2", 1, 1, "f")) == terms("a")
+    cache.put(None, terms("a"))
+    cache.put(("i", "x", 1, 1, "f"), DocTerms(DocRef("i", "x"), False))
+    assert cache.get(("i", "x", 1, 1, "f")) is None, "missing documents are not cached"
+    feats = candidate_features([terms("b")], ["t3", "t9"])
+    assert feats.tf.tolist() == [[2.0, 0.0]] and feats.length.tolist() == [5.0]

@@ -1,0 +1,110 @@
+"""Reading ext.bmx: defaults, every parameter, and a 400 in Elasticsearch's shape for each bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from bmx_rerank.errors import SearchError
+from bmx_rerank.rerank.spec import Augment, RerankSpec, parse_spec
+
+
+def test_defaults():
+    spec = parse_spec({"field": "body"})
+    assert spec == RerankSpec(field="body")
+    assert spec.window_size == 100 and spec.mode == "bmx" and spec.normalize == "none"
+    assert spec.scoring_request().mode == "bmx"
+
+
+def test_every_parameter():
+    spec = parse_spec(
+        {
+            "field": "body",
+            "query": "t0 t3",
+            "window_size": 50,
+            "alpha": 0.05,
+            "beta": 0.1,
+            "normalize": "paper",
+            "min_score": 0.2,
+            "mode": "bm25",
+            "k1": 1.5,
+            "b": 0.5,
+            "augment": {"queries": ["a b", "c"], "weights": [0.6, 0.3]},
+            "wqa_mode": "sum",
+            "widen": False,
+            "explain": True,
+        }
+    )
+    assert spec.query == "t0 t3" and spec.window_size == 50
+    assert (spec.alpha, spec.beta, spec.k1, spec.b) == (0.05, 0.1, 1.5, 0.5)
+    assert spec.augment == Augment(("a b", "c"), (0.6, 0.3))
+    assert (spec.normalize, spec.mode, spec.wqa_mode, spec.widen, spec.explain) == (
+        "paper",
+        "bm25",
+        "sum",
+        False,
+        True,
+    )
+
+
+def test_normalize_null_means_none_and_weights_default_to_one():
+    spec = parse_spec({"field": "f", "normalize": None, "augment": {"queries": ["x", "y"]}})
+    assert spec.normalize == "none"
+    assert spec.augment.weights == (1.0, 1.0)
+
+
+def test_widen_default_comes_from_the_server():
+    assert parse_spec({"field": "f"}, widen_default=False).widen is False
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "needle"),
+    [
+        ({"field": "f", "nope": 1}, "x_content_parse_exception", "unknown field [nope]"),
+        ({}, "illegal_argument_exception", "requires [field]"),
+        ({"field": 3}, "x_content_parse_exception", "[field] expected a string"),
+        ({"field": ""}, "illegal_argument_exception", "[field] must not be empty"),
+        (
+            {"field": "f", "window_size": "10"},
+            "x_content_parse_exception",
+            "[window_size] expected an integer",
+        ),
+        ({"field": "f", "window_size": 0}, "illegal_argument_exception", "[window_size] must lie in"),
+        ({"field": "f", "window_size": 10_001}, "illegal_argument_exception", "[window_size] must lie in"),
+        ({"field": "f", "alpha": -1}, "illegal_argument_exception", "[alpha] must be a finite number >= 0"),
+        ({"field": "f", "beta": True}, "x_content_parse_exception", "[beta] expected a number"),
+        ({"field": "f", "b": 2}, "illegal_argument_exception", "[b] must lie in [0, 1]"),
+        ({"field": "f", "min_score": "x"}, "x_content_parse_exception", "[min_score] expected a number"),
+        ({"field": "f", "normalize": "max"}, "illegal_argument_exception", "[normalize] must be one of"),
+        ({"field": "f", "mode": "tfidf"}, "illegal_argument_exception", "[mode] must be one of"),
+        ({"field": "f", "wqa_mode": "avg"}, "illegal_argument_exception", "[wqa_mode] must be one of"),
+        ({"field": "f", "explain": "yes"}, "x_content_parse_exception", "[explain] expected a boolean"),
+        ({"field": "f", "augment": []}, "x_content_parse_exception", "[augment] expected an object"),
+        (
+            {"field": "f", "augment": {"queries": ["a"], "x": 1}},
+            "x_content_parse_exception",
+            "unknown field [x]",
+        ),
+        ({"field": "f", "augment": {"queries": [1]}}, "x_content_parse_exception", "array of strings"),
+        (
+            {"field": "f", "augment": {"queries": ["a"], "weights": [1, 2]}},
+            "illegal_argument_exception",
+            "one weight per query",
+        ),
+        (
+            {"field": "f", "augment": {"queries": ["a"], "weights": [-1]}},
+            "illegal_argument_exception",
+            ">= 0",
+        ),
+        ("body", "x_content_parse_exception", "expected an object"),
+    ],
+)
+def test_invalid_values_are_400s_in_elasticsearch_shape(raw, kind, needle):
+    with pytest.raises(SearchError) as info:
+        parse_spec(raw)
+    err = info.value
+    assert err.status == 400
+    body = err.body()
+    assert body["status"] == 400
+    assert body["error"]["type"] == kind
+    assert body["error"]["root_cause"][0]["type"] == kind
+    assert needle in body["error"]["reason"]
