@@ -2,6 +2,12 @@
 
 Pure and additive: statistics of disjoint document sets (shards, indices, sweep batches) combine by
 summing, so a sweep can fold batches in any order and an alias or index pattern sums its indices.
+
+Raw entropy is accumulated exactly: a document's contribution h(sigmoid(tf)) depends on tf alone and
+is a float64 that is an integer multiple of 2^-ENTROPY_SCALE_BITS, so `EntropyAccumulator` sums those
+integers and rounds once at the end. The result is the correctly rounded exact sum whatever the order
+of the documents, which is what makes statistics of one index identical bit for bit whether it has
+one shard or three.
 """
 
 from __future__ import annotations
@@ -13,6 +19,37 @@ import numpy as np
 
 from bmx_rerank.scoring import TermStats, entropy_contribution
 
+# Variable-width strings: 16 bytes per short term instead of the widest term's width times four.
+TERM_DTYPE = np.dtypes.StringDType()
+
+# h(sigmoid(tf)) in float64 is exactly 0 from tf = 37 on (sigmoid rounds to 1); every smaller
+# contribution is a multiple of 2^-104, so integers at this scale add up exactly.
+ENTROPY_SCALE_BITS = 112
+_MAX_TF = 64
+_CONTRIB = entropy_contribution(np.arange(_MAX_TF + 1, dtype=np.float64))
+_CONTRIB[0] = 0.0
+_CONTRIB_INT: list[int] = []
+for _c in _CONTRIB.tolist():
+    _num, _den = float(_c).as_integer_ratio()
+    assert (1 << ENTROPY_SCALE_BITS) % _den == 0, "contribution finer than the fixed-point scale"
+    _CONTRIB_INT.append(_num * ((1 << ENTROPY_SCALE_BITS) // _den))
+assert _CONTRIB_INT[-1] == 0, "contributions must vanish before _MAX_TF"
+
+
+def entropy_units(tf: int) -> int:
+    """A document's exact entropy contribution for a term it holds `tf` times, in 2^-112 units."""
+    return _CONTRIB_INT[tf] if tf <= _MAX_TF else 0
+
+
+def units_to_float(units: int) -> float:
+    """Correctly rounded float of a fixed-point entropy sum (int / int division rounds exactly)."""
+    return units / (1 << ENTROPY_SCALE_BITS)
+
+
+def terms_array(terms: Iterable[str]) -> np.ndarray:
+    """A terms array in the dtype CorpusStats uses."""
+    return np.asarray(list(terms) if not isinstance(terms, np.ndarray) else terms, dtype=TERM_DTYPE)
+
 
 @dataclass(frozen=True)
 class CorpusStats:
@@ -22,9 +59,16 @@ class CorpusStats:
 
     n_docs: int
     total_length: int
-    terms: np.ndarray  # (v,) sorted unique terms, dtype str
+    terms: np.ndarray  # (v,) sorted unique terms, variable-width string dtype
     df: np.ndarray  # (v,) int64
     entropy: np.ndarray  # (v,) float64, raw entropy
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "terms", terms_array(self.terms))
+        object.__setattr__(self, "df", np.asarray(self.df, dtype=np.int64))
+        object.__setattr__(self, "entropy", np.asarray(self.entropy, dtype=np.float64))
+        if not (self.terms.shape == self.df.shape == self.entropy.shape) or self.terms.ndim != 1:
+            raise ValueError("terms, df and entropy must be 1-d arrays of one length")
 
     @property
     def avgdl(self) -> float:
@@ -34,50 +78,39 @@ class CorpusStats:
     def vocabulary_size(self) -> int:
         return int(self.terms.shape[0])
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the arrays hold (the string arena estimated from the terms' UTF-8 size)."""
+        return int(self.df.nbytes + self.entropy.nbytes + self.terms.nbytes)
+
     @classmethod
     def empty(cls) -> CorpusStats:
-        return cls(0, 0, np.array([], dtype=str), np.zeros(0, np.int64), np.zeros(0))
+        return cls(0, 0, terms_array([]), np.zeros(0, np.int64), np.zeros(0))
 
     @classmethod
     def from_documents(cls, docs: Iterable[Mapping[str, int]]) -> CorpusStats:
         """Statistics of documents given as term -> frequency maps; documents without tokens don't count."""
-        n_docs = 0
-        total = 0
-        df: dict[str, int] = {}
-        ent: dict[str, float] = {}
+        acc = EntropyAccumulator()
         for doc in docs:
-            counts = {t: int(c) for t, c in doc.items() if c > 0}
-            if not counts:
-                continue
-            n_docs += 1
-            total += sum(counts.values())
-            contrib = entropy_contribution(np.fromiter(counts.values(), np.float64, len(counts)))
-            for term, h in zip(counts, contrib, strict=True):
-                df[term] = df.get(term, 0) + 1
-                ent[term] = ent.get(term, 0.0) + float(h)
-        terms = np.array(sorted(df), dtype=str)
-        return cls(
-            n_docs,
-            total,
-            terms,
-            np.array([df[t] for t in terms.tolist()], np.int64),
-            np.array([ent[t] for t in terms.tolist()], np.float64),
-        )
+            acc.add(doc)
+        return acc.finish()
 
     def __add__(self, other: CorpusStats) -> CorpusStats:
         """Statistics of the union of two disjoint corpora."""
-        terms, inverse = np.unique(np.concatenate([self.terms, other.terms]), return_inverse=True)
-        df = np.zeros(terms.shape[0], np.int64)
-        entropy = np.zeros(terms.shape[0])
-        np.add.at(df, inverse, np.concatenate([self.df, other.df]))
-        np.add.at(entropy, inverse, np.concatenate([self.entropy, other.entropy]))
-        return CorpusStats(
-            self.n_docs + other.n_docs, self.total_length + other.total_length, terms, df, entropy
-        )
+        return _combine(self, other, 1)
+
+    def __sub__(self, other: CorpusStats) -> CorpusStats:
+        """Statistics with the documents of `other` (a subset) taken out; terms left with df 0 vanish."""
+        return _combine(self, other, -1)
 
     def term_stats(self, terms: Sequence[str]) -> TermStats:
         """Scoring-core statistics for `terms` in the given order; unknown terms get df = 0."""
-        wanted = np.asarray(list(terms), dtype=str)
+        df, entropy = self.lookup(terms)
+        return TermStats(self.n_docs, self.avgdl, df, entropy)
+
+    def lookup(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """df and raw entropy of `terms` (0 for terms the corpus does not hold)."""
+        wanted = terms_array(terms)
         df = np.zeros(wanted.shape[0], np.int64)
         entropy = np.zeros(wanted.shape[0])
         if self.vocabulary_size and wanted.size:
@@ -86,4 +119,71 @@ class CorpusStats:
             found = self.terms[pos_clipped] == wanted
             df[found] = self.df[pos_clipped[found]]
             entropy[found] = self.entropy[pos_clipped[found]]
-        return TermStats(self.n_docs, self.avgdl, df, entropy)
+        return df, entropy
+
+    def same_as(self, other: CorpusStats) -> bool:
+        """Bit-for-bit equality of every number (dataclass equality cannot compare arrays)."""
+        return (
+            self.n_docs == other.n_docs
+            and self.total_length == other.total_length
+            and np.array_equal(self.terms, other.terms)
+            and np.array_equal(self.df, other.df)
+            and np.array_equal(self.entropy, other.entropy)
+        )
+
+
+class EntropyAccumulator:
+    """Folds documents' term frequencies into exact statistics; order of documents does not matter.
+
+    Mutable on purpose (a sweep feeds it millions of documents); `finish` returns the frozen result."""
+
+    def __init__(self) -> None:
+        self.n_docs = 0
+        self.n_seen = 0  # documents offered, including those without a token in the field
+        self.total_length = 0
+        self._df: dict[str, int] = {}
+        self._units: dict[str, int] = {}
+
+    def add(self, doc: Mapping[str, int]) -> None:
+        self.n_seen += 1
+        length = 0
+        df = self._df
+        units = self._units
+        for term, count in doc.items():
+            tf = int(count)
+            if tf <= 0:
+                continue
+            length += tf
+            df[term] = df.get(term, 0) + 1
+            units[term] = units.get(term, 0) + (_CONTRIB_INT[tf] if tf <= _MAX_TF else 0)
+        if length:
+            self.n_docs += 1
+            self.total_length += length
+
+    def finish(self) -> CorpusStats:
+        terms = sorted(self._df)
+        return CorpusStats(
+            self.n_docs,
+            self.total_length,
+            terms_array(terms),
+            np.fromiter((self._df[t] for t in terms), np.int64, len(terms)),
+            np.fromiter((units_to_float(self._units[t]) for t in terms), np.float64, len(terms)),
+        )
+
+
+def _combine(a: CorpusStats, b: CorpusStats, sign: int) -> CorpusStats:
+    if b.vocabulary_size == 0 and b.n_docs == 0:
+        return a
+    terms, inverse = np.unique(np.concatenate([a.terms, b.terms]), return_inverse=True)
+    df = np.zeros(terms.shape[0], np.int64)
+    entropy = np.zeros(terms.shape[0])
+    np.add.at(df, inverse, np.concatenate([a.df, sign * b.df]))
+    np.add.at(entropy, inverse, np.concatenate([a.entropy, sign * b.entropy]))
+    n_docs = a.n_docs + sign * b.n_docs
+    total = a.total_length + sign * b.total_length
+    if sign < 0:
+        if np.any(df < 0) or n_docs < 0 or total < 0:
+            raise ValueError("cannot subtract statistics of documents the corpus does not hold")
+        keep = df > 0
+        terms, df, entropy = terms[keep], df[keep], np.maximum(entropy[keep], 0.0)
+    return CorpusStats(n_docs, total, terms, df, entropy)

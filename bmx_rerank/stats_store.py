@@ -1,0 +1,353 @@
+"""Snapshots of statistics stored in the cluster itself, so every sidecar replica shares one copy.
+
+Layout of the store index (default `bmx-stats`, a hidden index: a plain name because Elasticsearch
+deprecates new dot-prefixed names, hidden so `*` patterns and Kibana do not pick it up):
+- `chunk` documents `{snapshot}|{seq}`: up to CHUNK_TERMS terms each, one zlib-compressed base64 blob of
+  NUL-separated UTF-8 terms + int64 df + float64 raw entropy, so loading is a few `_mget`s and numpy
+  `frombuffer`s, never a JSON array of a million numbers;
+- a `meta` document `{snapshot}|meta` describing the snapshot (`SnapshotInfo`);
+- a `pointer` document `ptr|{index}|{field}` naming the current snapshot (with its info).
+Publishing writes chunks and meta under a fresh snapshot id and only then flips the pointer (a single
+document write, atomic); a build that fails or is interrupted leaves the pointer, hence the last good
+snapshot, untouched. The snapshot before the current one is kept so a replica loading it mid-flip can
+finish; older ones are deleted after a flip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import numpy as np
+
+from bmx_rerank.corpus import CorpusStats, terms_array
+from bmx_rerank.errors import UpstreamError
+from bmx_rerank.freshness import IndexMarks
+from bmx_rerank.stats_errors import StatisticsError, corrupt_snapshot
+from bmx_rerank.upstream import request_json
+
+DEFAULT_STORE = os.environ.get("BMX_STATS_INDEX", "bmx-stats")
+CHUNK_TERMS = 50_000
+FORMAT = 1
+
+STORE_SETTINGS: dict[str, Any] = {
+    "settings": {
+        "index": {
+            "hidden": True,
+            "number_of_shards": 1,
+            "auto_expand_replicas": "0-1",
+        }
+    },
+    "mappings": {
+        "dynamic": False,
+        "properties": {
+            "kind": {"type": "keyword"},
+            "key": {"type": "keyword"},
+            "snapshot": {"type": "keyword"},
+            "seq": {"type": "integer"},
+            "created_at": {"type": "date"},
+            "data": {"type": "object", "enabled": False},
+            "info": {"type": "object", "enabled": False},
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """What a snapshot holds and what it was built from."""
+
+    snapshot: str
+    index: str
+    field: str
+    n_docs: int
+    total_length: int
+    vocabulary_size: int
+    n_chunks: int
+    live_docs: int  # live documents counted, including those without a token in the field
+    marks: IndexMarks
+    exact_marks: bool  # marks describe exactly the documents counted (no write during the build)
+    built_at: str  # ISO 8601, UTC
+    build_seconds: float
+    method: str  # "build" or "refresh"
+
+    @property
+    def key(self) -> str:
+        return store_key(self.index, self.field)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["marks"] = self.marks.to_json()
+        data["format"] = FORMAT
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SnapshotInfo:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "marks"}
+        return cls(**fields, marks=IndexMarks.from_json(data["marks"]))
+
+
+def store_key(index: str, field: str) -> str:
+    return f"{index}|{field}"
+
+
+def pointer_id(index: str, field: str) -> str:
+    return f"ptr|{store_key(index, field)}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- pure: snapshot <-> chunk documents -------------------------------------------------------------
+
+
+def encode_chunks(stats: CorpusStats, chunk_terms: int = CHUNK_TERMS) -> list[dict[str, Any]]:
+    """The vocabulary as compact chunk payloads, in term order."""
+    chunks = []
+    terms = stats.terms.tolist()
+    for seq, start in enumerate(range(0, max(len(terms), 1), chunk_terms)):
+        part = terms[start : start + chunk_terms]
+        if any("\x00" in t for t in part):
+            raise StatisticsError(400, "bmx_unsupported_term_exception", "a term contains a NUL character")
+        blob = b"".join(
+            [
+                len(part).to_bytes(8, "little"),
+                np.ascontiguousarray(stats.df[start : start + chunk_terms], "<i8").tobytes(),
+                np.ascontiguousarray(stats.entropy[start : start + chunk_terms], "<f8").tobytes(),
+                "\x00".join(part).encode("utf-8"),
+            ]
+        )
+        chunks.append({"seq": seq, "n": len(part), "blob": base64.b64encode(zlib.compress(blob, 1)).decode()})
+    return chunks
+
+
+def decode_chunks(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> CorpusStats:
+    """Statistics back from chunk payloads (any order); checks they add up to what the meta promises."""
+    if len(chunks) != info.n_chunks:
+        raise corrupt_snapshot(info.snapshot, f"{len(chunks)} of {info.n_chunks} chunks found")
+    terms: list[str] = []
+    dfs, ents = [], []
+    for chunk in sorted(chunks, key=lambda c: c["seq"]):
+        blob = zlib.decompress(base64.b64decode(chunk["blob"]))
+        n = int.from_bytes(blob[:8], "little")
+        dfs.append(np.frombuffer(blob, "<i8", n, 8))
+        ents.append(np.frombuffer(blob, "<f8", n, 8 + 8 * n))
+        text = blob[8 + 16 * n :].decode("utf-8")
+        if n:
+            terms.extend(text.split("\x00"))
+    stats = CorpusStats(
+        info.n_docs,
+        info.total_length,
+        terms_array(terms),
+        np.concatenate(dfs).astype(np.int64) if dfs else np.zeros(0, np.int64),
+        np.concatenate(ents).astype(np.float64) if ents else np.zeros(0),
+    )
+    if stats.vocabulary_size != info.vocabulary_size:
+        raise corrupt_snapshot(
+            info.snapshot, f"{stats.vocabulary_size} terms, meta says {info.vocabulary_size}"
+        )
+    return stats
+
+
+# --- I/O ------------------------------------------------------------------------------------------
+
+
+async def ensure_store(
+    session: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str], store: str = DEFAULT_STORE
+) -> None:
+    """Create the store index if missing."""
+    try:
+        await request_json(session, "PUT", f"{base_url}/{quote(store)}", STORE_SETTINGS, headers)
+    except UpstreamError as exc:
+        if exc.type != "resource_already_exists_exception":
+            raise
+
+
+async def publish(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    info: SnapshotInfo,
+    stats: CorpusStats,
+    store: str = DEFAULT_STORE,
+) -> None:
+    """Write a snapshot, then flip its pointer: readers see the old snapshot or the new, never a mix."""
+    await ensure_store(session, base_url, headers, store)
+    chunks = encode_chunks(stats)
+    if len(chunks) != info.n_chunks:
+        raise ValueError("info.n_chunks does not match the statistics")
+    created = now_iso()
+    ops: list[tuple[str, str, dict[str, Any] | None]] = [
+        (
+            "index",
+            f"{info.snapshot}|{c['seq']}",
+            {
+                "kind": "chunk",
+                "key": info.key,
+                "snapshot": info.snapshot,
+                "seq": c["seq"],
+                "created_at": created,
+                "data": c,
+            },
+        )
+        for c in chunks
+    ]
+    ops.append(
+        (
+            "index",
+            f"{info.snapshot}|meta",
+            {
+                "kind": "meta",
+                "key": info.key,
+                "snapshot": info.snapshot,
+                "created_at": created,
+                "info": info.to_json(),
+            },
+        )
+    )
+    await _bulk(session, base_url, headers, store, ops)
+    previous = await read_pointers(session, base_url, headers, [(info.index, info.field)], store)
+    prev = previous.get((info.index, info.field))
+    pointer = {
+        "kind": "pointer",
+        "key": info.key,
+        "snapshot": info.snapshot,
+        "previous": prev.snapshot if prev else None,
+        "created_at": created,
+        "info": info.to_json(),
+    }
+    url = f"{base_url}/{quote(store)}/_doc/{quote(pointer_id(info.index, info.field), safe='')}?refresh=true"
+    await request_json(session, "PUT", url, pointer, headers)
+    await _collect_garbage(session, base_url, headers, store, info.key, {info.snapshot, pointer["previous"]})
+
+
+async def read_pointers(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    keys: Sequence[tuple[str, str]],
+    store: str = DEFAULT_STORE,
+) -> dict[tuple[str, str], SnapshotInfo]:
+    """Current snapshot of each (index, field) that has one; a missing store means none has."""
+    if not keys:
+        return {}
+    body = {"ids": [pointer_id(i, f) for i, f in keys]}
+    try:
+        answer = await request_json(session, "POST", f"{base_url}/{quote(store)}/_mget", body, headers)
+    except UpstreamError as exc:
+        if exc.type == "index_not_found_exception":
+            return {}
+        raise
+    out = {}
+    for key, doc in zip(keys, answer["docs"], strict=True):
+        if doc.get("found"):
+            out[key] = SnapshotInfo.from_json(doc["_source"]["info"])
+    return out
+
+
+async def load(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    info: SnapshotInfo,
+    store: str = DEFAULT_STORE,
+    batch: int = 8,
+) -> CorpusStats:
+    """The statistics of a snapshot: its chunks fetched by id a few at a time, decoded with numpy."""
+    ids = [f"{info.snapshot}|{i}" for i in range(info.n_chunks)]
+
+    async def fetch(part: list[str]) -> list[dict[str, Any]]:
+        url = f"{base_url}/{quote(store)}/_mget?_source=data"
+        answer = await request_json(session, "POST", url, {"ids": part}, headers)
+        return [d["_source"]["data"] for d in answer["docs"] if d.get("found")]
+
+    parts = await asyncio.gather(*(fetch(ids[i : i + batch]) for i in range(0, len(ids), batch)))
+    return decode_chunks(info, [c for p in parts for c in p])
+
+
+async def _bulk(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    store: str,
+    ops: Sequence[tuple[str, str, dict[str, Any] | None]],
+    max_bytes: int = 16 << 20,
+    refresh: bool = False,
+) -> None:
+    """Index or delete documents of the store in bulk requests of at most `max_bytes`; any item error
+    fails the whole write (the caller has not flipped a pointer yet, so nothing half-done is visible)."""
+    import orjson
+
+    lines: list[bytes] = []
+    size = 0
+
+    async def flush() -> None:
+        nonlocal lines, size
+        if not lines:
+            return
+        payload = b"\n".join(lines) + b"\n"
+        hdrs = {**headers, "Content-Type": "application/x-ndjson"}
+        url = f"{base_url}/{quote(store)}/_bulk" + ("?refresh=true" if refresh else "")
+        async with session.post(url, data=payload, headers=hdrs) as resp:
+            body = await resp.read()
+            if resp.status >= 400:
+                raise UpstreamError(
+                    resp.status, "bmx_store_write_exception", body[:300].decode("utf-8", "replace")
+                )
+            answer = orjson.loads(body)
+        if answer.get("errors"):
+            first = next(i for i in answer["items"] if "error" in next(iter(i.values())))
+            err = next(iter(first.values()))["error"]
+            status = next(iter(first.values())).get("status", 500)
+            raise UpstreamError(status, err.get("type", "bmx_store_write_exception"), err.get("reason", ""))
+        lines, size = [], 0
+
+    for verb, doc_id, source in ops:
+        action = orjson.dumps({verb: {"_id": doc_id}})
+        body = b"" if source is None else orjson.dumps(source)
+        if size + len(body) > max_bytes:
+            await flush()
+        lines += [action, body] if source is not None else [action]
+        size += len(action) + len(body)
+    await flush()
+
+
+async def _collect_garbage(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    store: str,
+    key: str,
+    keep: set[str | None],
+) -> None:
+    """Delete this key's snapshots other than `keep`, if older than an hour (so a build still writing
+    its chunks is never touched). Search + bulk delete: `_delete_by_query` lives in a module some
+    distributions leave out."""
+    cutoff = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat(timespec="seconds")
+    query = {
+        "bool": {
+            "filter": [{"term": {"key": key}}, {"range": {"created_at": {"lt": cutoff}}}],
+            "must_not": [
+                {"terms": {"snapshot": sorted(k for k in keep if k)}},
+                {"term": {"kind": "pointer"}},
+            ],
+        }
+    }
+    url = f"{base_url}/{quote(store)}/_search"
+    while True:
+        body = {"size": 1000, "_source": False, "query": query}
+        hits = (await request_json(session, "POST", url, body, headers))["hits"]["hits"]
+        if not hits:
+            return
+        await _bulk(
+            session, base_url, headers, store, [("delete", h["_id"], None) for h in hits], refresh=True
+        )

@@ -1,0 +1,375 @@
+"""Sweeping an index: every live document's term frequencies in one field, folded into CorpusStats.
+
+The imperative shell around `corpus.EntropyAccumulator`. Ids come from a point-in-time scan
+(`search_after` on `_shard_doc`), or a scroll where the cluster has no usable PIT; term frequencies
+from `_mtermvectors` in batches, a bounded number in flight while the next page of ids is fetched.
+
+Consistency: `_mtermvectors` reads the live index, not the PIT, so the sweep records the shards'
+sequence numbers before it starts (after a refresh, so everything up to them is visible) and checks
+them again at the end. If any write landed meanwhile, the snapshot is marked `exact_marks = False`:
+it is still served, but it reports stale and the next refresh rebuilds it, which catches documents
+written during the sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import aiohttp
+
+from bmx_rerank import upstream
+from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
+from bmx_rerank.errors import SearchError, UpstreamError
+from bmx_rerank.freshness import IndexMarks, parse_shard_stats, same_state
+from bmx_rerank.stats_errors import field_missing, no_index, not_text_field
+from bmx_rerank.upstream import DocRef, request_json
+
+KEEP_ALIVE = "5m"
+TEXT_TYPES = ("text", "match_only_text")
+
+
+class Progress(Protocol):
+    """What a sweep reports to (a tqdm bar fits): the expected total, then documents done."""
+
+    total: float | None
+
+    def update(self, n: float = 1) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Statistics of one concrete index and what they were built from."""
+
+    stats: CorpusStats
+    marks: IndexMarks
+    live_docs: int  # live documents swept, including those without a token in the field
+    exact_marks: bool  # no write landed during the sweep: `marks` describe exactly what was counted
+    seconds: float
+
+
+async def resolve_text_field(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+) -> list[str]:
+    """Concrete indices behind a name, alias or pattern, after checking `field` is analyzed text in each.
+
+    `_field_caps` needs only read privileges, so this works with the credentials a searcher has."""
+    url = f"{base_url}/{_enc(index_expr)}/_field_caps?fields={quote(field)}&include_unmapped=true"
+    answer = await request_json(session, "GET", url, None, headers)
+    indices = sorted(answer.get("indices") or [])
+    if not indices:
+        raise no_index(index_expr)
+    caps = (answer.get("fields") or {}).get(field) or {}
+    kinds = {k: v for k, v in caps.items() if k != "unmapped"}
+    if not kinds:
+        raise field_missing(field, index_expr)
+    for kind, info in kinds.items():
+        if kind not in TEXT_TYPES:
+            where = ",".join(info.get("indices") or indices)
+            raise not_text_field(field, where, kind)
+    return indices
+
+
+async def index_marks(
+    session: aiohttp.ClientSession, base_url: str, index_expr: str, headers: Mapping[str, str]
+) -> dict[str, IndexMarks]:
+    """Sequence-number markers of every concrete index behind `index_expr` (needs `monitor`)."""
+    url = (
+        f"{base_url}/{_enc(index_expr)}/_stats/docs?level=shards"
+        "&filter_path=indices.*.uuid,indices.*.shards.*.routing.primary,indices.*.shards.*.seq_no"
+    )
+    return parse_shard_stats(await request_json(session, "GET", url, None, headers) or {})
+
+
+async def refresh_index(
+    session: aiohttp.ClientSession, base_url: str, index: str, headers: Mapping[str, str]
+) -> bool:
+    """Make every processed write searchable; False when the credentials may not (then we wait 1.5s,
+    longer than the default refresh interval)."""
+    try:
+        await request_json(session, "POST", f"{base_url}/{_enc(index)}/_refresh", None, headers)
+        return True
+    except UpstreamError as exc:
+        if exc.status != 403:
+            raise
+        await asyncio.sleep(1.5)
+        return False
+
+
+async def live_count(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    headers: Mapping[str, str],
+    query: Mapping[str, Any] | None = None,
+    preference: str | None = None,
+) -> int:
+    """Top-level live documents (nested documents excluded, unlike `_stats` docs.count)."""
+    url = f"{base_url}/{_enc(index)}/_count" + (f"?preference={quote(preference)}" if preference else "")
+    body = {"query": query} if query else None
+    return int((await request_json(session, "POST", url, body, headers))["count"])
+
+
+async def scan_ids(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    headers: Mapping[str, str],
+    page_size: int = 1000,
+    totals: list[int] | None = None,
+) -> AsyncIterator[list[DocRef]]:
+    """Every live document of `index` in pages, from one consistent reader (PIT, else scroll).
+
+    Appends the reader's total hit count to `totals` when the first page arrives."""
+    pit = await _open_pit(session, base_url, index, headers)
+    if pit is not None:
+        gen = _scan_pit(session, base_url, pit, headers, page_size, totals)
+    else:
+        gen = _scan_scroll(session, base_url, index, headers, page_size, totals)
+    async for page in gen:
+        yield page
+
+
+async def term_frequencies(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    refs: Sequence[DocRef],
+    field: str,
+    headers: Mapping[str, str],
+) -> list[dict[str, int]]:
+    """Term frequencies of each found document (deleted-since documents are skipped)."""
+    docs = await upstream.mtermvectors(session, base_url, refs, field, headers)
+    return [d.tf for d in docs if d.found]
+
+
+async def fold_pages(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    pages: AsyncIterator[list[DocRef]],
+    field: str,
+    headers: Mapping[str, str],
+    acc: EntropyAccumulator,
+    *,
+    batch_size: int,
+    concurrency: int,
+    progress: Progress | None = None,
+) -> None:
+    """Term frequencies of every page's documents into `acc`, at most `concurrency` batches in flight."""
+    pending: set[asyncio.Task[list[dict[str, int]]]] = set()
+
+    def drain(done: set[asyncio.Task[list[dict[str, int]]]]) -> None:
+        for task in done:
+            tfs = task.result()
+            for tf in tfs:
+                acc.add(tf)
+        if progress is not None:
+            progress.update(sum(len(t.result()) for t in done))
+
+    try:
+        async for page in pages:
+            for start in range(0, len(page), batch_size):
+                while len(pending) >= concurrency:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    pending -= done
+                    drain(done)
+                batch = page[start : start + batch_size]
+                pending.add(asyncio.ensure_future(term_frequencies(session, base_url, batch, field, headers)))
+        if pending:
+            done, _ = await asyncio.wait(pending)
+            pending -= done
+            drain(done)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def sweep_index(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    batch_size: int = 200,
+    concurrency: int = 4,
+    progress: Progress | None = None,
+) -> SweepResult:
+    """Exact statistics of one concrete index (call `resolve_text_field` first to validate the field)."""
+    started = time.perf_counter()
+    before = (await index_marks(session, base_url, index, headers)).get(index)
+    if before is None:
+        raise no_index(index)
+    await refresh_index(session, base_url, index, headers)
+    acc = EntropyAccumulator()
+    totals: list[int] = []
+
+    async def pages() -> AsyncIterator[list[DocRef]]:
+        async for page in scan_ids(session, base_url, index, headers, batch_size * concurrency, totals):
+            if progress is not None and totals and progress.total is None:
+                progress.total = totals[0]
+            yield page
+
+    await fold_pages(
+        session,
+        base_url,
+        pages(),
+        field,
+        headers,
+        acc,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        progress=progress,
+    )
+    after = (await index_marks(session, base_url, index, headers)).get(index)
+    exact = before.settled and after is not None and same_state(before, after)
+    live = totals[0] if totals else acc.n_seen
+    return SweepResult(
+        acc.finish(), before, live, exact and live == acc.n_seen, time.perf_counter() - started
+    )
+
+
+async def _open_pit(
+    session: aiohttp.ClientSession, base_url: str, index: str, headers: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """(flavor, pit id), or None when the cluster offers no PIT that `_shard_doc` can page through."""
+    try:
+        answer = await request_json(
+            session, "POST", f"{base_url}/{_enc(index)}/_pit?keep_alive={KEEP_ALIVE}", None, headers
+        )
+        return ("es", answer["id"])
+    except UpstreamError as exc:
+        if exc.type == "index_not_found_exception" or exc.status == 403:
+            raise
+    try:
+        answer = await request_json(
+            session,
+            "POST",
+            f"{base_url}/{_enc(index)}/_search/point_in_time?keep_alive={KEEP_ALIVE}",
+            None,
+            headers,
+        )
+    except UpstreamError as exc:
+        if exc.type == "index_not_found_exception" or exc.status == 403:
+            raise
+        return None
+    pit = ("os", answer["pit_id"])
+    try:  # OpenSearch versions differ in whether a PIT can sort on _shard_doc
+        await request_json(session, "POST", f"{base_url}/_search", _pit_body(pit[1], 1, None), headers)
+    except UpstreamError:
+        await _close_pit(session, base_url, pit, headers)
+        return None
+    return pit
+
+
+def _pit_body(pit_id: str, size: int, after: list[Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "size": size,
+        "_source": False,
+        "pit": {"id": pit_id, "keep_alive": KEEP_ALIVE},
+        "sort": [{"_shard_doc": "asc"}],
+        "track_total_hits": after is None,
+    }
+    if after is not None:
+        body["search_after"] = after
+    return body
+
+
+async def _scan_pit(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    pit: tuple[str, str],
+    headers: Mapping[str, str],
+    page_size: int,
+    totals: list[int] | None,
+) -> AsyncIterator[list[DocRef]]:
+    pit_id = pit[1]
+    after: list[Any] | None = None
+    try:
+        while True:
+            answer = await request_json(
+                session, "POST", f"{base_url}/_search", _pit_body(pit_id, page_size, after), headers
+            )
+            pit_id = answer.get("pit_id", pit_id)
+            hits = answer["hits"]["hits"]
+            if after is None and totals is not None:
+                totals.append(int(answer["hits"]["total"]["value"]))
+            if not hits:
+                return
+            yield [_ref(h) for h in hits]
+            after = hits[-1]["sort"]
+    finally:
+        await _close_pit(session, base_url, (pit[0], pit_id), headers)
+
+
+async def _scan_scroll(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    headers: Mapping[str, str],
+    page_size: int,
+    totals: list[int] | None,
+) -> AsyncIterator[list[DocRef]]:
+    body = {"size": page_size, "_source": False, "sort": ["_doc"], "track_total_hits": True}
+    answer = await request_json(
+        session, "POST", f"{base_url}/{_enc(index)}/_search?scroll={KEEP_ALIVE}", body, headers
+    )
+    scroll_id = answer.get("_scroll_id")
+    if totals is not None:
+        totals.append(int(answer["hits"]["total"]["value"]))
+    try:
+        while answer["hits"]["hits"]:
+            yield [_ref(h) for h in answer["hits"]["hits"]]
+            answer = await request_json(
+                session,
+                "POST",
+                f"{base_url}/_search/scroll",
+                {"scroll": KEEP_ALIVE, "scroll_id": scroll_id},
+                headers,
+            )
+            scroll_id = answer.get("_scroll_id", scroll_id)
+    finally:
+        if scroll_id:
+            await _quietly(
+                request_json(
+                    session, "DELETE", f"{base_url}/_search/scroll", {"scroll_id": scroll_id}, headers
+                )
+            )
+
+
+async def _close_pit(
+    session: aiohttp.ClientSession, base_url: str, pit: tuple[str, str], headers: Mapping[str, str]
+) -> None:
+    if pit[0] == "es":
+        call = request_json(session, "DELETE", f"{base_url}/_pit", {"id": pit[1]}, headers)
+    else:
+        call = request_json(
+            session, "DELETE", f"{base_url}/_search/point_in_time", {"pit_id": [pit[1]]}, headers
+        )
+    await _quietly(call)
+
+
+async def _quietly(call: Any) -> None:
+    """Best-effort cleanup: the context expires by itself; never mask the error that got us here."""
+    try:
+        await asyncio.wait_for(call, 10)
+    except (SearchError, asyncio.TimeoutError, aiohttp.ClientError, asyncio.CancelledError):
+        pass
+
+
+def _ref(hit: Mapping[str, Any]) -> DocRef:
+    return DocRef(hit["_index"], hit["_id"], hit.get("_routing"))
+
+
+def _enc(index_expr: str) -> str:
+    """An index expression as a path segment (commas and wildcards kept, as the cluster expects)."""
+    return quote(index_expr, safe=",*-_.:")
