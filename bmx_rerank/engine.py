@@ -447,8 +447,8 @@ def fetch_artifact(artifact: Artifact, dest_dir: Path, report: Reporter = _quiet
             )
         report(f"downloading {artifact.coordinate} from Maven Central")
         cmd = [mvn, "-B", "-q", "dependency:get", "-Dtransitive=false", f"-Dartifact={artifact.coordinate}"]
-        if os.environ.get("BMX_RERANK_M2_REPO"):
-            cmd.append(f"-Dmaven.repo.local={m2_repository()}")
+        # Java's user.home comes from passwd, not $HOME: name the repository so we look where Maven writes.
+        cmd.append(f"-Dmaven.repo.local={m2_repository()}")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         except subprocess.TimeoutExpired:
