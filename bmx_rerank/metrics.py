@@ -1,0 +1,40 @@
+"""Prometheus metrics of the proxy, in a registry of their own so several apps (tests) can coexist."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    """Counters and histograms: requests by kind, rerank and upstream latency, errors, cache hits."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("bmx_requests", "Requests served, by kind", ["kind"], registry=self.registry)
+        self.rerank_seconds = Histogram(
+            "bmx_rerank_seconds",
+            "Time of a whole reranked search (first stage included)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_seconds = Histogram(
+            "bmx_upstream_seconds",
+            "Time of calls to the cluster, by call",
+            ["call"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter("bmx_errors", "Errors, by type", ["type"], registry=self.registry)
+        self.reranks = Counter(
+            "bmx_reranks", "Reranked searches, by outcome", ["outcome"], registry=self.registry
+        )
+        self.cache = Counter(
+            "bmx_termvector_cache", "Term-vector cache lookups, by result", ["result"], registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,539 @@
+"""The rerank proxy: a drop-in `_search` in front of Elasticsearch/OpenSearch.
+
+Every request passes through untouched (method, path, query string, headers, body bytes streamed both
+ways, compressed bodies left compressed), except searches that carry `ext.bmx` or match a server-side
+policy: those are widened to the rerank window, rescored with exact BMX, and paged inside the window.
+Failures talking to the cluster come back in Elasticsearch's error shape (502 unreachable, 504 timeout);
+the cluster's own errors pass through as they are; nothing ever answers with a stack trace."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import json
+import logging
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from bmx_rerank.errors import SearchError, UpstreamError, bad_request, timed_out, unreachable
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.policy import Rule
+from bmx_rerank.policy import match as match_policy
+from bmx_rerank.rerank.candidates import TermVectorCache
+from bmx_rerank.rerank.pipeline import Reranker, SideCalls
+from bmx_rerank.rerank.plan import Plan, plan_search
+from bmx_rerank.rerank.stats_source import StatsSource
+from bmx_rerank.upstream import forwardable_headers
+
+log = logging.getLogger("bmx_rerank.proxy")
+
+# RFC 9110 §7.6.1 connection-specific headers, plus those the proxy recomputes itself.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+    )
+)
+# Headers aiohttp would add on its own to an upstream request; the client's own choice must win.
+SKIP_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type", "Accept")
+MARKER_HEADER = "X-BMX-Rerank"
+SEARCH_BODY_LIMIT = 64 * 1024 * 1024  # search and msearch bodies are read whole, to look for ext.bmx
+CHUNK = 64 * 1024
+STATE: web.AppKey[dict[str, Any]] = web.AppKey("bmx", dict)
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str
+    policies: Sequence[Rule] = ()
+    on_rerank_error: str = "fallback"
+    timeout: float = 60.0  # first stage and sidecar calls, seconds
+    connect_timeout: float = 10.0
+    cache_size: int = 100_000
+    widen: bool = True
+    default_authorization: str | None = field(default=None, repr=False)
+
+
+def split_upstream(url: str) -> tuple[str, str | None]:
+    """The upstream base URL without userinfo, and a Basic Authorization header made from it, if any.
+
+    Credentials never stay in a URL the proxy might log."""
+    parsed = URL(url)
+    auth = None
+    if parsed.user is not None:
+        token = base64.b64encode(f"{parsed.user}:{parsed.password or ''}".encode()).decode()
+        auth = f"Basic {token}"
+    clean = parsed.with_user(None).with_password(None)
+    return str(clean).rstrip("/"), auth
+
+
+def make_app(
+    config: ProxyConfig, stats: Callable[[aiohttp.ClientSession, str], StatsSource]
+) -> web.Application:
+    """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
+    base, auth = split_upstream(config.upstream)
+    config.default_authorization = config.default_authorization or auth
+    app = web.Application(client_max_size=SEARCH_BODY_LIMIT)
+    metrics = Metrics()
+    state: dict[str, Any] = {"config": config, "base": base, "metrics": metrics}
+    app[STATE] = state
+
+    async def lifecycle(app: web.Application):
+        session = aiohttp.ClientSession(
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=256),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout),
+        )
+        state["session"] = session
+        state["reranker"] = Reranker(
+            session,
+            base,
+            stats(session, base),
+            metrics,
+            cache=TermVectorCache(config.cache_size),
+            timeout=config.timeout,
+            on_error=config.on_rerank_error,
+        )
+        yield
+        await session.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/_bmx/health", _health)
+    app.router.add_get("/_bmx/metrics", _metrics)
+    app.router.add_route("*", "/{tail:.*}", _dispatch)
+    return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = {"status": "ok", "upstream": state["base"], "on_rerank_error": state["config"].on_rerank_error}
+    return web.json_response(body)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    metrics: Metrics = request.app[STATE]["metrics"]
+    resp = web.Response(body=metrics.render())
+    resp.headers["Content-Type"] = metrics.content_type
+    return resp
+
+
+async def _dispatch(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    metrics: Metrics = state["metrics"]
+    start = time.perf_counter()
+    kind = "passthrough"
+    status = 0
+    try:
+        route = search_route(request.method, request.path)
+        if route is not None:
+            kind, index = route
+            resp = await (_search(request, index) if kind == "search" else _msearch(request, index))
+            kind = resp.headers.get(MARKER_HEADER, kind) if kind == "search" else kind
+        else:
+            resp = await _forward(request, await _stream_body(request))
+        status = resp.status
+        return resp
+    except SearchError as err:
+        metrics.errors.labels(err.type).inc()
+        resp = error_response(err)
+        status = resp.status
+        return resp
+    finally:
+        metrics.requests.labels(kind.split(";")[0]).inc()
+        log.info(
+            "request",
+            extra={
+                "fields": {
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "kind": kind,
+                    "ms": round((time.perf_counter() - start) * 1000, 2),
+                }
+            },
+        )
+
+
+def search_route(method: str, path: str) -> tuple[str, str | None] | None:
+    """("search" | "msearch", index expression or None) for the endpoints the proxy may rerank."""
+    if method not in ("GET", "POST"):
+        return None
+    parts = [p for p in path.split("/") if p]
+    if parts in (["_search"], ["_msearch"]):
+        return parts[0][1:], None
+    if len(parts) == 2 and parts[1] in ("_search", "_msearch") and not parts[0].startswith("_bmx"):
+        return parts[1][1:], parts[0]
+    return None
+
+
+def error_response(err: SearchError) -> web.Response:
+    """An error as the client would get it from the cluster: the cluster's own payload when it sent one."""
+    if isinstance(err, UpstreamError) and err.payload:
+        resp = web.Response(status=err.status, body=err.payload)
+        resp.headers["Content-Type"] = err.content_type
+        return resp
+    resp = web.Response(status=err.status, body=orjson.dumps(err.body()))
+    resp.headers["Content-Type"] = "application/json"
+    return resp
+
+
+# ---- passthrough ---------------------------------------------------------------------------------
+
+
+def upstream_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """The client's headers minus hop-by-hop ones (and `drop`), duplicates kept."""
+    skip = HOP_BY_HOP | {d.lower() for d in drop}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() not in skip:
+            out.add(name, value)
+    return out
+
+
+def response_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    return upstream_headers(headers, drop=drop)
+
+
+async def _stream_body(request: web.Request):
+    """The request body as an async stream (None when there is none): never buffered whole."""
+    if not request.body_exists:
+        return None
+
+    async def chunks():
+        async for chunk in request.content.iter_chunked(CHUNK):
+            yield chunk
+
+    return chunks()
+
+
+async def _forward(
+    request: web.Request,
+    data: Any,
+    *,
+    url: URL | None = None,
+    headers: CIMultiDict[str] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> web.StreamResponse:
+    """Send the request upstream and stream the answer back byte for byte."""
+    state = request.app[STATE]
+    session: aiohttp.ClientSession = state["session"]
+    hdrs = headers if headers is not None else upstream_headers(request.headers)
+    if isinstance(data, (bytes, bytearray)):
+        hdrs.popall("Content-Length", None)
+    _default_auth(hdrs, state["config"])
+    target = url or URL(state["base"] + request.raw_path, encoded=True)
+    start = time.perf_counter()
+    try:
+        upstream = await session.request(
+            request.method,
+            target,
+            data=data,
+            headers=hdrs,
+            skip_auto_headers=SKIP_AUTO,
+            allow_redirects=False,
+            compress=None,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=state["config"].connect_timeout, sock_read=state["config"].timeout
+            ),
+        )
+    except asyncio.TimeoutError as exc:
+        raise timed_out(
+            f"{request.method} {request.path} took longer than {state['config'].timeout}s"
+        ) from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
+    state["metrics"].upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
+    try:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        resp.headers.extend(response_headers(upstream.headers))
+        for name, value in (extra or {}).items():
+            resp.headers[name] = value
+        await resp.prepare(request)
+        if request.method != "HEAD":
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+        # Headers are gone already: the only honest signal left is to cut the connection.
+        log.warning("upstream broke mid-body", extra={"fields": {"error": exc.__class__.__name__}})
+        raise ConnectionResetError("upstream broke mid-body") from exc
+    finally:
+        upstream.release()
+
+
+def _default_auth(headers: CIMultiDict[str], config: ProxyConfig) -> None:
+    if config.default_authorization and "Authorization" not in headers:
+        headers["Authorization"] = config.default_authorization
+
+
+# ---- search ---------------------------------------------------------------------------------------
+
+
+async def _read_json_body(request: web.Request) -> tuple[bytes, bytes]:
+    """(raw bytes as sent, decoded bytes) of a search body; compressed bodies are inflated to look in."""
+    raw = await request.read()
+    encoding = request.headers.get("Content-Encoding", "").lower().strip()
+    try:
+        if encoding == "gzip":
+            return raw, gzip.decompress(raw)
+        if encoding == "deflate":
+            return raw, zlib.decompress(raw)
+    except (OSError, zlib.error, EOFError):
+        return raw, b""  # let the cluster answer a broken body as it would
+    return raw, raw
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data) if data.strip() else None
+    except orjson.JSONDecodeError:
+        return _Unparsable
+
+
+class _Unparsable:
+    """Marks a body the proxy cannot read: the cluster gets it as it is and answers for itself."""
+
+
+async def _search(request: web.Request, index: str | None) -> web.StreamResponse:
+    state = request.app[STATE]
+    config: ProxyConfig = state["config"]
+    raw, decoded = await _read_json_body(request)
+    body = _loads(decoded)
+    if body is _Unparsable or (body is not None and not isinstance(body, dict)):
+        return await _forward(request, raw or None)
+    policy = match_policy(config.policies, index) if index else None
+    params = {k: v for k, v in request.query.items()}
+    plan = plan_search(body, params, policy, widen_default=config.widen)
+    if plan.spec is None:
+        if plan.body == body:
+            return await _forward(request, raw or None)
+        extra = {MARKER_HEADER: f"skipped; reason={plan.skipped}"} if plan.skipped else None
+        return await _forward(request, orjson.dumps(plan.body), headers=_json_headers(request), extra=extra)
+    if index is None:
+        raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
+    state["metrics"].requests.labels("rerank").inc()
+    return await _rerank_one(request, index, plan)
+
+
+def _json_headers(request: web.Request) -> CIMultiDict[str]:
+    """Client headers for a body the proxy re-serialized: identity encoding both ways."""
+    hdrs = upstream_headers(request.headers, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
+    if "Content-Type" not in hdrs:
+        hdrs["Content-Type"] = "application/json"
+    return hdrs
+
+
+async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.StreamResponse:
+    state = request.app[STATE]
+    reranker: Reranker = state["reranker"]
+    start = time.perf_counter()
+    fwd = forwardable_headers(_with_default_auth(request.headers, state["config"]))
+    side = reranker.start(index, plan, fwd)
+    try:
+        url = URL(state["base"] + request.path, encoded=False).with_query(plan.params)
+        status, headers, payload = await _call(request, url, orjson.dumps(plan.body), "search")
+        data = _loads(payload) if status < 300 else _Unparsable
+        if status >= 300 or not isinstance(data, dict):
+            side.cancel()
+            return _raw_response(status, headers, payload)
+        outcome = await reranker.finish(side, data, fwd)
+    except BaseException:
+        side.cancel()
+        raise
+    state["metrics"].rerank_seconds.observe(time.perf_counter() - start)
+    marker = outcome.kind if outcome.kind == "fallback" else f"{outcome.kind}"
+    return _json_answer(status, headers, outcome.body, {MARKER_HEADER: marker})
+
+
+def _with_default_auth(headers: Mapping[str, str], config: ProxyConfig) -> dict[str, str]:
+    out = dict(headers)
+    if config.default_authorization and not any(k.lower() == "authorization" for k in out):
+        out["Authorization"] = config.default_authorization
+    return out
+
+
+async def _call(
+    request: web.Request, url: URL, body: bytes, call: str
+) -> tuple[int, CIMultiDict[str], bytes]:
+    """One buffered upstream call with the client's headers (identity encoding), for the rerank path."""
+    state = request.app[STATE]
+    session: aiohttp.ClientSession = state["session"]
+    hdrs = _json_headers(request)
+    _default_auth(hdrs, state["config"])
+    start = time.perf_counter()
+    try:
+        async with session.request(
+            request.method,
+            url,
+            data=body,
+            headers=hdrs,
+            skip_auto_headers=SKIP_AUTO,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=state["config"].timeout),
+        ) as resp:
+            payload = await resp.read()
+            headers = CIMultiDict(resp.headers)
+            status = resp.status
+    except asyncio.TimeoutError as exc:
+        raise timed_out(
+            f"{request.method} {request.path} took longer than {state['config'].timeout}s"
+        ) from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
+    finally:
+        state["metrics"].upstream_seconds.labels(call).observe(time.perf_counter() - start)
+    if headers.get("Content-Encoding", "identity").lower() == "gzip":
+        payload = gzip.decompress(payload)
+        headers.popall("Content-Encoding", None)
+    return status, headers, payload
+
+
+def _raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web.Response:
+    resp = web.Response(status=status, body=payload)
+    resp.headers.extend(response_headers(headers, drop=("Content-Length",)))
+    return resp
+
+
+def _json_answer(status: int, headers: CIMultiDict[str], body: Any, extra: Mapping[str, str]) -> web.Response:
+    resp = web.Response(status=status, body=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+    resp.headers.extend(response_headers(headers, drop=("Content-Length", "Content-Encoding")))
+    if "Content-Type" not in resp.headers:
+        resp.headers["Content-Type"] = "application/json"
+    resp.headers.update(extra)
+    return resp
+
+
+# ---- msearch --------------------------------------------------------------------------------------
+
+
+def parse_ndjson(data: bytes) -> list[Any] | None:
+    """The lines of an NDJSON body as JSON values, or None when any line is not JSON."""
+    out = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            return None
+    return out
+
+
+def _item_index(header: Mapping[str, Any], default: str | None) -> str | None:
+    value = header.get("index", default)
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return value if isinstance(value, str) else default
+
+
+async def _msearch(request: web.Request, index: str | None) -> web.StreamResponse:
+    state = request.app[STATE]
+    config: ProxyConfig = state["config"]
+    raw, decoded = await _read_json_body(request)
+    lines = parse_ndjson(decoded)
+    if lines is None or len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
+        return await _forward(request, raw or None)
+    plans: list[tuple[str | None, Plan]] = []
+    for header, body in zip(lines[0::2], lines[1::2], strict=True):
+        item_index = _item_index(header, index)
+        policy = match_policy(config.policies, item_index) if item_index else None
+        plan = plan_search(body, {}, policy, widen_default=config.widen)
+        if plan.spec is not None and item_index is None:
+            raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
+        plans.append((item_index, plan))
+    if all(p.spec is None and p.body == b for (_, p), b in zip(plans, lines[1::2], strict=True)):
+        return await _forward(request, raw)
+    state["metrics"].requests.labels("msearch_rerank").inc()
+    reranker: Reranker = state["reranker"]
+    fwd = forwardable_headers(_with_default_auth(request.headers, config))
+    sides: dict[int, SideCalls] = {
+        i: reranker.start(ix, p, fwd) for i, (ix, p) in enumerate(plans) if p.spec is not None and ix
+    }
+    try:
+        out = b"".join(
+            orjson.dumps(h) + b"\n" + orjson.dumps(p.body or {}) + b"\n"
+            for h, (_, p) in zip(lines[0::2], plans, strict=True)
+        )
+        url = URL(state["base"] + request.path, encoded=False).with_query(dict(request.query))
+        status, headers, payload = await _call(request, url, out, "msearch")
+        data = _loads(payload) if status < 300 else _Unparsable
+        if status >= 300 or not isinstance(data, dict) or not isinstance(data.get("responses"), list):
+            for side in sides.values():
+                side.cancel()
+            return _raw_response(status, headers, payload)
+        responses = data["responses"]
+        results = await asyncio.gather(
+            *(_msearch_item(reranker, side, responses[i], fwd) for i, side in sides.items())
+        )
+        for i, item in zip(sides, results, strict=True):
+            responses[i] = item
+    except BaseException:
+        for side in sides.values():
+            side.cancel()
+        raise
+    return _json_answer(status, headers, data, {MARKER_HEADER: "msearch"})
+
+
+async def _msearch_item(reranker: Reranker, side: SideCalls, item: Any, fwd: Mapping[str, str]) -> Any:
+    if not isinstance(item, dict) or "error" in item or "hits" not in item:
+        side.cancel()
+        return item
+    try:
+        return (await reranker.finish(side, item, fwd)).body
+    except SearchError as err:
+        return err.body()
+
+
+# ---- logging --------------------------------------------------------------------------------------
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per line; only the fields the code chose to log (never headers or userinfo)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        return json.dumps(entry, default=str)
+
+
+# ---- running --------------------------------------------------------------------------------------
+
+
+async def start_server(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Run `app` in this event loop (port 0: an ephemeral port); returns the runner and the base URL.
+
+    Request bodies are not decompressed by the server, so compressed bodies pass through untouched."""
+    runner = web.AppRunner(app, auto_decompress=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    bound_host, bound_port = sock.getsockname()[:2]
+    return runner, f"http://{bound_host}:{bound_port}"

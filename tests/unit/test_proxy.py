@@ -1,0 +1,535 @@
+"""The proxy against a fake cluster (a small aiohttp app): passthrough, reranking, failures, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from bmx_rerank import scoring
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.policy import parse_rules
+from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream, start_server
+from bmx_rerank.rerank.candidates import candidate_features
+from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.upstream import DocRef, DocTerms
+
+DOCS = {
+    "1": "t0 t0 t1",
+    "2": "t0 t3 t3 t5 t6",
+    "3": "t3",
+    "4": "t1 t2 t2 t2",
+    "5": "t0 t3 t4 t4 t4 t4 t4",
+}
+CORPUS = CorpusStats.from_documents(Counter(t.split()) for t in DOCS.values())
+ES_HEADERS = {"X-Elastic-Product": "Elasticsearch"}
+
+
+class FakeCluster:
+    """Enough of Elasticsearch for the proxy: _search, _msearch, _analyze, _mtermvectors, echo, errors."""
+
+    def __init__(self) -> None:
+        self.searches: list[dict] = []
+        self.requests: list[tuple[str, str, dict, bytes]] = []
+        self.fail_termvectors = False
+        self.analyze_calls = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("HEAD", "/", self.head)
+        app.router.add_get("/gz", self.gz)
+        app.router.add_get("/slow", self.slow)
+        app.router.add_route("*", "/echo/{tail:.*}", self.echo)
+        app.router.add_post("/_mtermvectors", self.termvectors)
+        app.router.add_route("*", "/{index}/_analyze", self.analyze)
+        app.router.add_route("*", "/{index}/_search", self.search)
+        app.router.add_route("*", "/{index}/_msearch", self.msearch)
+        return app
+
+    async def head(self, request: web.Request) -> web.Response:
+        return web.Response(body=b'{"name":"fake"}', content_type="application/json", headers=ES_HEADERS)
+
+    async def gz(self, request: web.Request) -> web.Response:
+        body = gzip.compress(b'{"compressed":true}')
+        return web.Response(
+            body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        )
+
+    async def slow(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    async def echo(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.requests.append((request.method, request.path_qs, dict(request.headers), raw))
+        headers = {
+            **ES_HEADERS,
+            "Warning": '299 Elasticsearch-8.19 "deprecated"',
+            "X-Opaque-Id": request.headers.get("X-Opaque-Id", ""),
+        }
+        status = int(request.query.get("status", "200"))
+        return web.Response(
+            status=status, body=raw or b"{}", headers=headers, content_type="application/json"
+        )
+
+    async def analyze(self, request: web.Request) -> web.Response:
+        self.analyze_calls += 1
+        body = await request.json()
+        tokens = [{"token": t.lower()} for t in body["text"].split()]
+        return web.json_response({"tokens": tokens})
+
+    async def termvectors(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        docs = []
+        for spec in body["docs"]:
+            if self.fail_termvectors:
+                docs.append({"_index": spec["_index"], "_id": spec["_id"], "error": {"reason": "boom"}})
+                continue
+            counts = Counter(DOCS[spec["_id"]].split())
+            terms = {t: {"term_freq": c} for t, c in counts.items()}
+            docs.append({"_id": spec["_id"], "found": True, "term_vectors": {"body": {"terms": terms}}})
+        return web.json_response({"docs": docs})
+
+    def _window(self, index: str, body: dict) -> dict:
+        if index == "missing":
+            raise web.HTTPNotFound(
+                text=json.dumps({"error": {"type": "index_not_found_exception"}, "status": 404}),
+                content_type="application/json",
+            )
+        size = body.get("size", 10)
+        hits = [
+            {
+                "_index": index,
+                "_id": i,
+                "_score": 1.0 / (n + 1),
+                "_seq_no": n,
+                "_primary_term": 1,
+                "_source": {"n": n},
+            }
+            for n, i in enumerate(DOCS)
+        ][:size]
+        return {
+            "took": 1,
+            "timed_out": False,
+            "hits": {"total": {"value": 5, "relation": "eq"}, "max_score": 1.0, "hits": hits},
+            "aggregations": {"a": {"value": 1}},
+        }
+
+    async def search(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.body_exists else {}
+        self.searches.append(body)
+        return web.json_response(self._window(request.match_info["index"], body), headers=ES_HEADERS)
+
+    async def msearch(self, request: web.Request) -> web.Response:
+        lines = [json.loads(x) for x in (await request.read()).splitlines() if x.strip()]
+        responses = []
+        for header, body in zip(lines[0::2], lines[1::2], strict=True):
+            self.searches.append(body)
+            index = header.get("index", request.match_info["index"])
+            try:
+                responses.append({**self._window(index, body), "status": 200})
+            except web.HTTPNotFound:
+                responses.append({"error": {"type": "index_not_found_exception"}, "status": 404})
+        return web.json_response({"took": 1, "responses": responses}, headers=ES_HEADERS)
+
+
+def expected_scores(ids, text, **request):
+    tokens = text.split()
+    vocab = sorted(set(tokens))
+    docs = [DocTerms(DocRef("i", i), True, dict(Counter(DOCS[i].split()))) for i in ids]
+    query = scoring.Query(np.array([vocab.index(t) for t in tokens]))
+    return scoring.score(
+        CORPUS.term_stats(vocab), candidate_features(docs, vocab), [query], scoring.Request(**request)
+    )
+
+
+TOP_T3 = list(DOCS)[int(np.argmax(expected_scores(list(DOCS), "t3")))]
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[FakeCluster, str]]:
+    fake = FakeCluster()
+    runner, url = await start_server(fake.app())
+    yield fake, url
+    await runner.cleanup()
+
+
+async def run_proxy(upstream: str, **config) -> tuple[web.AppRunner, str]:
+    stats = FixedStats({(name, "body"): CORPUS for name in ("docs", "docs,other", "docs-*")})
+    app = make_app(ProxyConfig(upstream=upstream, **config), lambda session, base: stats)
+    return await start_server(app)
+
+
+@pytest.fixture
+async def proxy(cluster) -> AsyncIterator[tuple[FakeCluster, str]]:
+    fake, url = cluster
+    runner, purl = await run_proxy(url, policies=parse_rules(["docs-*=body,window_size=5"]))
+    yield fake, purl
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        yield session
+
+
+async def post(client, url, body, **kw):
+    async with client.post(url, json=body, **kw) as resp:
+        return resp.status, dict(resp.headers), await resp.json(content_type=None)
+
+
+# ---- passthrough ----
+
+
+async def test_passthrough_keeps_method_path_query_headers_and_body(proxy, client):
+    fake, url = proxy
+    raw = b"\x00\x01 not json \xff" * 1000
+    headers = {
+        "Authorization": "Basic c2VjcmV0",
+        "Content-Type": "application/vnd.elasticsearch+json; compatible-with=8",
+        "Accept": "application/vnd.elasticsearch+json; compatible-with=8",
+        "X-Opaque-Id": "abc",
+    }
+    async with client.put(
+        f"{url}/echo/x/_doc/1?refresh=true&q=a%20b",
+        data=raw,
+        headers=headers,
+        skip_auto_headers=["Accept-Encoding"],
+    ) as resp:
+        assert resp.status == 200
+        assert await resp.read() == raw
+        assert resp.headers["X-Elastic-Product"] == "Elasticsearch"
+        assert resp.headers["Warning"] == '299 Elasticsearch-8.19 "deprecated"'
+        assert resp.headers["X-Opaque-Id"] == "abc"
+    method, path_qs, seen, body = fake.requests[-1]
+    assert (method, path_qs, body) == ("PUT", "/echo/x/_doc/1?refresh=true&q=a%20b", raw)
+    for name, value in headers.items():
+        assert seen[name] == value
+    assert "Accept-Encoding" not in seen, "the proxy adds no encoding the client did not ask for"
+
+
+async def test_passthrough_status_codes(proxy, client):
+    _, url = proxy
+    async with client.delete(f"{url}/echo/x?status=409") as resp:
+        assert resp.status == 409
+
+
+async def test_compressed_bodies_pass_untouched_both_ways(proxy, client):
+    fake, url = proxy
+    raw = gzip.compress(b'{"index":{}}\n{"a":1}\n')
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/x-ndjson"}
+    async with client.post(f"{url}/echo/_bulk", data=raw, headers=headers) as resp:
+        assert await resp.read() == raw
+    assert fake.requests[-1][3] == raw and fake.requests[-1][2]["Content-Encoding"] == "gzip"
+    async with client.get(f"{url}/gz", headers={"Accept-Encoding": "gzip"}) as resp:
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert gzip.decompress(await resp.read()) == b'{"compressed":true}'
+
+
+async def test_head_root(proxy, client):
+    _, url = proxy
+    async with client.head(f"{url}/") as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Elastic-Product"] == "Elasticsearch"
+        assert resp.headers["Content-Length"] == str(len(b'{"name":"fake"}'))
+
+
+async def test_search_without_ext_is_forwarded_byte_for_byte(proxy, client):
+    fake, url = proxy
+    status, headers, body = await post(
+        client, f"{url}/docs/_search", {"query": {"match": {"body": "t0"}}, "size": 2}
+    )
+    assert status == 200 and "X-BMX-Rerank" not in headers and "_bmx" not in body
+    assert fake.searches[-1] == {"query": {"match": {"body": "t0"}}, "size": 2}
+    assert [h["_id"] for h in body["hits"]["hits"]] == ["1", "2"]
+
+
+async def test_upstream_404_passes_through(proxy, client):
+    _, url = proxy
+    status, _, body = await post(
+        client, f"{url}/missing/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}}
+    )
+    assert status == 404 and body["error"]["type"] == "index_not_found_exception"
+
+
+# ---- reranking ----
+
+
+async def test_rerank_rescored_reordered_and_paged(proxy, client):
+    fake, url = proxy
+    ext = {"field": "body", "query": "t0 t3", "window_size": 5}
+    status, headers, body = await post(
+        client,
+        f"{url}/docs/_search",
+        {"query": {"match": {"body": "t0 t3"}}, "from": 1, "size": 2, "ext": {"bmx": ext}},
+    )
+    assert status == 200
+    assert headers["X-BMX-Rerank"] == "bmx" and headers["X-Elastic-Product"] == "Elasticsearch"
+    sent = fake.searches[-1]
+    assert (sent["from"], sent["size"], sent["seq_no_primary_term"]) == (0, 5, True) and "ext" not in sent
+    scores = expected_scores(list(DOCS), "t0 t3")
+    order = np.argsort(-scores, kind="stable")
+    hits = body["hits"]["hits"]
+    assert [h["_id"] for h in hits] == [list(DOCS)[i] for i in order[1:3]]
+    np.testing.assert_allclose([h["_score"] for h in hits], scores[order[1:3]], rtol=1e-12)
+    assert body["hits"]["max_score"] == pytest.approx(scores.max())
+    assert body["hits"]["total"]["value"] == 5 and body["aggregations"] == {"a": {"value": 1}}
+    assert all("_seq_no" not in h for h in hits)
+    assert body["_bmx"]["reranked"] is True and body["_bmx"]["estimated"] is False
+    assert body["_bmx"]["window_size"] == 5 and body["_bmx"]["mode"] == "bmx"
+
+
+async def test_rerank_modes_and_normalization(proxy, client):
+    _, url = proxy
+    for extra, request in (
+        ({"mode": "bm25"}, {"mode": "bm25"}),
+        ({"normalize": "paper"}, {"normalize": "paper"}),
+        ({"alpha": 0.05, "beta": 0.1}, {"alpha": 0.05, "beta": 0.1}),
+    ):
+        ext = {"field": "body", "query": "t3 t4", "window_size": 5, **extra}
+        _, _, body = await post(client, f"{url}/docs/_search", {"size": 5, "ext": {"bmx": ext}})
+        got = {h["_id"]: h["_score"] for h in body["hits"]["hits"]}
+        want = dict(zip(DOCS, expected_scores(list(DOCS), "t3 t4", **request), strict=True))
+        assert got == pytest.approx(want, rel=1e-12)
+
+
+async def test_bad_ext_is_a_400_and_nothing_reaches_the_cluster(proxy, client):
+    fake, url = proxy
+    before = len(fake.searches)
+    status, _, body = await post(
+        client, f"{url}/docs/_search", {"ext": {"bmx": {"field": "body", "bogus": 1}}}
+    )
+    assert status == 400 and body["status"] == 400
+    assert body["error"]["type"] == "x_content_parse_exception"
+    assert body["error"]["root_cause"][0]["reason"] == "[bmx] unknown field [bogus]"
+    status, _, body = await post(
+        client,
+        f"{url}/docs/_search",
+        {"size": 10, "ext": {"bmx": {"field": "body", "query": "x", "window_size": 5}}},
+    )
+    assert status == 400 and body["error"]["type"] == "illegal_argument_exception"
+    assert len(fake.searches) == before
+
+
+async def test_rerank_on_index_without_path_is_a_400(proxy, client):
+    _, url = proxy
+    status, _, body = await post(client, f"{url}/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}})
+    assert status == 400 and "index" in body["error"]["reason"]
+
+
+async def test_gzipped_search_body_is_read(proxy, client):
+    fake, url = proxy
+    raw = gzip.compress(json.dumps({"size": 1, "ext": {"bmx": {"field": "body", "query": "t3"}}}).encode())
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with client.post(f"{url}/docs/_search", data=raw, headers=headers) as resp:
+        body = await resp.json()
+        assert resp.headers["X-BMX-Rerank"] == "bmx"
+    assert body["hits"]["hits"][0]["_id"] == TOP_T3
+    assert "ext" not in fake.searches[-1]
+
+
+async def test_sort_passes_through_unreranked(proxy, client):
+    fake, url = proxy
+    status, headers, body = await post(
+        client,
+        f"{url}/docs/_search",
+        {"sort": ["n"], "size": 2, "ext": {"bmx": {"field": "body", "query": "t0"}}},
+    )
+    assert status == 200 and headers["X-BMX-Rerank"] == "skipped; reason=sort"
+    assert fake.searches[-1] == {"sort": ["n"], "size": 2}
+
+
+async def test_policy_drop_in(proxy, client):
+    fake, url = proxy
+    status, headers, body = await post(
+        client, f"{url}/docs-1/_search", {"query": {"match": {"body": "t3"}}, "size": 3}
+    )
+    # docs-1 has no statistics in the fixed source: the default policy falls back, in upstream order
+    assert headers["X-BMX-Rerank"] == "fallback"
+    assert body["_bmx"]["reranked"] is False
+    assert body["_bmx"]["error"]["type"] == "bmx_statistics_missing_exception"
+    assert [h["_id"] for h in body["hits"]["hits"]] == ["1", "2", "3"]
+    assert fake.searches[-1]["size"] == 5, "the policy's window"
+
+
+async def test_policy_reranks_when_statistics_exist(proxy, client):
+    _, url = proxy
+    status, headers, body = await post(
+        client, f"{url}/docs-*/_search", {"query": {"match": {"body": "t3"}}, "size": 2}
+    )
+    assert status == 200 and headers["X-BMX-Rerank"] == "bmx"
+    assert body["hits"]["hits"][0]["_id"] == TOP_T3
+
+
+async def test_explain_and_min_score(proxy, client):
+    _, url = proxy
+    ext = {"field": "body", "query": "t0 t3", "window_size": 5, "explain": True, "min_score": 0.01}
+    _, _, body = await post(client, f"{url}/docs/_search", {"size": 5, "ext": {"bmx": ext}})
+    ids = [h["_id"] for h in body["hits"]["hits"]]
+    assert "4" not in ids, "document 4 holds neither token"
+    for hit in body["hits"]["hits"]:
+        details = hit["_bmx_explanation"]["details"]
+        assert [d["token"] for d in details] == ["t0", "t3"]
+        assert sum(d["value"] for d in details) == pytest.approx(hit["_score"])
+
+
+async def test_termvector_cache_hits_second_time(proxy, client):
+    _, url = proxy
+    for _ in range(2):
+        await post(
+            client,
+            f"{url}/docs/_search",
+            {"ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}, "size": 5},
+        )
+    async with client.get(f"{url}/_bmx/metrics") as resp:
+        text = await resp.text()
+    assert 'bmx_termvector_cache_total{result="hit"} 5.0' in text
+    assert 'bmx_termvector_cache_total{result="miss"} 5.0' in text
+    assert 'bmx_requests_total{kind="bmx"}' in text
+    assert (
+        "bmx_rerank_seconds_bucket" in text and 'bmx_upstream_seconds_count{call="termvectors"} 1.0' in text
+    )
+
+
+async def test_rerank_error_fallback_and_fail(cluster, client):
+    fake, upstream = cluster
+    fake.fail_termvectors = True
+    search = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}}
+    runner, url = await run_proxy(upstream)
+    try:
+        status, headers, body = await post(client, f"{url}/docs/_search", search)
+        assert status == 200 and headers["X-BMX-Rerank"] == "fallback"
+        assert [h["_id"] for h in body["hits"]["hits"]] == ["1", "2"]
+        assert body["_bmx"]["fallback"] is True and "boom" in body["_bmx"]["error"]["reason"]
+    finally:
+        await runner.cleanup()
+    runner, url = await run_proxy(upstream, on_rerank_error="fail")
+    try:
+        status, _, body = await post(client, f"{url}/docs/_search", search)
+        assert status == 500 and body["error"]["type"] == "bmx_termvectors_exception"
+        assert "Traceback" not in json.dumps(body)
+    finally:
+        await runner.cleanup()
+
+
+async def test_msearch_reranks_marked_items_only(proxy, client):
+    fake, url = proxy
+    lines = [
+        {},
+        {"size": 2, "ext": {"bmx": {"field": "body", "query": "t3", "window_size": 5}}},
+        {"index": "docs"},
+        {"size": 2},
+        {"index": "missing"},
+        {"ext": {"bmx": {"field": "body", "query": "t3"}}},
+    ]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    async with client.post(
+        f"{url}/docs/_msearch", data=data, headers={"Content-Type": "application/x-ndjson"}
+    ) as resp:
+        assert resp.status == 200
+        body = await resp.json()
+    first, second, third = body["responses"]
+    assert first["_bmx"]["reranked"] is True and first["hits"]["hits"][0]["_id"] == TOP_T3
+    assert len(first["hits"]["hits"]) == 2
+    assert "_bmx" not in second and [h["_id"] for h in second["hits"]["hits"]] == ["1", "2"]
+    assert third["status"] == 404
+    assert fake.searches[-3]["size"] == 5 and "ext" not in fake.searches[-3]
+
+
+async def test_msearch_without_ext_is_forwarded_unchanged(proxy, client):
+    fake, url = proxy
+    data = b'{}\n{"size":1}\n'
+    async with client.post(
+        f"{url}/docs/_msearch", data=data, headers={"Content-Type": "application/x-ndjson"}
+    ) as resp:
+        body = await resp.json()
+    assert len(body["responses"][0]["hits"]["hits"]) == 1 and "_bmx" not in body["responses"][0]
+
+
+async def test_analysis_happens_once_per_query_text(proxy, client):
+    fake, url = proxy
+    ext = {
+        "field": "body",
+        "query": "t0",
+        "window_size": 5,
+        "augment": {"queries": ["t3", "t4"], "weights": [0.5, 0.2]},
+    }
+    _, _, body = await post(client, f"{url}/docs/_search", {"size": 5, "ext": {"bmx": ext}})
+    assert fake.analyze_calls == 3
+    assert "bool" in fake.searches[-1]["query"], "augmented queries widen the first stage"
+    assert body["_bmx"]["wqa_mode"] == "merged"
+
+
+# ---- failures ----
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_unreachable_upstream_is_502(client):
+    runner, url = await run_proxy(f"http://127.0.0.1:{closed_port()}")
+    try:
+        async with client.get(f"{url}/x/_doc/1") as resp:
+            body = await resp.json()
+            assert resp.status == 502 and body["status"] == 502
+            assert body["error"]["type"] == "bmx_upstream_unreachable_exception"
+        status, _, body = await post(
+            client, f"{url}/docs/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}}
+        )
+        assert (
+            status == 502 and body["error"]["root_cause"][0]["type"] == "bmx_upstream_unreachable_exception"
+        )
+    finally:
+        await runner.cleanup()
+
+
+async def test_slow_upstream_is_504(cluster, client):
+    _, upstream = cluster
+    runner, url = await run_proxy(upstream, timeout=0.3)
+    try:
+        async with client.get(f"{url}/slow") as resp:
+            body = await resp.json()
+            assert resp.status == 504 and body["error"]["type"] == "bmx_upstream_timeout_exception"
+    finally:
+        await runner.cleanup()
+
+
+async def test_health_and_upstream_credentials_never_shown(cluster, client):
+    fake, upstream = cluster
+    with_creds = upstream.replace("http://", "http://user:s3cret@")
+    runner, url = await run_proxy(with_creds)
+    try:
+        async with client.get(f"{url}/_bmx/health") as resp:
+            text = await resp.text()
+        assert resp.status == 200 and "s3cret" not in text and json.loads(text)["status"] == "ok"
+        async with client.get(f"{url}/echo/a") as resp:
+            assert resp.status == 200
+        assert fake.requests[-1][2]["Authorization"].startswith("Basic ")
+        async with client.get(f"{url}/echo/a", headers={"Authorization": "Bearer mine"}) as resp:
+            assert resp.status == 200
+        assert fake.requests[-1][2]["Authorization"] == "Bearer mine", "the client's own credentials win"
+    finally:
+        await runner.cleanup()
+
+
+def test_split_upstream_and_routes():
+    assert split_upstream("http://u:p@h:9200/") == ("http://h:9200", "Basic dTpw")
+    assert split_upstream("https://h:9200") == ("https://h:9200", None)
+    assert search_route("POST", "/idx/_search") == ("search", "idx")
+    assert search_route("GET", "/_search") == ("search", None)
+    assert search_route("POST", "/a,b/_msearch") == ("msearch", "a,b")
+    assert search_route("PUT", "/idx/_search") is None
+    assert search_route("POST", "/idx/_search/template") is None
+    assert search_route("GET", "/idx/_doc/1") is None
