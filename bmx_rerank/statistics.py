@@ -489,6 +489,37 @@ async def _marks_or_none(
         raise
 
 
+async def describe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    terms: Sequence[str] = (),
+    *,
+    store: str = DEFAULT_STORE,
+) -> dict[str, Any]:
+    """What `stats show --json` prints: the summed statistics the proxy would use, their freshness per
+    index, and df / raw entropy of `terms` (given in their indexed, analyzed form)."""
+    view = await StatsCache(session, base_url, store=store).get(index_expr, field, headers)
+    view = await view.for_terms(terms)
+    fresh = await freshness(session, base_url, index_expr, field, headers, store=store)
+    df, entropy = view.corpus.lookup(terms)
+    return {
+        "index": index_expr,
+        "field": field,
+        "n_docs": view.corpus.n_docs,
+        "total_length": view.corpus.total_length,
+        "avgdl": view.corpus.avgdl,
+        "vocabulary_size": view.corpus.vocabulary_size,
+        "estimated": view.estimated,
+        "stale": view.stale,
+        "built_at": view.built_at,
+        "freshness": [f.to_json() for f in fresh],
+        "terms": {t: {"df": int(d), "entropy": float(e)} for t, d, e in zip(terms, df, entropy, strict=True)},
+    }
+
+
 def _age_seconds(iso: str) -> float:
     from datetime import datetime, timezone
 

@@ -1,0 +1,257 @@
+"""`bmx-rerank stats build|show|refresh`: exact corpus statistics kept in the cluster.
+
+Errors print one line and exit non-zero; credentials (from `--user/--password`, `--header`, the URL's
+userinfo or the BMX_UPSTREAM_* environment) go only into the Authorization header, never into output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import click
+import orjson
+from yarl import URL
+
+from bmx_rerank import statistics, stats_store
+from bmx_rerank.errors import SearchError
+
+T = TypeVar("T")
+
+
+def _options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options every stats command shares."""
+    opts = [
+        click.argument("index"),
+        click.option("--field", required=True, help="Analyzed text field the statistics describe."),
+        click.option(
+            "--upstream",
+            envvar="BMX_UPSTREAM",
+            default="http://127.0.0.1:9200",
+            show_default=True,
+            help="Cluster base URL (env BMX_UPSTREAM).",
+        ),
+        click.option("--user", envvar="BMX_UPSTREAM_USER", help="Basic-auth user (env BMX_UPSTREAM_USER)."),
+        click.option(
+            "--password",
+            envvar="BMX_UPSTREAM_PASSWORD",
+            help="Basic-auth password (env BMX_UPSTREAM_PASSWORD).",
+        ),
+        click.option(
+            "--header",
+            "header",
+            multiple=True,
+            envvar="BMX_UPSTREAM_HEADER",
+            help="Extra header 'Name: value', e.g. 'Authorization: ApiKey ...' (env BMX_UPSTREAM_HEADER).",
+        ),
+        click.option(
+            "--store",
+            default=stats_store.DEFAULT_STORE,
+            show_default=True,
+            help="Index holding the snapshots (env BMX_STATS_INDEX).",
+        ),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option("--no-progress", is_flag=True, help="No progress bar.")(func)
+    func = click.option(
+        "--concurrency",
+        default=statistics.DEFAULT_CONCURRENCY,
+        show_default=True,
+        help="Term-vector requests in flight.",
+    )(func)
+    return click.option(
+        "--batch-size",
+        default=statistics.DEFAULT_BATCH,
+        show_default=True,
+        help="Documents per _mtermvectors request.",
+    )(func)
+
+
+@click.group(name="stats")
+def command() -> None:
+    """Exact corpus statistics (N, lengths, df, raw entropy) stored in the cluster."""
+
+
+@command.command()
+@_options
+@_sweep_options
+def build(
+    index: str,
+    field: str,
+    upstream: str,
+    user: str | None,
+    password: str | None,
+    header: tuple[str, ...],
+    store: str,
+    batch_size: int,
+    concurrency: int,
+    no_progress: bool,
+) -> None:
+    """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index."""
+    base, headers = connection(upstream, user, password, header)
+
+    async def go(session: aiohttp.ClientSession) -> list[stats_store.SnapshotInfo]:
+        with _bar(no_progress) as bar:
+            return await statistics.build_snapshots(
+                session,
+                base,
+                index,
+                field,
+                headers,
+                store=store,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                progress=bar,
+            )
+
+    for info in _run(go):
+        click.echo(
+            f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / info.n_docs:.2f}, "
+            f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
+            + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
+        )
+
+
+@command.command()
+@_options
+@_sweep_options
+@click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
+def refresh(
+    index: str,
+    field: str,
+    upstream: str,
+    user: str | None,
+    password: str | None,
+    header: tuple[str, ...],
+    store: str,
+    batch_size: int,
+    concurrency: int,
+    no_progress: bool,
+    rebuild: bool,
+) -> None:
+    """Bring the snapshots of INDEX up to date (incremental when only appends happened)."""
+    base, headers = connection(upstream, user, password, header)
+
+    async def go(session: aiohttp.ClientSession) -> list[statistics.RefreshOutcome]:
+        with _bar(no_progress) as bar:
+            return await statistics.refresh(
+                session,
+                base,
+                index,
+                field,
+                headers,
+                store=store,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                progress=bar,
+                force_rebuild=rebuild,
+            )
+
+    for out in _run(go):
+        snap = out.snapshot.snapshot if out.snapshot else "-"
+        click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+
+
+@command.command()
+@_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
+@click.option("--terms", default="", help="Comma-separated terms to report df and raw entropy of.")
+def show(
+    index: str,
+    field: str,
+    upstream: str,
+    user: str | None,
+    password: str | None,
+    header: tuple[str, ...],
+    store: str,
+    as_json: bool,
+    terms: str,
+) -> None:
+    """What is stored for INDEX and how fresh it is (statistics summed over the indices it names)."""
+    base, headers = connection(upstream, user, password, header)
+    wanted = [t for t in (x.strip() for x in terms.split(",")) if t]
+
+    async def go(session: aiohttp.ClientSession) -> dict[str, Any]:
+        return await statistics.describe(session, base, index, field, headers, wanted, store=store)
+
+    report = _run(go)
+    if as_json:
+        click.echo(orjson.dumps(report).decode())
+        return
+    mode = "estimated (no snapshot)" if report["estimated"] else "exact"
+    click.echo(
+        f"{index} [{field}]: {mode}, N={report['n_docs']}, avgdl={report['avgdl']:.3f}, "
+        f"vocabulary={report['vocabulary_size']}, stale={report['stale']}"
+    )
+    for item in report["freshness"]:
+        click.echo(
+            f"  {item['index']}: snapshot {item['snapshot'] or '-'} built {item['built_at'] or '-'} "
+            f"({item['method'] or '-'}), {item['reason']}"
+        )
+    for term, data in report["terms"].items():
+        click.echo(f"  {term}: df={data['df']} entropy={data['entropy']:.6f}")
+
+
+def connection(
+    upstream: str, user: str | None, password: str | None, header: tuple[str, ...]
+) -> tuple[str, dict[str, str]]:
+    """Base URL without userinfo, and the headers every call carries (credentials as Authorization)."""
+    url = URL(upstream)
+    headers: dict[str, str] = {}
+    if url.user and not user:
+        user, password = url.user, url.password
+    url = url.with_user(None).with_password(None)
+    if user:
+        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
+    for raw in header:
+        for line in raw.splitlines():
+            name, sep, value = line.partition(":")
+            if not sep or not name.strip():
+                raise click.BadParameter("expected 'Name: value'", param_hint="--header")
+            headers[name.strip()] = value.strip()
+    return str(url).rstrip("/"), headers
+
+
+def _run(func: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with aiohttp.ClientSession() as session:
+            return await func(session)
+
+    try:
+        return asyncio.run(main())
+    except SearchError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted: the last good snapshot is unchanged", err=True)
+        sys.exit(130)
+
+
+class _bar:
+    """A tqdm bar in documents (with docs/s), or nothing."""
+
+    def __init__(self, disabled: bool) -> None:
+        self.disabled = disabled
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if self.disabled:
+            return None
+        from tqdm import tqdm
+
+        self.bar = tqdm(unit="docs", unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+        return self.bar
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
