@@ -21,7 +21,8 @@ from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.rescore import rescore
-from bmx_rerank.rerank.stats_source import StatsSource, StatsViewLike
+from bmx_rerank.rerank.stats_source import StatsSource
+from bmx_rerank.statistics import StatsView
 from bmx_rerank.upstream import DocTerms, analyze, mtermvectors
 
 log = logging.getLogger("bmx_rerank.proxy")
@@ -36,7 +37,7 @@ class SideCalls:
     index_expr: str
     plan: Plan
     tokens: asyncio.Task[list[list[str]]] | None
-    stats: asyncio.Task[StatsViewLike]
+    stats: asyncio.Task[StatsView]
 
     def cancel(self) -> None:
         for task in (self.tokens, self.stats):
@@ -130,7 +131,7 @@ class Reranker:
             return fallback(response, plan, marker)
         tokens = await self._tokens_after(side, hits, headers)
         refs_docs = self._term_vectors(hits, spec.field, headers)
-        docs, view = await asyncio.gather(refs_docs, side.stats)
+        docs, view = await asyncio.gather(refs_docs, self._complete(side.stats, tokens))
         weights = [1.0, *spec.augment.weights]
         scored = rescore(view.corpus, docs, tokens, weights, spec.scoring_request())
         marker = {
@@ -142,6 +143,12 @@ class Reranker:
             "candidates": len(hits),
         }
         return pack(response, scored, plan, marker)
+
+    async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[Sequence[str]]) -> StatsView:
+        """The statistics view, completed for the query's terms (estimated mode fetches them lazily)."""
+        view = await stats
+        vocabulary = list(dict.fromkeys(t for query in tokens for t in query))
+        return await self._timed("stats_terms", view.for_terms(vocabulary))
 
     async def _tokens_after(
         self, side: SideCalls, hits: Sequence[Mapping[str, Any]], headers

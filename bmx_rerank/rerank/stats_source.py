@@ -6,45 +6,32 @@ tests and fixed deployments inject a `FixedStats` with statistics computed elsew
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Protocol
 
 from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.errors import SearchError
-
-
-class StatsViewLike(Protocol):
-    corpus: CorpusStats
-    estimated: bool
-    stale: bool
-    built_at: str | None
+from bmx_rerank.statistics import StatsView
 
 
 class StatsSource(Protocol):
-    async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsViewLike: ...
-
-
-@dataclass(frozen=True)
-class FixedView:
-    corpus: CorpusStats
-    estimated: bool = False
-    stale: bool = False
-    built_at: str | None = None
+    async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView: ...
 
 
 class FixedStats:
-    """Statistics given up front, per (index expression, field); a missing pair is a 400."""
+    """Exact statistics given up front, per (index expression, field); a missing pair is a 400.
+
+    `table` stays mutable so a test can add statistics after the proxy started."""
 
     def __init__(self, table: Mapping[tuple[str, str], CorpusStats]) -> None:
         self.table = dict(table)
 
-    async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> FixedView:
+    async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         corpus = self.table.get((index_expr, field))
         if corpus is None:
             raise SearchError(
                 400, "bmx_statistics_missing_exception", f"no statistics for [{index_expr}] field [{field}]"
             )
-        return FixedView(corpus)
+        return StatsView(corpus, estimated=False, stale=False, built_at=None)
 
 
 StatsFactory = Callable[..., StatsSource]  # (session, base_url) -> StatsSource
