@@ -73,7 +73,13 @@ async def request_json(
 ) -> Any:
     """One JSON call to the cluster; its error answers become `UpstreamError`, failures 502/504."""
     data = None if body is None else orjson.dumps(body)
-    hdrs = {**(headers or {}), "Content-Type": "application/json", "Accept": "application/json"}
+    # identity: the session may not decompress (the proxy's passes compressed bodies through untouched)
+    hdrs = {
+        **(headers or {}),
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "Accept-Encoding": "identity",
+    }
     try:
         async with session.request(
             method, url, data=data, headers=hdrs, timeout=aiohttp.ClientTimeout(total=timeout)
