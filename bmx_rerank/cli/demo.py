@@ -1,0 +1,85 @@
+"""`bmx-rerank demo`: BM25 from the engine next to BMX through the proxy, on the bundled sample corpus."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import aiohttp
+import click
+
+from bmx_rerank import demo
+from bmx_rerank.errors import SearchError
+
+
+async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool) -> None:
+    from bmx_rerank.cli.serve import statistics_source
+    from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+    from bmx_rerank.statistics import build_snapshots
+
+    async with aiohttp.ClientSession() as session:
+        n = await demo.load_corpus(session, upstream)
+        click.echo(f"corpus: {n} Python standard-library docstrings in index {demo.INDEX} at {upstream}")
+        infos = await build_snapshots(session, upstream, demo.INDEX, demo.FIELD, {})
+        vocab = sum(i.vocabulary_size for i in infos)
+        click.echo(f"statistics: exact, built by a full sweep ({vocab} terms), stored in the cluster")
+        runner, proxy_url = await start_server(
+            make_app(ProxyConfig(upstream=upstream), statistics_source(5.0))
+        )
+        try:
+            click.echo(f"proxy: {proxy_url} -> {upstream}\n")
+            for query in queries or demo.QUERIES:
+                bm25 = await demo.top_hits(session, upstream, demo.search_body(query, size))
+                bmx = await demo.top_hits(
+                    session, proxy_url, demo.search_body(query, size, {"window_size": window})
+                )
+                columns = [("Elasticsearch BM25 (direct)", bm25), ("BMX (through bmx-rerank)", bmx)]
+                click.echo(demo.side_by_side(query, columns) + "\n")
+            if serve:
+                click.echo(f"serving on {proxy_url}; Ctrl-C stops")
+                await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+
+@click.command("demo")
+@click.option(
+    "--upstream", help="Use this cluster instead of starting a local one (e.g. http://127.0.0.1:9200)."
+)
+@click.option(
+    "--engine",
+    "kind",
+    type=click.Choice(["elasticsearch", "opensearch"]),
+    default="elasticsearch",
+    show_default=True,
+    help="Which engine to start when no --upstream is given.",
+)
+@click.option(
+    "--query", "queries", multiple=True, help="A query to show (repeatable; default: a built-in set)."
+)
+@click.option("--size", default=5, show_default=True, help="Hits shown per ranking.")
+@click.option("--window", default=100, show_default=True, help="Candidates the proxy reranks.")
+@click.option("--serve", is_flag=True, help="Keep the proxy running afterwards.")
+def command(
+    upstream: str | None, kind: str, queries: tuple[str, ...], size: int, window: int, serve: bool
+) -> None:
+    """Load the sample corpus, build statistics, and show BM25 next to BMX for a few queries."""
+    from bmx_rerank import engine as eng
+
+    try:
+        if upstream is None:
+            request = eng.StartRequest(
+                kind=kind,  # type: ignore[arg-type]
+                version=eng.DEFAULT_VERSIONS[kind],
+                port=eng.DEFAULT_PORTS[kind],
+                java_home=None,
+                timeout=eng.START_TIMEOUT_S,
+            )
+            upstream = eng.start(request, eng.default_reporter).url
+            click.echo(f"engine: {kind} at {upstream} (stop it with `bmx-rerank engine stop {kind}`)")
+        asyncio.run(run(upstream.rstrip("/"), queries, size, window, serve))
+    except (eng.EngineError, SearchError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
