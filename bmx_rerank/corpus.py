@@ -12,6 +12,7 @@ one shard or three.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +20,10 @@ import numpy as np
 
 from bmx_rerank.scoring import TermStats, entropy_contribution
 
-# Variable-width strings: 16 bytes per short term instead of the widest term's width times four.
-TERM_DTYPE = np.dtypes.StringDType()
+# Python strings in an object array: a term costs its own size (about 50 bytes + its length) instead of
+# the widest term's width times four (numpy's fixed-width `U`). numpy's variable-width StringDType
+# would be leaner still, but its `searchsorted` fails on long or non-ASCII terms (numpy 2.4).
+TERM_DTYPE = np.dtype(object)
 
 # h(sigmoid(tf)) in float64 is exactly 0 from tf = 37 on (sigmoid rounds to 1); every smaller
 # contribution is a multiple of 2^-104, so integers at this scale add up exactly.
@@ -47,8 +50,13 @@ def units_to_float(units: int) -> float:
 
 
 def terms_array(terms: Iterable[str]) -> np.ndarray:
-    """A terms array in the dtype CorpusStats uses."""
-    return np.asarray(list(terms) if not isinstance(terms, np.ndarray) else terms, dtype=TERM_DTYPE)
+    """A terms array in the dtype CorpusStats uses (Python `str` elements)."""
+    if isinstance(terms, np.ndarray) and terms.dtype == TERM_DTYPE:
+        return terms
+    items = [str(t) for t in terms]
+    out = np.empty(len(items), dtype=TERM_DTYPE)
+    out[:] = items
+    return out
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,10 @@ class CorpusStats:
 
     @property
     def nbytes(self) -> int:
-        """Memory the arrays hold (the string arena estimated from the terms' UTF-8 size)."""
-        return int(self.df.nbytes + self.entropy.nbytes + self.terms.nbytes)
+        """Memory held: the arrays plus the term strings themselves."""
+        return int(
+            self.df.nbytes + self.entropy.nbytes + self.terms.nbytes + sum(map(sys.getsizeof, self.terms))
+        )
 
     @classmethod
     def empty(cls) -> CorpusStats:

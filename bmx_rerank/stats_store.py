@@ -182,9 +182,9 @@ async def publish(
 ) -> None:
     """Write a snapshot, then flip its pointer: readers see the old snapshot or the new, never a mix."""
     await ensure_store(session, base_url, headers, store)
-    chunks = encode_chunks(stats)
+    chunks = encode_chunks(stats, max(1, -(-stats.vocabulary_size // info.n_chunks)))
     if len(chunks) != info.n_chunks:
-        raise ValueError("info.n_chunks does not match the statistics")
+        raise ValueError(f"{info.n_chunks} chunks cannot hold {stats.vocabulary_size} terms evenly")
     created = now_iso()
     ops: list[tuple[str, str, dict[str, Any] | None]] = [
         (

@@ -1,0 +1,356 @@
+"""Statistics built through a real cluster, on Elasticsearch and OpenSearch.
+
+SciFact (5,183 documents, `title + " " + text`, standard analyzer) is indexed once per engine with 1
+and with 3 primary shards. The reference is computed independently: each document's term vector
+fetched alone with `_termvectors` (ids from the corpus file, not from a scan) and summed in plain
+Python floats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from bmx_rerank import scoring, statistics, stats_store
+from bmx_rerank.cli.stats import command as stats_cli
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.errors import SearchError
+from bmx_rerank.stats_errors import StatisticsError
+
+from .conftest import EngineClient
+
+CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
+FIELD = "body"
+MAPPING = {"properties": {FIELD: {"type": "text", "analyzer": "standard"}, "tag": {"type": "keyword"}}}
+
+
+def _docs() -> dict[str, str]:
+    out = {}
+    with CORPUS.open() as fh:
+        for line in fh:
+            d = json.loads(line)
+            out[d["_id"]] = f"{d['title']} {d['text']}"
+    return out
+
+
+def _create(engine: EngineClient, name: str, shards: int) -> None:
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{name}", {"settings": settings, "mappings": MAPPING})
+
+
+def _bulk(engine: EngineClient, index: str, docs: dict[str, str], chunk: int = 1000) -> None:
+    items = list(docs.items())
+    for start in range(0, len(items), chunk):
+        lines = "".join(
+            json.dumps({"index": {"_id": i}}) + "\n" + json.dumps({FIELD: text, "tag": "x"}) + "\n"
+            for i, text in items[start : start + chunk]
+        )
+        body = engine.ok("POST", f"/{index}/_bulk", lines, params={"refresh": "true"})
+        assert body["errors"] is False
+
+
+@pytest.fixture(scope="module")
+def scifact(engine: EngineClient) -> Iterator[dict[str, Any]]:
+    """SciFact indexed with 1 and 3 shards on the current engine; a private store index; cleanup."""
+    tag = uuid.uuid4().hex[:8]
+    names = {1: f"bmxtest-stats-scifact1-{tag}", 3: f"bmxtest-stats-scifact3-{tag}"}
+    docs = _docs()
+    for shards, name in names.items():
+        _create(engine, name, shards)
+        _bulk(engine, name, docs)
+    store = f"bmxtest-stats-store-{tag}"
+    yield {"names": names, "docs": docs, "store": store, "tag": tag}
+    for name in [*names.values(), store]:
+        engine.call("DELETE", f"/{name}")
+
+
+@pytest.fixture
+def small_index(engine: EngineClient, scifact: dict[str, Any]) -> Iterator[str]:
+    """A fresh 2-shard index with the first 400 SciFact documents, for writes."""
+    name = f"bmxtest-stats-small-{uuid.uuid4().hex[:8]}"
+    _create(engine, name, 2)
+    _bulk(engine, name, dict(list(scifact["docs"].items())[:400]))
+    yield name
+    engine.call("DELETE", f"/{name}")
+
+
+def run(coro_fn: Any) -> Any:
+    async def main() -> Any:
+        async with aiohttp.ClientSession() as session:
+            return await coro_fn(session)
+
+    return asyncio.run(main())
+
+
+def reference_stats(engine: EngineClient, index: str, ids: list[str]) -> dict[str, Any]:
+    """Independent statistics: one `_termvectors` call per document, plain Python sums."""
+    params = {"fields": FIELD, "positions": "false", "offsets": "false", "term_statistics": "false"}
+
+    def one(doc_id: str) -> dict[str, int]:
+        body = engine.ok("GET", f"/{index}/_termvectors/{doc_id}", params=params)
+        terms = body.get("term_vectors", {}).get(FIELD, {}).get("terms", {})
+        return {t: v["term_freq"] for t, v in terms.items()}
+
+    with ThreadPoolExecutor(4) as pool:
+        vectors = list(pool.map(one, ids))
+    df: dict[str, int] = {}
+    ent: dict[str, float] = {}
+    n = total = 0
+    for tf in vectors:
+        if not tf:
+            continue
+        n += 1
+        total += sum(tf.values())
+        for term, f in tf.items():
+            p = 1.0 / (1.0 + math.exp(-f))
+            df[term] = df.get(term, 0) + 1
+            ent[term] = ent.get(term, 0.0) - p * math.log(p)
+    return {"n": n, "total": total, "df": df, "entropy": ent}
+
+
+def assert_matches_reference(stats: CorpusStats, ref: dict[str, Any]) -> None:
+    assert stats.n_docs == ref["n"]
+    assert stats.total_length == ref["total"]
+    terms = sorted(ref["df"])
+    assert stats.terms.tolist() == terms
+    np.testing.assert_array_equal(stats.df, [ref["df"][t] for t in terms])
+    np.testing.assert_allclose(stats.entropy, [ref["entropy"][t] for t in terms], rtol=1e-12)
+
+
+def test_sweep_equals_independent_term_vectors_and_is_shard_independent(
+    engine: EngineClient, scifact: dict[str, Any]
+) -> None:
+    one, three = scifact["names"][1], scifact["names"][3]
+    stats1 = run(lambda s: statistics.build(s, engine.url, one, FIELD, {}, batch_size=100, concurrency=3))
+    stats3 = run(lambda s: statistics.build(s, engine.url, three, FIELD, {}, batch_size=100, concurrency=3))
+    assert stats1.n_docs == 5183
+    assert_matches_reference(stats1, reference_stats(engine, one, list(scifact["docs"])))
+    assert stats1.same_as(stats3), "1 and 3 shards must give bit-identical statistics"
+    # ... hence bit-identical BMX scores: score a few candidates with each.
+    words = ["cell", "protein", "cancer", "cell", "zzzunseen"]
+    tf = np.array([[3, 0, 1, 3, 0], [0, 2, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=float)
+    cands = scoring.Candidates(tf, np.array([120.0, 80.0, 200.0]))
+    query = [scoring.Query(np.arange(len(words)))]
+    s1 = scoring.score(stats1.term_stats(words), cands, query)
+    s3 = scoring.score(stats3.term_stats(words), cands, query)
+    assert np.all(s1 > 0) and np.array_equal(s1, s3)
+
+
+def test_pattern_sums_its_indices_and_cli_show_reports_terms(
+    engine: EngineClient, scifact: dict[str, Any]
+) -> None:
+    store, tag = scifact["store"], scifact["tag"]
+    pattern = f"bmxtest-stats-scifact*-{tag}"
+    runner = CliRunner()
+    built = runner.invoke(
+        stats_cli,
+        ["build", pattern, "--field", FIELD, "--upstream", engine.url, "--store", store, "--no-progress"],
+    )
+    assert built.exit_code == 0, built.output
+    assert built.output.count("5183 docs") == 2
+    shown = runner.invoke(
+        stats_cli,
+        [
+            "show",
+            pattern,
+            "--field",
+            FIELD,
+            "--upstream",
+            engine.url,
+            "--store",
+            store,
+            "--json",
+            "--terms",
+            "cell,protein,zzzunseen",
+        ],
+    )
+    assert shown.exit_code == 0, shown.output
+    report = orjson.loads(shown.output)
+    single = run(lambda s: statistics.build(s, engine.url, scifact["names"][1], FIELD, {}))
+    assert report["n_docs"] == 2 * 5183 and not report["estimated"] and report["stale"] is False
+    assert report["vocabulary_size"] == single.vocabulary_size
+    assert math.isclose(report["avgdl"], single.avgdl)
+    df, ent = single.lookup(["cell", "protein"])
+    assert report["terms"]["cell"] == {"df": 2 * int(df[0]), "entropy": pytest.approx(2 * ent[0], rel=1e-12)}
+    assert report["terms"]["protein"]["df"] == 2 * int(df[1])
+    assert report["terms"]["zzzunseen"] == {"df": 0, "entropy": 0.0}
+    assert {f["reason"] for f in report["freshness"]} == {"up to date"}
+
+
+def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str
+) -> None:
+    store = scifact["store"]
+    docs = list(scifact["docs"].items())
+
+    def snapshot_now(session: aiohttp.ClientSession) -> Any:
+        return statistics.StatsCache(session, engine.url, store=store).get(small_index, FIELD, {})
+
+    run(lambda s: statistics.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    assert run(snapshot_now).stale is False
+
+    _bulk(engine, small_index, dict(docs[400:450]))  # appends only
+    view = run(snapshot_now)
+    assert view.stale is True
+    (out,) = run(lambda s: statistics.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    assert (out.action, out.new_documents) == ("incremental", 50)
+    fresh = run(snapshot_now)
+    rebuilt = run(lambda s: statistics.build(s, engine.url, small_index, FIELD, {}))
+    assert fresh.stale is False and fresh.corpus.n_docs == 450
+    assert_same_statistics(fresh.corpus, rebuilt)
+
+    _bulk(engine, small_index, {docs[0][0]: "completely new words here", docs[460][0]: docs[460][1]})
+    engine.ok("DELETE", f"/{small_index}/_doc/{docs[1][0]}", params={"refresh": "true"})
+    (out,) = run(lambda s: statistics.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    assert out.action == "rebuilt" and out.reason == "updates or deletes since the snapshot"
+    fresh = run(snapshot_now)
+    rebuilt = run(lambda s: statistics.build(s, engine.url, small_index, FIELD, {}))
+    assert fresh.corpus.same_as(rebuilt) and fresh.corpus.n_docs == 450
+    (out,) = run(lambda s: statistics.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    assert out.action == "unchanged"
+
+
+def assert_same_statistics(a: CorpusStats, b: CorpusStats) -> None:
+    """Equal counts and terms; raw entropy within 2 ulp (an incremental refresh adds two rounded sums)."""
+    assert (a.n_docs, a.total_length) == (b.n_docs, b.total_length)
+    assert a.terms.tolist() == b.terms.tolist()
+    np.testing.assert_array_equal(a.df, b.df)
+    np.testing.assert_array_max_ulp(a.entropy, b.entropy, maxulp=2)
+
+
+def test_failed_build_keeps_the_last_good_snapshot(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str
+) -> None:
+    store = scifact["store"]
+    (good,) = run(lambda s: statistics.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    _bulk(engine, small_index, dict(list(scifact["docs"].items())[400:420]))
+
+    class Dies:
+        total = None
+
+        def update(self, n: float = 1) -> None:
+            raise SearchError(502, "bmx_upstream_unreachable_exception", "cluster went away")
+
+    with pytest.raises(SearchError, match="went away"):
+        run(
+            lambda s: statistics.build_snapshots(
+                s, engine.url, small_index, FIELD, {}, store=store, progress=Dies()
+            )
+        )
+    view = run(lambda s: statistics.StatsCache(s, engine.url, store=store).get(small_index, FIELD, {}))
+    assert view.built_at == good.built_at and view.corpus.n_docs == good.n_docs and view.stale is True
+
+
+def test_estimated_mode_without_snapshot(engine: EngineClient, scifact: dict[str, Any]) -> None:
+    name = scifact["names"][3]
+    store = f"bmxtest-stats-nostore-{scifact['tag']}"  # never created: no snapshot anywhere
+
+    async def go(session: aiohttp.ClientSession) -> Any:
+        view = await statistics.StatsCache(session, engine.url, store=store).get(name, FIELD, {})
+        return view, await view.for_terms(["cell", "protein", "zzzunseen"])
+
+    bare, view = run(go)
+    exact = run(lambda s: statistics.build(s, engine.url, name, FIELD, {}))
+    assert bare.estimated and view.estimated and view.built_at is None
+    assert view.corpus.n_docs == exact.n_docs  # exact: a count over all shards
+    assert abs(view.corpus.avgdl - exact.avgdl) / exact.avgdl < 0.2  # one shard's average
+    df, ent = view.corpus.lookup(["cell", "protein", "zzzunseen"])
+    edf, eent = exact.lookup(["cell", "protein"])
+    np.testing.assert_array_equal(df[:2], edf)  # df: exact, from counts
+    assert df[2] == 0
+    np.testing.assert_allclose(ent[:2], eent, rtol=0.25)
+
+
+def test_bad_input_gives_clear_errors(engine: EngineClient, scifact: dict[str, Any]) -> None:
+    name = scifact["names"][1]
+    cases = [
+        (f"bmxtest-stats-missing-{scifact['tag']}", FIELD, 404, "index_not_found_exception"),
+        (name, "tag", 400, "bmx_field_not_text_exception"),
+        (name, "nope", 400, "bmx_field_not_found_exception"),
+    ]
+    for index, field, status, kind in cases:
+        with pytest.raises(SearchError) as err:
+            run(lambda s, i=index, f=field: statistics.build(s, engine.url, i, f, {}))
+        assert (err.value.status, err.value.type) == (status, kind)
+
+    empty = f"bmxtest-stats-empty-{scifact['tag']}"
+    _create(engine, empty, 1)
+    try:
+        with pytest.raises(StatisticsError) as err:
+            run(lambda s: statistics.build(s, engine.url, empty, FIELD, {}))
+        assert err.value.type == "bmx_empty_corpus_exception"
+        result = CliRunner().invoke(
+            stats_cli, ["build", empty, "--field", FIELD, "--upstream", engine.url, "--no-progress"]
+        )
+        assert result.exit_code == 1
+        assert result.output.strip().count("\n") == 0 and "bmx_empty_corpus_exception" in result.output
+        assert "Traceback" not in result.output
+    finally:
+        engine.call("DELETE", f"/{empty}")
+
+
+def test_cli_reports_an_unreachable_cluster_in_one_line() -> None:
+    result = CliRunner().invoke(
+        stats_cli,
+        ["show", "x", "--field", FIELD, "--upstream", "http://u:secret@127.0.0.1:1", "--json"],
+    )
+    assert result.exit_code == 1
+    assert "bmx_upstream_unreachable_exception" in result.output and "secret" not in result.output
+
+
+def test_store_roundtrip_through_the_cluster(engine: EngineClient, scifact: dict[str, Any]) -> None:
+    """Several chunks: the vocabulary comes back term for term, number for number."""
+    store = scifact["store"]
+    stats = run(lambda s: statistics.build(s, engine.url, scifact["names"][1], FIELD, {}))
+    marks = statistics.IndexMarks("bmxtest-stats-fake", "u", ())
+    info = statistics._info("bmxtest-stats-fake", FIELD, stats, marks, stats.n_docs, True, 0.0, "build")
+    info = stats_store.SnapshotInfo(**{**info.__dict__, "n_chunks": -(-stats.vocabulary_size // 5000)})
+
+    async def go(session: aiohttp.ClientSession) -> CorpusStats:
+        await stats_store.publish(session, engine.url, {}, info, stats, store)
+        (got,) = (
+            await stats_store.read_pointers(session, engine.url, {}, [(info.index, FIELD)], store)
+        ).values()
+        return await stats_store.load(session, engine.url, {}, got, store)
+
+    assert info.n_chunks > 3
+    assert run(go).same_as(stats)
+
+
+def test_writes_during_a_sweep_are_caught_by_the_next_refresh(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str
+) -> None:
+    store = scifact["store"]
+    extra = dict(list(scifact["docs"].items())[500:503])
+
+    class WritesOnce:
+        total = None
+        done = False
+
+        def update(self, n: float = 1) -> None:
+            if not self.done:
+                self.done = True
+                _bulk(engine, small_index, extra)
+
+    (info,) = run(
+        lambda s: statistics.build_snapshots(
+            s, engine.url, small_index, FIELD, {}, store=store, progress=WritesOnce(), batch_size=50
+        )
+    )
+    assert info.exact_marks is False
+    (fresh,) = run(lambda s: statistics.freshness(s, engine.url, small_index, FIELD, {}, store=store))
+    assert fresh.stale is True
+    (out,) = run(lambda s: statistics.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    assert out.action == "rebuilt" and out.snapshot is not None and out.snapshot.n_docs == 403
