@@ -98,16 +98,18 @@ def make_app(
     app[STATE] = state
 
     async def lifecycle(app: web.Application):
+        # Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
+        # JSON calls (analysis, term vectors, statistics) want ordinary decoded answers.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
         session = aiohttp.ClientSession(
-            auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=256),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout),
+            auto_decompress=False, connector=aiohttp.TCPConnector(limit=256), timeout=timeout
         )
+        sidecar = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), timeout=timeout)
         state["session"] = session
         state["reranker"] = Reranker(
-            session,
+            sidecar,
             base,
-            stats(session, base),
+            stats(sidecar, base),
             metrics,
             cache=TermVectorCache(config.cache_size),
             timeout=config.timeout,
@@ -115,6 +117,7 @@ def make_app(
         )
         yield
         await session.close()
+        await sidecar.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/_bmx/health", _health)

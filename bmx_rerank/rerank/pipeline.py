@@ -107,7 +107,7 @@ class Reranker:
             kind = error.type if error else "bmx_rerank_exception"
             reason = error.reason if error else f"{exc.__class__.__name__}: {exc}"
             self.metrics.errors.labels(kind).inc()
-            log.warning("rerank failed", extra={"fields": {"error": kind, "reason": reason[:300]}})
+            log.warning(f"rerank failed: {kind}", extra={"fields": {"error": kind, "reason": reason[:300]}})
             if self.on_error == "fail":
                 self.metrics.reranks.labels("failed").inc()
                 raise (error or SearchError(500, kind, reason)) from exc

@@ -1,0 +1,265 @@
+"""The proxy in front of real Elasticsearch and OpenSearch: exact scores, official clients, paging,
+msearch, policies and failures. The proxy runs in-process, on an ephemeral port, in its own thread so
+the synchronous official clients can talk to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bmx_rerank import statistics
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.policy import parse_rules
+from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.rerank.stats_source import FixedStats
+from tests.integration.conftest import EngineClient
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+VECTORS = json.loads((SHARED / "testvectors" / "bmx_small.json").read_text())
+SCIFACT = SHARED / "data" / "beir" / "scifact"
+MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}, "tag": {"type": "keyword"}}}
+
+
+class ProxyThread:
+    """A proxy app served by an event loop in a background thread."""
+
+    def __init__(self, upstream: str, stats: Any, **config: Any) -> None:
+        """`stats`: a statistics source, or a (session, base_url) -> source factory."""
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        factory = stats if callable(stats) else (lambda session, base: stats)
+        self.app = make_app(ProxyConfig(upstream=upstream, **config), factory)
+        self.runner, self.url = self.run(start_server(self.app))
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def close(self) -> None:
+        self.run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+async def _build(base: str, index: str, field: str) -> CorpusStats:
+    async with aiohttp.ClientSession() as session:
+        return await statistics.build(session, base, index, field, {})
+
+
+def _bulk(engine: EngineClient, index: str, docs: dict[str, dict]) -> None:
+    lines = []
+    for doc_id, source in docs.items():
+        lines += [json.dumps({"index": {"_index": index, "_id": doc_id}}), json.dumps(source)]
+    answer = engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
+    assert not answer["errors"]
+
+
+@pytest.fixture(scope="module")
+def small(engine: EngineClient) -> Iterator[tuple[EngineClient, str, ProxyThread, FixedStats]]:
+    """bmx_small's corpus in a 3-shard index, exact statistics, and a proxy in front of the engine."""
+    index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
+    settings = {"number_of_shards": 3, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": MAPPINGS})
+    docs = {
+        str(i): {"body": " ".join(toks), "tag": "even" if i % 2 == 0 else "odd"}
+        for i, toks in enumerate(VECTORS["corpus"])
+    }
+    _bulk(engine, index, docs)
+    stats = FixedStats({})
+    proxy = ProxyThread(engine.url, stats, policies=parse_rules([f"{index}=body,window_size=30"]))
+    stats.table[(index, "body")] = proxy.run(_build(engine.url, index, "body"))
+    try:
+        yield engine, index, proxy, stats
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
+
+
+def _via(engine: EngineClient, proxy: ProxyThread) -> EngineClient:
+    return EngineClient(engine.kind, proxy.url)
+
+
+def _case_ext(case: dict) -> tuple[dict, str]:
+    """ext.bmx for a test-vector case, and the key of its expected scores."""
+    ext: dict[str, Any] = {"field": "body", "query": " ".join(case["query"]), "window_size": 30}
+    if case["kind"] == "bm25":
+        ext.update(mode="bm25", k1=case["k1"], b=case["b"])
+    for name in ("alpha", "beta"):
+        if name in case:
+            ext[name] = case[name]
+    if case["kind"].startswith("wqa"):
+        ext["augment"] = {"queries": [" ".join(q) for q in case["augmented"]], "weights": case["weights"]}
+        ext["wqa_mode"] = case["kind"].split("_")[1]
+    return ext, "scores"
+
+
+CASES = [
+    (i, key)
+    for i, case in enumerate(VECTORS["cases"])
+    for key in ("scores", "normalized_paper", "normalized_reference")
+    if key in case
+]
+
+
+def test_statistics_of_the_indexed_corpus_match_the_vectors(small):
+    _, index, _, stats = small
+    corpus = stats.table[(index, "body")]
+    assert corpus.n_docs == VECTORS["stats"]["n_docs"]
+    assert corpus.avgdl == pytest.approx(VECTORS["stats"]["avgdl"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("case_index", "key"), CASES, ids=[f"case{i}-{k}" for i, k in CASES])
+def test_every_vector_case_through_the_proxy(small, case_index, key):
+    engine, index, proxy, _ = small
+    case = VECTORS["cases"][case_index]
+    ext, _ = _case_ext(case)
+    if key != "scores":
+        ext["normalize"] = key.split("_")[1]
+    # The first stage is the client's own match query; ext.bmx.query is analyzed by the cluster.
+    body = {"query": {"match": {"body": ext["query"]}}, "size": 30, "_source": False, "ext": {"bmx": ext}}
+    answer = _via(engine, proxy).ok("POST", f"/{index}/_search", body)
+    expected = case[key]
+    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+    got = {int(h["_id"]): h["_score"] for h in answer["hits"]["hits"]}
+    want_matched = {i for i, s in enumerate(expected) if s > 0}
+    assert set(got) == want_matched, "the window holds every document with a positive score"
+    for doc, score in got.items():
+        assert score == pytest.approx(expected[doc], rel=1e-6)
+    scores = [h["_score"] for h in answer["hits"]["hits"]]
+    assert scores == sorted(scores, reverse=True)
+    assert answer["_bmx"]["reranked"] is True and answer["_bmx"]["estimated"] is False
+    assert answer["hits"]["max_score"] == pytest.approx(max(expected), rel=1e-6)
+
+
+def test_pagination_inside_the_window(small):
+    engine, index, proxy, _ = small
+    client = _via(engine, proxy)
+    ext = {"field": "body", "query": "t0 t3", "window_size": 30}
+    full = client.ok("POST", f"/{index}/_search", {"size": 30, "ext": {"bmx": ext}})["hits"]["hits"]
+    page = client.ok("POST", f"/{index}/_search", {"from": 10, "size": 5, "ext": {"bmx": ext}})["hits"][
+        "hits"
+    ]
+    assert [h["_id"] for h in page] == [h["_id"] for h in full[10:15]]
+    url_page = client.ok("POST", f"/{index}/_search", {"ext": {"bmx": ext}}, {"from": 3, "size": 2})["hits"][
+        "hits"
+    ]
+    assert [h["_id"] for h in url_page] == [h["_id"] for h in full[3:5]]
+    resp = client.call("POST", f"/{index}/_search", {"from": 25, "size": 10, "ext": {"bmx": ext}})
+    assert resp.status == 400 and resp.body["error"]["type"] == "illegal_argument_exception"
+
+
+def test_min_score_explain_aggregations_and_source(small):
+    engine, index, proxy, _ = small
+    expected = VECTORS["cases"][3]["scores"]  # query t30 t0
+    ranked = sorted(expected, reverse=True)
+    threshold = (ranked[4] + ranked[5]) / 2  # keeps exactly five hits
+    ext = {"field": "body", "query": "t30 t0", "window_size": 30, "min_score": threshold, "explain": True}
+    body = {
+        "size": 30,
+        "_source": ["tag"],
+        "aggs": {"tags": {"terms": {"field": "tag"}}},
+        "ext": {"bmx": ext},
+    }
+    answer = _via(engine, proxy).ok("POST", f"/{index}/_search", body)
+    direct = engine.ok(
+        "POST", f"/{index}/_search", {"size": 0, "query": {"match": {"body": "t30 t0"}}, "aggs": body["aggs"]}
+    )
+    assert answer["aggregations"] == direct["aggregations"]
+    assert answer["hits"]["total"] == direct["hits"]["total"]
+    hits = answer["hits"]["hits"]
+    assert len(hits) == 5 and all(h["_score"] >= threshold for h in hits)
+    assert {int(h["_id"]) for h in hits} == {i for i, s in enumerate(expected) if s >= threshold}
+    assert answer["hits"]["max_score"] == pytest.approx(ranked[0], rel=1e-6)
+    for hit in hits:
+        assert set(hit["_source"]) == {"tag"} and "_seq_no" not in hit
+        assert sum(d["value"] for d in hit["_bmx_explanation"]["details"]) == pytest.approx(hit["_score"])
+
+
+def test_msearch_through_the_proxy(small):
+    engine, index, proxy, _ = small
+    lines = [
+        {"index": index},
+        {"size": 3, "ext": {"bmx": {"field": "body", "query": "t12", "window_size": 30}}},
+        {"index": index},
+        {"size": 3, "query": {"term": {"tag": "odd"}}},
+    ]
+    ndjson = "".join(json.dumps(x) + "\n" for x in lines)
+    answer = _via(engine, proxy).ok("POST", "/_msearch", ndjson)
+    first, second = answer["responses"]
+    expected = VECTORS["cases"][4]["scores"]
+    top = sorted(range(30), key=lambda i: -expected[i])[:3]
+    assert [int(h["_id"]) for h in first["hits"]["hits"]] == top
+    assert first["_bmx"]["reranked"] is True and "_bmx" not in second
+    assert all(int(h["_id"]) % 2 == 1 for h in second["hits"]["hits"])
+
+
+def test_policy_drop_in_needs_no_client_change(small):
+    engine, index, proxy, _ = small
+    body = {"query": {"match": {"body": "t1 t1 t7"}}, "size": 5}
+    resp = _via(engine, proxy).call("POST", f"/{index}/_search", body)
+    assert resp.headers.get("X-BMX-Rerank") == "bmx"
+    expected = VECTORS["cases"][1]["scores"]
+    assert [h["_score"] for h in resp.body["hits"]["hits"]] == pytest.approx(
+        sorted(expected, reverse=True)[:5], rel=1e-6
+    )
+    other = _via(engine, proxy).call("POST", f"/{index}/_search", {"query": {"term": {"tag": "odd"}}})
+    assert "X-BMX-Rerank" not in other.headers and "_bmx" not in other.body
+
+
+def test_upstream_errors_pass_through(small):
+    engine, index, proxy, _ = small
+    client = _via(engine, proxy)
+    missing = client.call(
+        "POST", "/bmxtest-proxy-missing/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}}
+    )
+    direct = engine.call("POST", "/bmxtest-proxy-missing/_search", {})
+    assert missing.status == direct.status == 404
+    assert missing.body["error"]["type"] == direct.body["error"]["type"] == "index_not_found_exception"
+    bad = client.call("POST", f"/{index}/_search", {"query": {"nope": {}}})
+    assert bad.status == engine.call("POST", f"/{index}/_search", {"query": {"nope": {}}}).status == 400
+    invalid = client.call("POST", f"/{index}/_search", {"ext": {"bmx": {"field": "body", "mode": "x"}}})
+    assert invalid.status == 400 and invalid.body["error"]["type"] == "illegal_argument_exception"
+
+
+def test_rerank_error_falls_back_with_a_marker(small):
+    engine, index, proxy, _ = small
+    body = {
+        "size": 3,
+        "query": {"match": {"body": "t0"}},
+        "ext": {"bmx": {"field": "tag", "window_size": 30, "query": "t0"}},
+    }
+    resp = _via(engine, proxy).call("POST", f"/{index}/_search", body)
+    assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "fallback"
+    assert resp.body["_bmx"]["reranked"] is False and resp.body["_bmx"]["error"]["type"]
+    direct = engine.ok("POST", f"/{index}/_search", {"size": 3, "query": {"match": {"body": "t0"}}})
+    assert [h["_id"] for h in resp.body["hits"]["hits"]] == [h["_id"] for h in direct["hits"]["hits"]]
+
+
+def test_estimated_statistics_are_marked(engine):
+    """With the cluster-backed StatsCache and no snapshot, the marker says the statistics are estimated."""
+    index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {"settings": {"number_of_shards": 1, "number_of_replicas": 0}, "mappings": MAPPINGS},
+    )
+    _bulk(engine, index, {str(i): {"body": " ".join(t)} for i, t in enumerate(VECTORS["corpus"])})
+    proxy = ProxyThread(engine.url, lambda session, base: statistics.StatsCache(session, base))
+    try:
+        resp = _via(engine, proxy).call(
+            "POST", f"/{index}/_search", {"size": 5, "ext": {"bmx": {"field": "body", "query": "t0 t3"}}}
+        )
+        assert resp.status == 200, resp.body
+        assert resp.headers["X-BMX-Rerank"] == "bmx", resp.body["_bmx"]["error"]
+        assert resp.body["_bmx"]["estimated"] is True and resp.body["_bmx"]["built_at"] is None
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
