@@ -1,0 +1,162 @@
+"""StatsCache against a fake cluster: drift checks are rate-limited and shared, snapshots are loaded once
+and reloaded when another sidecar publishes, the caller's credentials go on every call, and the
+cluster's 403 comes back unchanged."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.errors import UpstreamError
+from bmx_rerank.freshness import IndexMarks, ShardMark
+from bmx_rerank.statistics import StatsCache
+from bmx_rerank.stats_store import SnapshotInfo, encode_chunks
+
+TOKEN = "Basic c2VjcmV0"
+
+
+class FakeCluster:
+    """Just enough of `_field_caps`, `_stats` and the store's `_mget` for the cache."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.seq_no = 10
+        self.snapshots: dict[str, tuple[SnapshotInfo, list[dict[str, Any]]]] = {}
+        self.current: str | None = None
+
+    def publish(self, name: str, docs: list[dict[str, int]]) -> CorpusStats:
+        stats = CorpusStats.from_documents(docs)
+        chunks = encode_chunks(stats, 2)
+        marks = IndexMarks("idx", "u1", (ShardMark(0, self.seq_no, self.seq_no, self.seq_no),))
+        info = SnapshotInfo(
+            name,
+            "idx",
+            "body",
+            stats.n_docs,
+            stats.total_length,
+            stats.vocabulary_size,
+            len(chunks),
+            stats.n_docs,
+            marks,
+            True,
+            f"2026-01-01T00:00:0{len(self.snapshots)}+00:00",
+            0.1,
+            "build",
+        )
+        self.snapshots[name] = (info, chunks)
+        self.current = name
+        return stats
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/{expr}/_field_caps", self.field_caps)
+        app.router.add_get("/{expr}/_stats/docs", self.stats)
+        app.router.add_post("/{store}/_mget", self.mget)
+        return app
+
+    def _auth(self, request: web.Request, what: str) -> None:
+        self.calls[what] += 1
+        if request.headers.get("Authorization") != TOKEN:
+            body = {
+                "error": {"type": "security_exception", "reason": "action [x] is unauthorized"},
+                "status": 403,
+            }
+            raise web.HTTPForbidden(text=json.dumps(body), content_type="application/json")
+
+    async def field_caps(self, request: web.Request) -> web.Response:
+        self._auth(request, "field_caps")
+        return web.json_response({"indices": ["idx"], "fields": {"body": {"text": {"type": "text"}}}})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        self._auth(request, "stats")
+        seq = {"max_seq_no": self.seq_no, "local_checkpoint": self.seq_no, "global_checkpoint": self.seq_no}
+        shards = {"0": [{"routing": {"primary": True}, "seq_no": seq}]}
+        return web.json_response({"indices": {"idx": {"uuid": "u1", "shards": shards}}})
+
+    async def mget(self, request: web.Request) -> web.Response:
+        self._auth(request, "mget")
+        ids = (await request.json())["ids"]
+        docs = []
+        for doc_id in ids:
+            if doc_id.startswith("ptr|"):
+                found = self.current is not None
+                info = self.snapshots[self.current][0].to_json() if found else None
+                docs.append({"_id": doc_id, "found": found, "_source": {"info": info}})
+            else:
+                self.calls["chunk"] += 1
+                snap, seq = doc_id.split("|")
+                docs.append(
+                    {"_id": doc_id, "found": True, "_source": {"data": self.snapshots[snap][1][int(seq)]}}
+                )
+        return web.json_response({"docs": docs})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def cluster():
+    fake = FakeCluster()
+    server = TestServer(fake.app())
+    await server.start_server()
+    async with aiohttp.ClientSession() as session:
+        yield fake, session, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(cluster):
+    fake, session, url = cluster
+    first = fake.publish("s1", [{"a": 1, "b": 2}, {"a": 3}, {"c": 1}])
+    clock = Clock()
+    cache = StatsCache(session, url, check_interval=5.0, clock=clock)
+    headers = {"Authorization": TOKEN}
+    view = await cache.get("idx", "body", headers)
+    assert view.corpus.same_as(first) and not view.estimated and not view.stale
+    assert view.built_at == "2026-01-01T00:00:00+00:00"
+    assert fake.calls["chunk"] == 2 and fake.calls["stats"] == 1
+
+    clock.now = 4.9
+    fake.seq_no = 11  # a write: not noticed before the interval is over
+    assert (await cache.get("idx", "body", headers)).stale is False
+    assert fake.calls["stats"] == 1
+
+    clock.now = 5.0
+    view = await cache.get("idx", "body", headers)
+    assert view.stale is True and fake.calls["chunk"] == 2  # same snapshot: not reloaded
+
+    second = fake.publish("s2", [{"a": 1}, {"d": 4}])  # another sidecar refreshed
+    clock.now = 10.0
+    view = await cache.get("idx", "body", headers)
+    assert view.corpus.same_as(second) and view.stale is False and fake.calls["chunk"] == 3
+
+
+async def test_concurrent_callers_share_one_check(cluster):
+    import asyncio
+
+    fake, session, url = cluster
+    fake.publish("s1", [{"a": 1}])
+    cache = StatsCache(session, url, clock=Clock())
+    views = await asyncio.gather(*(cache.get("idx", "body", {"Authorization": TOKEN}) for _ in range(10)))
+    assert all(v is views[0] for v in views)
+    assert fake.calls["field_caps"] == 1 and fake.calls["chunk"] == 1
+
+
+async def test_the_clusters_403_is_passed_on(cluster):
+    fake, session, url = cluster
+    fake.publish("s1", [{"a": 1}])
+    with pytest.raises(UpstreamError) as err:
+        await StatsCache(session, url).get("idx", "body", {"Authorization": "Basic bm9wZQ=="})
+    assert err.value.status == 403 and err.value.type == "security_exception"
+    assert b"unauthorized" in err.value.payload
