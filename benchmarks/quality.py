@@ -1,0 +1,140 @@
+"""Ranking quality on BEIR datasets: the engine's own BM25 vs the proxy's exact BM25 and BMX, one run.
+
+Indexes `title + " " + text` of a dataset from `../shared/data/beir/`, builds exact statistics, starts
+the proxy in-process, and asks every test query three ways: straight to the engine (its BM25, with
+shard-local statistics), and through the proxy with `ext.bmx` in `bm25` and `bmx` mode (the proxy
+reranks the engine's top `--window`; the three take turns going first, as
+the proxy caches term vectors). Reports nDCG@10 (BEIR protocol: a hit whose id equals the query id
+is dropped) and the ratio of each to the engine's.
+
+Run (engines from `bmx-rerank engine start ...`):
+  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9200 --dataset scifact
+  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9201 --dataset nfcorpus --analyzer english
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bmx_rerank.cli.serve import statistics_source
+from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.statistics import build_snapshots
+from bmx_rerank.upstream import request_json
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
+FIELD = "text"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    qrels: dict[str, dict[str, int]] = defaultdict(dict)
+    for line in path.read_text().splitlines()[1:]:
+        qid, did, score = line.split("\t")
+        qrels[qid][did] = int(score)
+    return dict(qrels)
+
+
+def ndcg_at_10(ranked: list[str], rels: dict[str, int]) -> float:
+    """nDCG@10 with linear gains (as pytrec_eval, which BEIR uses)."""
+    dcg = sum(rels.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
+    ideal = sorted((r for r in rels.values() if r > 0), reverse=True)[:10]
+    idcg = sum(r / math.log2(i + 2) for i, r in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+async def index_corpus(session, upstream: str, index: str, docs, shards: int, analyzer: str) -> None:
+    await session.delete(f"{upstream}/{index}")
+    mapping = {
+        "settings": {"number_of_shards": shards, "number_of_replicas": 0},
+        "mappings": {"properties": {FIELD: {"type": "text", "analyzer": analyzer}}},
+    }
+    await request_json(session, "PUT", f"{upstream}/{index}", mapping)
+    for start in range(0, len(docs), 2000):
+        lines = []
+        for d in docs[start : start + 2000]:
+            lines.append(orjson.dumps({"index": {"_index": index, "_id": d["_id"]}}))
+            lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
+        async with session.post(
+            f"{upstream}/_bulk",
+            data=b"\n".join(lines) + b"\n",
+            headers={"Content-Type": "application/x-ndjson"},
+        ) as resp:
+            answer = orjson.loads(await resp.read())
+            assert resp.status == 200 and not answer.get("errors"), "bulk indexing failed"
+    await request_json(session, "POST", f"{upstream}/{index}/_refresh")
+
+
+async def ranking(session, url: str, index: str, query: str, window: int, bmx: dict | None) -> list[str]:
+    body: dict[str, Any] = {"size": window if bmx is None else 10, "_source": False}
+    body["query"] = {"match": {FIELD: query}}
+    if bmx is not None:
+        body["ext"] = {"bmx": {"field": FIELD, "window_size": window, **bmx}}
+    answer = await request_json(session, "POST", f"{url}/{index}/_search", body)
+    return [h["_id"] for h in answer["hits"]["hits"]]
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--dataset", default="scifact", choices=["scifact", "nfcorpus"])
+    ap.add_argument("--analyzer", default="standard")
+    ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--window", type=int, default=100)
+    args = ap.parse_args()
+    root = DATA / args.dataset
+    docs = read_jsonl(root / "corpus.jsonl")
+    queries = {q["_id"]: q["text"] for q in read_jsonl(root / "queries.jsonl")}
+    qrels = read_qrels(root / "qrels" / "test.tsv")
+    index = f"bmxbench-{args.dataset}-{args.analyzer}-{args.shards}"
+    upstream = args.upstream.rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        await index_corpus(session, upstream, index, docs, args.shards, args.analyzer)
+        await build_snapshots(session, upstream, index, FIELD, {})
+        runner, proxy = await start_server(make_app(ProxyConfig(upstream=upstream), statistics_source(60.0)))
+        variants = {
+            "engine BM25": (upstream, None),
+            "proxy BM25, exact statistics": (proxy, {"mode": "bm25"}),
+            "proxy BMX": (proxy, {"mode": "bmx"}),
+        }
+        totals = dict.fromkeys(variants, 0.0)
+        seconds = dict.fromkeys(variants, 0.0)
+        try:
+            names = list(variants)
+            for turn, (qid, rels) in enumerate(qrels.items()):
+                # Rotate the order so no variant always pays the cold term-vector cache.
+                for name in names[turn % 3 :] + names[: turn % 3]:
+                    url, bmx = variants[name]
+                    start = time.perf_counter()
+                    ranked = await ranking(session, url, index, queries[qid], args.window, bmx)
+                    seconds[name] += time.perf_counter() - start
+                    totals[name] += ndcg_at_10([d for d in ranked if d != qid], rels)
+        finally:
+            await runner.cleanup()
+            await session.delete(f"{upstream}/{index}")
+    n = len(qrels)
+    base = totals["engine BM25"] / n
+    print(
+        f"{args.dataset}: {len(docs)} docs, {n} test queries, analyzer {args.analyzer}, "
+        f"{args.shards} shard(s), window {args.window}, upstream {upstream}"
+    )
+    print("| ranking | nDCG@10 x 100 | ratio to engine BM25 | mean ms/query |")
+    print("|---|---|---|---|")
+    for name in variants:
+        score = totals[name] / n
+        print(f"| {name} | {100 * score:.2f} | {score / base:.4f} | {1000 * seconds[name] / n:.1f} |")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
