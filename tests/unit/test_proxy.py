@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import socket
 from collections import Counter
@@ -47,6 +48,8 @@ class FakeCluster:
         app.router.add_route("HEAD", "/", self.head)
         app.router.add_get("/gz", self.gz)
         app.router.add_get("/slow", self.slow)
+        app.router.add_post("/sink", self.sink)
+        app.router.add_get("/source", self.source)
         app.router.add_route("*", "/echo/{tail:.*}", self.echo)
         app.router.add_post("/_mtermvectors", self.termvectors)
         app.router.add_route("*", "/{index}/_analyze", self.analyze)
@@ -66,6 +69,22 @@ class FakeCluster:
     async def slow(self, request: web.Request) -> web.Response:
         await asyncio.sleep(5)
         return web.Response(text="late")
+
+    async def sink(self, request: web.Request) -> web.Response:
+        total = 0
+        digest = hashlib.sha256()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            total += len(chunk)
+            digest.update(chunk)
+        return web.json_response({"bytes": total, "sha256": digest.hexdigest()})
+
+    async def source(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for _ in range(int(request.query["chunks"])):
+            await resp.write(b"x" * (1 << 20))
+        await resp.write_eof()
+        return resp
 
     async def echo(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -233,6 +252,27 @@ async def test_compressed_bodies_pass_untouched_both_ways(proxy, client):
     async with client.get(f"{url}/gz", headers={"Accept-Encoding": "gzip"}) as resp:
         assert resp.headers["Content-Encoding"] == "gzip"
         assert gzip.decompress(await resp.read()) == b'{"compressed":true}'
+
+
+async def test_large_bodies_stream_through_beyond_the_search_body_limit(proxy, client):
+    """100 MiB each way: more than the proxy would ever buffer (its search-body limit is 64 MiB)."""
+    _, url = proxy
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+
+    async def body():
+        for _ in range(100):
+            yield chunk
+
+    async with client.post(f"{url}/sink", data=body()) as resp:
+        got = await resp.json()
+    assert got["bytes"] == 100 * len(chunk)
+    assert got["sha256"] == hashlib.sha256(chunk * 100).hexdigest()
+    total = 0
+    async with client.get(f"{url}/source?chunks=100") as resp:
+        assert "Content-Length" not in resp.headers
+        async for piece in resp.content.iter_chunked(1 << 16):
+            total += len(piece)
+    assert total == 100 * (1 << 20)
 
 
 async def test_head_root(proxy, client):
