@@ -1,0 +1,137 @@
+"""The client wrapper around the official clients, sync and async, against real engines.
+
+The test-vector corpus is indexed on 3 shards; statistics are built and stored through the cluster
+(`statistics.build_snapshots`, as `bmx-rerank stats build` does); the wrapper then reproduces the
+expected scores and leaves every other call to the wrapped client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
+from bmx_rerank.errors import SearchError
+from bmx_rerank.statistics import build_snapshots
+
+from .conftest import EngineClient
+
+VECTORS = json.loads(
+    (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
+)
+CASE = VECTORS["cases"][0]  # BMX with defaults, query t0 t3, normalized variants too
+
+
+def _official(kind: str, url: str, asynchronous: bool):
+    if kind == "elasticsearch":
+        from elasticsearch import AsyncElasticsearch, Elasticsearch
+
+        return (AsyncElasticsearch if asynchronous else Elasticsearch)(url)
+    from opensearchpy import AsyncOpenSearch, OpenSearch
+
+    return (AsyncOpenSearch if asynchronous else OpenSearch)(url)
+
+
+@pytest.fixture(scope="module")
+def corpus(engine: EngineClient) -> Iterator[str]:
+    index = f"bmx-test-client-{uuid.uuid4().hex[:8]}"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {
+            "settings": {"number_of_shards": 3, "number_of_replicas": 0},
+            "mappings": {"properties": {"body": {"type": "text", "analyzer": "standard"}}},
+        },
+    )
+    lines = []
+    for i, tokens in enumerate(VECTORS["corpus"]):
+        lines += [
+            json.dumps({"index": {"_index": index, "_id": str(i)}}),
+            json.dumps({"body": " ".join(tokens)}),
+        ]
+    engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
+
+    async def build() -> None:
+        async with aiohttp.ClientSession() as session:
+            await build_snapshots(session, engine.url, index, "body", {})
+
+    asyncio.run(build())
+    yield index
+    engine.call("DELETE", f"/{index}")
+
+
+def _search_body(size: int = 30, **bmx) -> dict:
+    return {
+        "size": size,
+        "query": {"match": {"body": " ".join(CASE["query"])}},
+        "ext": {"bmx": {"field": "body", **bmx}},
+    }
+
+
+def _scores_by_id(answer) -> dict[int, float]:
+    return {int(h["_id"]): h["_score"] for h in answer["hits"]["hits"]}
+
+
+def _check_expected(answer, key: str = "scores") -> None:
+    got = _scores_by_id(answer)
+    expected = {i: s for i, s in enumerate(CASE[key]) if s > 0}
+    assert set(got) == set(expected)
+    np.testing.assert_allclose([got[i] for i in sorted(got)], [expected[i] for i in sorted(got)], rtol=1e-6)
+    ranked = [h["_score"] for h in answer["hits"]["hits"]]
+    assert ranked == sorted(ranked, reverse=True)
+    assert answer["_bmx"]["reranked"] is True and answer["_bmx"]["estimated"] is False
+
+
+def test_node_url_is_read_from_the_official_client(engine: EngineClient):
+    client = _official(engine.kind, engine.url, asynchronous=False)
+    assert node_url(client) == engine.url.rstrip("/")
+
+
+def test_sync_wrapper_reranks_exactly_and_passes_everything_else_through(engine: EngineClient, corpus: str):
+    client = _official(engine.kind, engine.url, asynchronous=False)
+    with BMXClient(client) as bmx:
+        _check_expected(bmx.search(index=corpus, body=_search_body()))
+        _check_expected(bmx.search(index=corpus, body=_search_body(normalize="paper")), "normalized_paper")
+        plain = bmx.search(index=corpus, body={"size": 30, "query": {"match": {"body": "t0 t3"}}})
+        direct = client.search(index=corpus, body={"size": 30, "query": {"match": {"body": "t0 t3"}}})
+        assert "_bmx" not in plain
+        assert _scores_by_id(plain) == _scores_by_id(direct)
+        assert bmx.count(index=corpus)["count"] == len(VECTORS["corpus"])  # the wrapped client's own API
+        with pytest.raises(SearchError) as err:
+            bmx.search(index=corpus, body=_search_body(alpha=-1))
+        assert err.value.status == 400 and "alpha" in err.value.reason
+
+
+def test_async_wrapper_reranks_exactly(engine: EngineClient, corpus: str):
+    async def run() -> None:
+        client = _official(engine.kind, engine.url, asynchronous=True)
+        try:
+            async with AsyncBMXClient(client) as bmx:
+                answers = await asyncio.gather(
+                    bmx.search(index=corpus, body=_search_body()),
+                    bmx.search(index=corpus, body=_search_body(size=5, normalize="reference")),
+                )
+                _check_expected(answers[0])
+                top = answers[1]["hits"]["hits"]
+                expected = sorted(CASE["normalized_reference"], reverse=True)[:5]
+                np.testing.assert_allclose([h["_score"] for h in top], expected, rtol=1e-6)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_keyword_style_calls_work_with_either_client(engine: EngineClient, corpus: str):
+    """elasticsearch-py's keyword style (query=, size=, ext=); the wrapper accepts it for opensearch-py too."""
+    client = _official(engine.kind, engine.url, asynchronous=False)
+    with BMXClient(client) as bmx:
+        answer = bmx.search(
+            index=corpus, size=30, query={"match": {"body": "t0 t3"}}, ext={"bmx": {"field": "body"}}
+        )
+        _check_expected(answer)
