@@ -64,14 +64,10 @@ class TermVectorCache:
 
 
 def candidate_features(docs: Sequence[DocTerms], vocabulary: Sequence[str]) -> Candidates:
-    """tf of each vocabulary term per document, and each document's full length in the field."""
-    column = {term: j for j, term in enumerate(vocabulary)}
-    tf = np.zeros((len(docs), len(vocabulary)))
-    length = np.zeros(len(docs))
-    for i, doc in enumerate(docs):
-        length[i] = doc.length
-        for term, count in doc.tf.items():
-            j = column.get(term)
-            if j is not None:
-                tf[i, j] = count
+    """tf of each vocabulary term per document, and each document's full length in the field.
+
+    Looks up the few query terms in each document, not each document's many terms in the query."""
+    rows = [[doc.tf.get(term, 0) for term in vocabulary] for doc in docs]
+    tf = np.array(rows, dtype=np.float64).reshape(len(docs), len(vocabulary))
+    length = np.array([doc.length for doc in docs], dtype=np.float64)
     return Candidates(tf, length)
