@@ -13,6 +13,7 @@ one shard or three.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -145,32 +146,55 @@ class CorpusStats:
 class EntropyAccumulator:
     """Folds documents' term frequencies into exact statistics; order of documents does not matter.
 
-    Mutable on purpose (a sweep feeds it millions of documents); `finish` returns the frozen result."""
+    Mutable on purpose (a sweep feeds it millions of documents); `finish` returns the frozen result.
+    Per document it only counts terms and (term, tf > 1) pairs, in C (`Counter.update`); df and
+    entropy units are derived from those counts when they pile up (`compact_every` keys) and at the
+    end, so the per-token Python work is minimal and memory stays bounded by the vocabulary."""
 
-    def __init__(self) -> None:
+    def __init__(self, compact_every: int = 2_000_000) -> None:
         self.n_docs = 0
         self.n_seen = 0  # documents offered, including those without a token in the field
         self.total_length = 0
+        self.compact_every = compact_every
+        self._terms: Counter[str] = Counter()
+        self._pairs: Counter[tuple[str, int]] = Counter()
         self._df: dict[str, int] = {}
         self._units: dict[str, int] = {}
 
     def add(self, doc: Mapping[str, int]) -> None:
+        """One document as term -> frequency (entries with frequency <= 0 are ignored)."""
+        terms = [t for t, c in doc.items() if c > 0]
+        self.add_split(terms, [(t, int(c)) for t, c in doc.items() if c > 1])
+
+    def add_split(self, terms: Sequence[str], repeated: Sequence[tuple[str, int]]) -> None:
+        """One document as its distinct terms, plus (term, tf) for the few with tf > 1.
+
+        Most terms occur once per document: those cost one C-level count of a string whose hash
+        is cached; only the repeated ones are counted as (term, tf) pairs."""
         self.n_seen += 1
-        length = 0
-        df = self._df
-        units = self._units
-        for term, count in doc.items():
-            tf = int(count)
-            if tf <= 0:
-                continue
-            length += tf
-            df[term] = df.get(term, 0) + 1
-            units[term] = units.get(term, 0) + (_CONTRIB_INT[tf] if tf <= _MAX_TF else 0)
-        if length:
-            self.n_docs += 1
-            self.total_length += length
+        if not terms:
+            return
+        self.n_docs += 1
+        self.total_length += len(terms) + sum(tf for _, tf in repeated) - len(repeated)
+        self._terms.update(terms)
+        if repeated:
+            self._pairs.update(repeated)
+        if len(self._pairs) + len(self._terms) >= self.compact_every:
+            self._compact()
+
+    def _compact(self) -> None:
+        df, units, table = self._df, self._units, _CONTRIB_INT
+        one = table[1]
+        for term, count in self._terms.items():
+            df[term] = df.get(term, 0) + count
+            units[term] = units.get(term, 0) + count * one
+        for (term, tf), count in self._pairs.items():  # replace the tf = 1 assumed above
+            units[term] += count * ((table[tf] if tf <= _MAX_TF else 0) - one)
+        self._terms.clear()
+        self._pairs.clear()
 
     def finish(self) -> CorpusStats:
+        self._compact()
         terms = sorted(self._df)
         return CorpusStats(
             self.n_docs,

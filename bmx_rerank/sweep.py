@@ -22,12 +22,11 @@ from urllib.parse import quote
 
 import aiohttp
 
-from bmx_rerank import upstream
 from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats_errors import field_missing, no_index, not_text_field
-from bmx_rerank.upstream import DocRef, request_json
+from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json
 
 KEEP_ALIVE = "5m"
 TEXT_TYPES = ("text", "match_only_text")
@@ -138,16 +137,44 @@ async def scan_ids(
         yield page
 
 
-async def term_frequencies(
+async def term_vectors(
     session: aiohttp.ClientSession,
     base_url: str,
     refs: Sequence[DocRef],
     field: str,
     headers: Mapping[str, str],
-) -> list[dict[str, int]]:
-    """Term frequencies of each found document (deleted-since documents are skipped)."""
-    docs = await upstream.mtermvectors(session, base_url, refs, field, headers)
-    return [d.tf for d in docs if d.found]
+) -> list[tuple[list[str], list[tuple[str, int]]]]:
+    """Terms and frequencies of each found document (documents deleted since the scan are skipped).
+
+    Reads the `_mtermvectors` answer directly into flat lists: at sweep scale, building a
+    `DocTerms` per document costs more than the cluster's own work."""
+    if not refs:
+        return []
+    specs = []
+    for ref in refs:
+        spec: dict[str, Any] = {
+            "_index": ref.index,
+            "_id": ref.id,
+            "fields": [field],
+            **TERM_VECTOR_PARAMETERS,
+        }
+        if ref.routing is not None:
+            spec["routing"] = ref.routing
+        specs.append(spec)
+    answer = await request_json(session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers)
+    out = []
+    for ref, doc in zip(refs, answer["docs"], strict=True):
+        if "error" in doc:
+            err = doc["error"]
+            reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+            raise UpstreamError(
+                500, "bmx_termvectors_exception", f"term vectors of [{ref.index}][{ref.id}]: {reason}"
+            )
+        if not doc.get("found", False):
+            continue
+        terms = doc.get("term_vectors", {}).get(field, {}).get("terms", {})
+        out.append((list(terms), [(t, f) for t, v in terms.items() if (f := v["term_freq"]) > 1]))
+    return out
 
 
 async def fold_pages(
@@ -163,13 +190,12 @@ async def fold_pages(
     progress: Progress | None = None,
 ) -> None:
     """Term frequencies of every page's documents into `acc`, at most `concurrency` batches in flight."""
-    pending: set[asyncio.Task[list[dict[str, int]]]] = set()
+    pending: set[asyncio.Task[list[tuple[list[str], list[tuple[str, int]]]]]] = set()
 
-    def drain(done: set[asyncio.Task[list[dict[str, int]]]]) -> None:
+    def drain(done: set[asyncio.Task[list[tuple[list[str], list[tuple[str, int]]]]]]) -> None:
         for task in done:
-            tfs = task.result()
-            for tf in tfs:
-                acc.add(tf)
+            for terms, repeated in task.result():
+                acc.add_split(terms, repeated)
         if progress is not None:
             progress.update(sum(len(t.result()) for t in done))
 
@@ -181,7 +207,7 @@ async def fold_pages(
                     pending -= done
                     drain(done)
                 batch = page[start : start + batch_size]
-                pending.add(asyncio.ensure_future(term_frequencies(session, base_url, batch, field, headers)))
+                pending.add(asyncio.ensure_future(term_vectors(session, base_url, batch, field, headers)))
         if pending:
             done, _ = await asyncio.wait(pending)
             pending -= done
