@@ -334,7 +334,6 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
         return await _forward(request, orjson.dumps(plan.body), headers=_json_headers(request), extra=extra)
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
-    state["metrics"].requests.labels("rerank").inc()
     return await _rerank_one(request, index, plan)
 
 
@@ -466,7 +465,6 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         plans.append((item_index, plan))
     if all(p.spec is None and p.body == b for (_, p), b in zip(plans, lines[1::2], strict=True)):
         return await _forward(request, raw)
-    state["metrics"].requests.labels("msearch_rerank").inc()
     reranker: Reranker = state["reranker"]
     fwd = forwardable_headers(_with_default_auth(request.headers, config))
     sides: dict[int, SideCalls] = {
