@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bmx_rerank.errors import bad_request
-from bmx_rerank.rerank.spec import RerankSpec, parse_spec
+from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import match_clause, widen
 
 DEFAULT_SIZE = 10
@@ -67,6 +67,11 @@ def plan_search(
             )
     from_ = _int_param(params, source, "from", 0)
     size = _int_param(params, source, "size", DEFAULT_SIZE)
+    if from_ + size > spec.window_size and raw is None:
+        # Drop-in: a client that never asked for a rerank must not get a 400 for its page size.
+        if from_ + size > MAX_WINDOW:
+            return Plan(body_out, params_out)
+        spec = replace(spec, window_size=from_ + size)
     if from_ + size > spec.window_size:
         raise bad_request(
             f"[bmx] from + size [{from_ + size}] must be less than or equal to window_size "

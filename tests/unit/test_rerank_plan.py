@@ -136,3 +136,12 @@ def test_plan_widens_unless_told_not_to():
     assert "bool" in plan.body["query"]
     plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": {**ext, "widen": False}}}, {})
     assert plan.body["query"] == {"match": {"body": "a"}}
+
+
+def test_policy_grows_its_window_to_the_page_instead_of_failing():
+    policy = parse_spec({"field": "body", "window_size": 30})
+    plan = plan_search({"query": {"match": {"body": "t1"}}, "from": 20, "size": 20}, {}, policy)
+    assert plan.spec is not None and plan.spec.window_size == 40 and plan.body["size"] == 40
+    huge = {"query": {"match": {"body": "t1"}}, "size": 20_000}
+    plan = plan_search(huge, {}, policy)
+    assert plan.spec is None and plan.body == huge, "beyond the largest window: left to the cluster"
