@@ -54,7 +54,10 @@ def terms_array(terms: Iterable[str]) -> np.ndarray:
     """A terms array in the dtype CorpusStats uses (Python `str` elements)."""
     if isinstance(terms, np.ndarray) and terms.dtype == TERM_DTYPE:
         return terms
-    items = [str(t) for t in terms]
+    if isinstance(terms, np.ndarray):
+        items = terms.tolist()
+    else:
+        items = terms if isinstance(terms, list) else list(terms)
     out = np.empty(len(items), dtype=TERM_DTYPE)
     out[:] = items
     return out
