@@ -146,10 +146,12 @@ async def mtermvectors(
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
+    realtime: bool | None = None,
 ) -> list[DocTerms]:
     """Exact term frequencies of `field_name` for each document, in the order given.
 
-    Works whether or not the mapping stores term vectors (the cluster re-analyzes the source)."""
+    Works whether or not the mapping stores term vectors (the cluster re-analyzes the source).
+    `realtime=False` reads the refreshed index, the same view a search's hits come from."""
     if not docs:
         return []
     specs = []
@@ -158,8 +160,9 @@ async def mtermvectors(
         if ref.routing is not None:
             spec["routing"] = ref.routing
         specs.append({**spec, **TERM_VECTOR_PARAMETERS})
+    query = "" if realtime is None else f"?realtime={'true' if realtime else 'false'}"
     answer = await request_json_retrying(
-        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers, timeout, attempts
+        session, "POST", f"{base_url}/_mtermvectors{query}", {"docs": specs}, headers, timeout, attempts
     )
     return [_doc_terms(ref, doc, field_name) for ref, doc in zip(docs, answer["docs"], strict=True)]
 

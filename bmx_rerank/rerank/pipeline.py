@@ -187,7 +187,13 @@ class Reranker:
             fetched = await self._timed(
                 "termvectors",
                 mtermvectors(
-                    self.session, self.base_url, [refs[i] for i in missing], field, headers, self.timeout
+                    self.session,
+                    self.base_url,
+                    [refs[i] for i in missing],
+                    field,
+                    headers,
+                    self.timeout,
+                    realtime=False,  # the refreshed view the hits (and their _seq_no) come from
                 ),
             )
             for i, terms in zip(missing, fetched, strict=True):

@@ -263,3 +263,31 @@ def test_estimated_statistics_are_marked(engine):
     finally:
         proxy.close()
         engine.call("DELETE", f"/{index}")
+
+
+def test_unrefreshed_updates_do_not_leak_into_scores(engine: EngineClient):
+    """Term vectors are read from the refreshed index, like the hits: a pending update changes nothing
+    until a refresh, and then (new _seq_no, so no stale cache entry) the new text counts."""
+    index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
+    settings = {"number_of_shards": 1, "number_of_replicas": 0, "refresh_interval": -1}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": MAPPINGS})
+    _bulk(engine, index, {"a": {"body": "t1 t2"}, "b": {"body": "t1 t3 t3"}})
+    stats = FixedStats(
+        {(index, "body"): CorpusStats.from_documents([{"t1": 1, "t2": 1}, {"t1": 1, "t3": 2}])}
+    )
+    proxy = ProxyThread(engine.url, stats, cache_size=0)  # no cache: every search reads term vectors
+    body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t1", "explain": True}}}
+    try:
+        before = _via(engine, proxy).ok("POST", f"/{index}/_search", body)["hits"]["hits"]
+        engine.ok("PUT", f"/{index}/_doc/a", {"body": "t1 t1 t1 t1 t1 t1 t1 t1"})  # not refreshed
+        pending = _via(engine, proxy).ok("POST", f"/{index}/_search", body)["hits"]["hits"]
+        assert [(h["_id"], h["_score"]) for h in pending] == [(h["_id"], h["_score"]) for h in before]
+        engine.ok("POST", f"/{index}/_refresh")
+        after = {
+            h["_id"]: h["_score"]
+            for h in _via(engine, proxy).ok("POST", f"/{index}/_search", body)["hits"]["hits"]
+        }
+        assert after["a"] != {h["_id"]: h["_score"] for h in before}["a"]
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
