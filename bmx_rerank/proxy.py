@@ -160,6 +160,15 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         resp = error_response(err)
         status = resp.status
         return resp
+    except ConnectionResetError:
+        raise  # the answer was already under way: closing the connection is the only signal left
+    except Exception as exc:  # a bug of the proxy: say so in the cluster's error shape, no stack trace
+        log.exception("proxy error", extra={"fields": {"error": exc.__class__.__name__}})
+        err = SearchError(500, "bmx_proxy_exception", f"{exc.__class__.__name__} in the rerank proxy")
+        metrics.errors.labels(err.type).inc()
+        resp = error_response(err)
+        status = resp.status
+        return resp
     finally:
         metrics.requests.labels(kind.split(";")[0]).inc()
         log.info(

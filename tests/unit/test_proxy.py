@@ -564,6 +564,18 @@ async def test_health_and_upstream_credentials_never_shown(cluster, client):
         await runner.cleanup()
 
 
+async def test_a_proxy_bug_is_an_elasticsearch_shaped_500(proxy, client, monkeypatch):
+    _, url = proxy
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr("bmx_rerank.proxy.plan_search", broken)
+    status, _, body = await post(client, f"{url}/docs/_search", {"query": {"match_all": {}}})
+    assert status == 500 and body["error"]["type"] == "bmx_proxy_exception"
+    assert "secret internals" not in json.dumps(body) and "Traceback" not in json.dumps(body)
+
+
 def test_split_upstream_and_routes():
     assert split_upstream("http://u:p@h:9200/") == ("http://h:9200", "Basic dTpw")
     assert split_upstream("https://h:9200") == ("https://h:9200", None)
