@@ -166,12 +166,13 @@ def test_min_score_explain_aggregations_and_source(small):
         "size": 30,
         "_source": ["tag"],
         "aggs": {"tags": {"terms": {"field": "tag"}}},
+        "highlight": {"fields": {"body": {}}},
         "ext": {"bmx": ext},
     }
     answer = _via(engine, proxy).ok("POST", f"/{index}/_search", body)
-    direct = engine.ok(
-        "POST", f"/{index}/_search", {"size": 0, "query": {"match": {"body": "t30 t0"}}, "aggs": body["aggs"]}
-    )
+    plain = {k: v for k, v in body.items() if k != "ext"}
+    direct = engine.ok("POST", f"/{index}/_search", {**plain, "query": {"match": {"body": "t30 t0"}}})
+    direct_hits = {h["_id"]: h for h in direct["hits"]["hits"]}
     assert answer["aggregations"] == direct["aggregations"]
     assert answer["hits"]["total"] == direct["hits"]["total"]
     hits = answer["hits"]["hits"]
@@ -180,6 +181,10 @@ def test_min_score_explain_aggregations_and_source(small):
     assert answer["hits"]["max_score"] == pytest.approx(ranked[0], rel=1e-6)
     for hit in hits:
         assert set(hit["_source"]) == {"tag"} and "_seq_no" not in hit
+        assert hit["_source"] == direct_hits[hit["_id"]]["_source"]
+        assert (
+            hit["highlight"] == direct_hits[hit["_id"]]["highlight"] and "<em>" in hit["highlight"]["body"][0]
+        )
         assert sum(d["value"] for d in hit["_bmx_explanation"]["details"]) == pytest.approx(hit["_score"])
 
 
