@@ -9,6 +9,9 @@ sequence numbers before it starts (after a refresh, so everything up to them is 
 them again at the end. If any write landed meanwhile, the snapshot is marked `exact_marks = False`:
 it is still served, but it reports stale and the next refresh rebuilds it, which catches documents
 written during the sweep.
+
+Idempotent reads (PIT pages, term vectors, markers, counts) are retried on a dropped connection;
+scroll pages are not (a retried scroll call would skip a page), nor is anything after a cluster error.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats_errors import field_missing, no_index, not_text_field
-from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json
+from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json, request_json_retrying
 
 KEEP_ALIVE = "5m"
 TEXT_TYPES = ("text", "match_only_text")
@@ -62,7 +65,7 @@ async def resolve_text_field(
 
     `_field_caps` needs only read privileges, so this works with the credentials a searcher has."""
     url = f"{base_url}/{_enc(index_expr)}/_field_caps?fields={quote(field)}&include_unmapped=true"
-    answer = await request_json(session, "GET", url, None, headers)
+    answer = await request_json_retrying(session, "GET", url, None, headers)
     indices = sorted(answer.get("indices") or [])
     if not indices:
         raise no_index(index_expr)
@@ -85,7 +88,7 @@ async def index_marks(
         f"{base_url}/{_enc(index_expr)}/_stats/docs?level=shards"
         "&filter_path=indices.*.uuid,indices.*.shards.*.routing.primary,indices.*.shards.*.seq_no"
     )
-    return parse_shard_stats(await request_json(session, "GET", url, None, headers) or {})
+    return parse_shard_stats(await request_json_retrying(session, "GET", url, None, headers) or {})
 
 
 async def refresh_index(
@@ -114,7 +117,7 @@ async def live_count(
     """Top-level live documents (nested documents excluded, unlike `_stats` docs.count)."""
     url = f"{base_url}/{_enc(index)}/_count" + (f"?preference={quote(preference)}" if preference else "")
     body = {"query": query} if query else None
-    return int((await request_json(session, "POST", url, body, headers))["count"])
+    return int((await request_json_retrying(session, "POST", url, body, headers))["count"])
 
 
 async def scan_ids(
@@ -161,7 +164,9 @@ async def term_vectors(
         if ref.routing is not None:
             spec["routing"] = ref.routing
         specs.append(spec)
-    answer = await request_json(session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers)
+    answer = await request_json_retrying(
+        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers
+    )
     out = []
     for ref, doc in zip(refs, answer["docs"], strict=True):
         if "error" in doc:
@@ -322,7 +327,7 @@ async def _scan_pit(
     after: list[Any] | None = None
     try:
         while True:
-            answer = await request_json(
+            answer = await request_json_retrying(
                 session, "POST", f"{base_url}/_search", _pit_body(pit_id, page_size, after), headers
             )
             pit_id = answer.get("pit_id", pit_id)

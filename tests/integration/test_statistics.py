@@ -354,3 +354,53 @@ def test_writes_during_a_sweep_are_caught_by_the_next_refresh(
     assert fresh.stale is True
     (out,) = run(lambda s: statistics.refresh(s, engine.url, small_index, FIELD, {}, store=store))
     assert out.action == "rebuilt" and out.snapshot is not None and out.snapshot.n_docs == 403
+
+
+def test_cluster_going_away_mid_sweep_is_a_502_and_keeps_the_snapshot(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str
+) -> None:
+    """A forwarding proxy in front of the engine drops every connection after two term-vector batches."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    store = scifact["store"]
+    (good,) = run(lambda s: statistics.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    seen = {"mtv": 0}
+
+    async def go(session: aiohttp.ClientSession) -> SearchError:
+        async def forward(request: web.Request) -> web.StreamResponse:
+            if request.path == "/_mtermvectors":
+                seen["mtv"] += 1
+                if seen["mtv"] > 2:
+                    assert request.transport is not None
+                    request.transport.abort()  # the cluster is gone
+                    raise web.HTTPServiceUnavailable()
+            async with session.request(
+                request.method,
+                f"{engine.url}{request.path_qs}",
+                data=await request.read(),
+                headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
+            ) as resp:
+                return web.Response(
+                    body=await resp.read(), status=resp.status, content_type="application/json"
+                )
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            url = str(server.make_url("")).rstrip("/")
+            with pytest.raises(SearchError) as err:
+                await statistics.build_snapshots(
+                    session, url, small_index, FIELD, {}, store=store, batch_size=50, concurrency=1
+                )
+            return err.value
+        finally:
+            await server.close()
+
+    error = run(go)
+    assert (error.status, error.type) == (502, "bmx_upstream_unreachable_exception")
+    assert "_mtermvectors" in error.reason
+    view = run(lambda s: statistics.StatsCache(s, engine.url, store=store).get(small_index, FIELD, {}))
+    assert view.built_at == good.built_at and view.corpus.n_docs == good.n_docs
