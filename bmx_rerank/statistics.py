@@ -511,7 +511,8 @@ async def describe(
         "n_docs": view.corpus.n_docs,
         "total_length": view.corpus.total_length,
         "avgdl": view.corpus.avgdl,
-        "vocabulary_size": view.corpus.vocabulary_size,
+        # estimated mode holds only the terms asked about: its vocabulary size means nothing
+        "vocabulary_size": None if view.estimated else view.corpus.vocabulary_size,
         "estimated": view.estimated,
         "stale": view.stale,
         "built_at": view.built_at,

@@ -190,7 +190,8 @@ def show(
     mode = "estimated (no snapshot)" if report["estimated"] else "exact"
     click.echo(
         f"{index} [{field}]: {mode}, N={report['n_docs']}, avgdl={report['avgdl']:.3f}, "
-        f"vocabulary={report['vocabulary_size']}, stale={report['stale']}"
+        f"vocabulary={report['vocabulary_size'] if report['vocabulary_size'] is not None else '-'}, "
+        f"stale={report['stale']}"
     )
     for item in report["freshness"]:
         click.echo(
@@ -237,19 +238,46 @@ def _run(func: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
         sys.exit(130)
 
 
+class _LazyBar:
+    """A tqdm bar in documents (with docs/s), opened only once a sweep reports, so commands that
+    sweep nothing (an unchanged refresh, an error before the first page) print no empty bar."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def _open(self) -> Any:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(unit="docs", unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+        return self._bar
+
+    @property
+    def total(self) -> float | None:
+        return None if self._bar is None else self._bar.total
+
+    @total.setter
+    def total(self, value: float | None) -> None:
+        bar = self._open()
+        bar.total = value
+        bar.refresh()
+
+    def update(self, n: float = 1) -> None:
+        self._open().update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 class _bar:
-    """A tqdm bar in documents (with docs/s), or nothing."""
+    """Context manager for an optional `_LazyBar`."""
 
     def __init__(self, disabled: bool) -> None:
-        self.disabled = disabled
-        self.bar: Any = None
+        self.bar = None if disabled else _LazyBar()
 
-    def __enter__(self) -> Any:
-        if self.disabled:
-            return None
-        from tqdm import tqdm
-
-        self.bar = tqdm(unit="docs", unit_scale=True, dynamic_ncols=True, file=sys.stderr)
+    def __enter__(self) -> _LazyBar | None:
         return self.bar
 
     def __exit__(self, *exc: object) -> None:
