@@ -1,0 +1,80 @@
+"""The stats CLI's error path against a fake cluster: one line, non-zero exit, no secrets, no trace."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from click.testing import CliRunner
+
+from bmx_rerank.cli.stats import command, connection
+
+SEEN: list[str] = []
+
+
+class Forbidden(BaseHTTPRequestHandler):
+    def _answer(self) -> None:
+        SEEN.append(self.headers.get("Authorization", ""))
+        body = json.dumps(
+            {
+                "error": {
+                    "type": "security_exception",
+                    "reason": "action [indices:data/read/field_caps] is unauthorized",
+                },
+                "status": 403,
+            }
+        ).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def forbidden_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("sub", ["build", "show", "refresh"])
+def test_a_403_is_one_line_with_exit_1_and_credentials_stay_secret(forbidden_url, sub):
+    SEEN.clear()
+    args = [
+        sub,
+        "idx",
+        "--field",
+        "body",
+        "--upstream",
+        forbidden_url,
+        "--user",
+        "bob",
+        "--password",
+        "s3cret!",
+    ]
+    result = CliRunner().invoke(command, args + (["--no-progress"] if sub != "show" else []))
+    assert result.exit_code == 1
+    assert (
+        result.output
+        == "error: [403] security_exception: action [indices:data/read/field_caps] is unauthorized\n"
+    )
+    assert "s3cret" not in result.output and "Traceback" not in result.output
+    assert SEEN and all(h == "Basic Ym9iOnMzY3JldCE=" for h in SEEN)  # forwarded as Authorization
+
+
+def test_connection_takes_credentials_from_url_user_or_headers():
+    base, headers = connection("https://u:p@host:9200/", None, None, ())
+    assert base == "https://host:9200" and headers == {"Authorization": "Basic dTpw"}
+    base, headers = connection("http://h:9200", None, None, ("Authorization: ApiKey abc", "X-Opaque-Id: 7"))
+    assert headers == {"Authorization": "ApiKey abc", "X-Opaque-Id": "7"}
