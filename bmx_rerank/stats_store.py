@@ -164,11 +164,12 @@ def decode_chunks(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> Co
 async def ensure_store(
     session: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str], store: str = DEFAULT_STORE
 ) -> None:
-    """Create the store index if missing."""
+    """Create the store index if missing. A 403 is left for the writes to report: a builder may be
+    allowed to write to an existing store without being allowed to create indices."""
     try:
         await request_json(session, "PUT", f"{base_url}/{quote(store)}", STORE_SETTINGS, headers)
     except UpstreamError as exc:
-        if exc.type != "resource_already_exists_exception":
+        if exc.type != "resource_already_exists_exception" and exc.status != 403:
             raise
 
 

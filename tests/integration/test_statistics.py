@@ -188,6 +188,17 @@ def test_pattern_sums_its_indices_and_cli_show_reports_terms(
     assert report["terms"]["zzzunseen"] == {"df": 0, "entropy": 0.0}
     assert {f["reason"] for f in report["freshness"]} == {"up to date"}
 
+    alias = f"bmxtest-stats-alias-{tag}"
+    actions = [{"add": {"index": name, "alias": alias}} for name in scifact["names"].values()]
+    engine.ok("POST", "/_aliases", {"actions": actions})
+    try:
+        via_alias = run(lambda s: statistics.StatsCache(s, engine.url, store=store).get(alias, FIELD, {}))
+        via_pattern = run(lambda s: statistics.StatsCache(s, engine.url, store=store).get(pattern, FIELD, {}))
+        assert via_alias.corpus.same_as(via_pattern.corpus) and via_alias.corpus.same_as(single + single)
+        assert not via_alias.estimated and not via_alias.stale
+    finally:
+        engine.call("POST", "/_aliases", {"actions": [{"remove": a["add"]} for a in actions]})
+
 
 def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
     engine: EngineClient, scifact: dict[str, Any], small_index: str
