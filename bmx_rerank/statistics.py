@@ -143,7 +143,8 @@ async def sweep_all(
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
 ) -> dict[str, SweepResult]:
-    """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other."""
+    """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
+    error when none of them holds a token in the field."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     out: dict[str, SweepResult] = {}
     for name in indices if only is None else [i for i in indices if i in only]:
@@ -157,9 +158,11 @@ async def sweep_all(
             concurrency=concurrency,
             progress=progress,
         )
-        if result.stats.n_docs == 0:
-            raise empty_corpus(name, field)
         out[name] = result
+    if out and all(r.stats.n_docs == 0 for r in out.values()):
+        # One empty index among others (a new daily index) is fine and gets an empty snapshot;
+        # nothing to build from at all is an error.
+        raise empty_corpus(",".join(out), field)
     return out
 
 

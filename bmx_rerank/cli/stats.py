@@ -115,7 +115,7 @@ def build(
 
     for info in _run(go):
         click.echo(
-            f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / info.n_docs:.2f}, "
+            f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
             + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
         )

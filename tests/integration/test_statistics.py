@@ -308,6 +308,16 @@ def test_bad_input_gives_clear_errors(engine: EngineClient, scifact: dict[str, A
         assert result.exit_code == 1
         assert result.output.strip().count("\n") == 0 and "bmx_empty_corpus_exception" in result.output
         assert "Traceback" not in result.output
+        # ... but an empty index among others gets an empty snapshot and adds nothing.
+        both = f"{empty},{name}"
+        infos = run(
+            lambda s: statistics.build_snapshots(s, engine.url, both, FIELD, {}, store=scifact["store"])
+        )
+        assert sorted((i.index, i.n_docs) for i in infos) == sorted([(empty, 0), (name, 5183)])
+        view = run(
+            lambda s: statistics.StatsCache(s, engine.url, store=scifact["store"]).get(both, FIELD, {})
+        )
+        assert view.corpus.n_docs == 5183 and not view.estimated
     finally:
         engine.call("DELETE", f"/{empty}")
 
