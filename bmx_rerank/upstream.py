@@ -129,13 +129,39 @@ async def analyze(
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
+    analyzer: str | None = None,
 ) -> list[str]:
-    """The tokens `text` is searched with on `field_name` (its search analyzer), in order."""
-    body = {"field": field_name, "text": text}
+    """The tokens of `text`, in order: with `analyzer`, as that analyzer makes them, else as the field's
+    index analyzer does (`_analyze` with `field` ignores a mapping's `search_analyzer`, on both engines;
+    see `search_analyzer`)."""
+    body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
     answer = await request_json_retrying(
         session, "POST", f"{base_url}/{index}/_analyze", body, headers, timeout, attempts
     )
     return [tok["token"] for tok in answer.get("tokens", [])]
+
+
+async def search_analyzer(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    field_name: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+) -> str | None:
+    """The `search_analyzer` of `field_name` in `index`'s mapping, if it sets one.
+
+    A match query analyzes its text with it, while `_analyze` with `field` applies the index analyzer:
+    query tokens must come from the former to be the tokens the cluster searched with."""
+    url = f"{base_url}/{index}/_mapping/field/{field_name}"
+    answer = await request_json_retrying(session, "GET", url, None, headers, timeout, attempts)
+    for mapping in (answer or {}).values():
+        leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
+        for spec in leaf.values():
+            if isinstance(spec, dict) and spec.get("search_analyzer"):
+                return str(spec["search_analyzer"])
+    return None
 
 
 async def mtermvectors(

@@ -23,11 +23,12 @@ from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.rescore import rescore
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.statistics import StatsView
-from bmx_rerank.upstream import DocTerms, analyze, mtermvectors
+from bmx_rerank.upstream import DocTerms, analyze, mtermvectors, search_analyzer
 
 log = logging.getLogger("bmx_rerank.proxy")
 
 ON_ERROR = ("fallback", "fail")
+ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Reranker:
         self.cache = cache if cache is not None else TermVectorCache()
         self.timeout = timeout
         self.on_error = on_error
+        self._analyzers: dict[tuple[str, str], tuple[float, str | None]] = {}
 
     def start(self, index_expr: str, plan: Plan, headers: Mapping[str, str]) -> SideCalls:
         """Start analysis and the statistics lookup, to overlap with the first stage."""
@@ -164,14 +166,41 @@ class Reranker:
 
     async def _tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> list[list[str]]:
         assert plan.spec is not None
+        field = plan.spec.field
+        analyzer = await self._search_analyzer(index, field, headers)
         texts = [plan.query_text, *plan.spec.augment.queries]
-        return list(await asyncio.gather(*(self._analyze(index, plan.spec.field, t, headers) for t in texts)))
+        return list(await asyncio.gather(*(self._analyze(index, field, t, headers, analyzer) for t in texts)))
 
-    async def _analyze(self, index: str, field: str, text: str, headers: Mapping[str, str]) -> list[str]:
+    async def _search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
+        """The field's search analyzer, if its mapping sets one (and the caller may read the mapping);
+        remembered for ANALYZER_TTL seconds."""
+        key = (index, field)
+        cached = self._analyzers.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        try:
+            name = await self._timed(
+                "mapping", search_analyzer(self.session, self.base_url, index, field, headers, self.timeout)
+            )
+        except UpstreamError as exc:
+            # Reading mappings needs view_index_metadata, which a search-only user may lack: analyze
+            # with the field then, which is exact unless the mapping sets a search_analyzer.
+            if exc.status not in (400, 401, 403, 404, 405):
+                raise
+            name = None
+        self._analyzers[key] = (time.monotonic() + ANALYZER_TTL, name)
+        return name
+
+    async def _analyze(
+        self, index: str, field: str, text: str, headers: Mapping[str, str], analyzer: str | None
+    ) -> list[str]:
         if not text.strip():
             return []
         return await self._timed(
-            "analyze", analyze(self.session, self.base_url, index, field, text, headers, self.timeout)
+            "analyze",
+            analyze(
+                self.session, self.base_url, index, field, text, headers, self.timeout, analyzer=analyzer
+            ),
         )
 
     async def _term_vectors(

@@ -1,0 +1,87 @@
+"""Query tokens come from the field's search analyzer, which `_analyze` with `field` would ignore."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from bmx_rerank import scoring
+from bmx_rerank.client import BMXClient
+from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.statistics import build_snapshots
+
+from .conftest import EngineClient
+from .test_client import _official
+
+CORPUS = json.loads(
+    (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
+)["corpus"]
+
+
+def _expected(query: list[str]) -> dict[str, float]:
+    """BMX of every document for `query`, from the corpus tokens (no cluster involved)."""
+    stats = CorpusStats.from_documents(Counter(d) for d in CORPUS)
+    terms = sorted(set(query))
+    tf = np.array([[Counter(d)[t] for t in terms] for d in CORPUS], dtype=float)
+    cands = scoring.Candidates(tf, np.array([len(d) for d in CORPUS], dtype=float))
+    q = scoring.Query([terms.index(t) for t in query])
+    scores = scoring.score(stats.term_stats(terms), cands, [q])
+    return {str(i): s for i, s in enumerate(scores) if s > 0}
+
+
+def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
+    index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {
+            "settings": {
+                "number_of_shards": 2,
+                "number_of_replicas": 0,
+                "analysis": {
+                    "filter": {"drop_t3": {"type": "stop", "stopwords": ["t3"]}},
+                    "analyzer": {"no_t3": {"type": "custom", "tokenizer": "standard", "filter": ["drop_t3"]}},
+                },
+            },
+            "mappings": {
+                "properties": {"body": {"type": "text", "analyzer": "standard", "search_analyzer": "no_t3"}}
+            },
+        },
+    )
+    try:
+        lines = []
+        for i, tokens in enumerate(CORPUS):
+            lines += [
+                json.dumps({"index": {"_index": index, "_id": str(i)}}),
+                json.dumps({"body": " ".join(tokens)}),
+            ]
+        engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
+
+        async def build() -> None:
+            async with aiohttp.ClientSession() as session:
+                await build_snapshots(session, engine.url, index, "body", {})
+
+        asyncio.run(build())
+        # `_analyze` with the field keeps t3: the index analyzer, not the one the match query used.
+        field_tokens = engine.ok("POST", f"/{index}/_analyze", {"field": "body", "text": "t0 t3"})["tokens"]
+        assert [t["token"] for t in field_tokens] == ["t0", "t3"]
+
+        body = {"size": 30, "query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body"}}}
+        with BMXClient(_official(engine.kind, engine.url, asynchronous=False)) as bmx:
+            answer = bmx.search(index=index, body=body)
+        got = {h["_id"]: h["_score"] for h in answer["hits"]["hits"]}
+        want = _expected(["t0"])
+        assert answer["_bmx"]["reranked"] is True
+        assert set(got) == set(want)
+        np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(got)], rtol=1e-6)
+        assert not np.allclose(
+            [got[k] for k in sorted(got)], [_expected(["t0", "t3"]).get(k, 0) for k in sorted(got)]
+        )
+    finally:
+        engine.call("DELETE", f"/{index}")
