@@ -129,8 +129,8 @@ def _call_first_stage(client: Any, index: str, body: Any, params: Mapping[str, s
     return client.transport.perform_request("POST", _path(index), params=dict(params) or None, body=body)
 
 
-class AsyncBMXClient:
-    """An `AsyncElasticsearch`/`AsyncOpenSearch` whose `search` reranks with BMX; close it when done."""
+class _Wrapper:
+    """The constructor and attribute delegation both wrappers share."""
 
     def __init__(
         self,
@@ -148,6 +148,13 @@ class AsyncBMXClient:
         self._core = _Core(
             url or node_url(client), headers, policies, on_rerank_error, stats, timeout, cache_size
         )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+class AsyncBMXClient(_Wrapper):
+    """An `AsyncElasticsearch`/`AsyncOpenSearch` whose `search` reranks with BMX; close it when done."""
 
     async def search(
         self,
@@ -171,32 +178,15 @@ class AsyncBMXClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)
 
-
-class BMXClient:
+class BMXClient(_Wrapper):
     """An `Elasticsearch`/`OpenSearch` whose `search` reranks with BMX; close it when done.
 
     The pipeline is asynchronous, so it runs on a private event loop in a daemon thread; the first
     stage runs through the wrapped (sync) client in a worker thread of that loop."""
 
-    def __init__(
-        self,
-        client: Any,
-        url: str | None = None,
-        *,
-        headers: Mapping[str, str] | None = None,
-        policies: Sequence[Rule] = (),
-        on_rerank_error: str = "fallback",
-        stats: Callable[[aiohttp.ClientSession, str], StatsSource] | None = None,
-        timeout: float = 60.0,
-        cache_size: int = 100_000,
-    ) -> None:
-        self.client = client
-        self._core = _Core(
-            url or node_url(client), headers, policies, on_rerank_error, stats, timeout, cache_size
-        )
+    def __init__(self, client: Any, url: str | None = None, **options: Any) -> None:
+        super().__init__(client, url, **options)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="bmx-rerank", daemon=True)
         self._thread.start()
@@ -228,6 +218,3 @@ class BMXClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.client, name)

@@ -38,17 +38,9 @@ def _official(kind: str, url: str, asynchronous: bool):
     return (AsyncOpenSearch if asynchronous else OpenSearch)(url)
 
 
-@pytest.fixture(scope="module")
-def corpus(engine: EngineClient) -> Iterator[str]:
-    index = f"bmx-test-client-{uuid.uuid4().hex[:8]}"
-    engine.ok(
-        "PUT",
-        f"/{index}",
-        {
-            "settings": {"number_of_shards": 3, "number_of_replicas": 0},
-            "mappings": {"properties": {"body": {"type": "text", "analyzer": "standard"}}},
-        },
-    )
+def index_vectors(engine: EngineClient, index: str, settings: dict, mappings: dict) -> None:
+    """Create `index`, bulk-index the test-vector corpus into `body` and build its statistics."""
+    engine.ok("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, **settings}, "mappings": mappings})
     lines = []
     for i, tokens in enumerate(VECTORS["corpus"]):
         lines += [
@@ -62,6 +54,13 @@ def corpus(engine: EngineClient) -> Iterator[str]:
             await build_snapshots(session, engine.url, index, "body", {})
 
     asyncio.run(build())
+
+
+@pytest.fixture(scope="module")
+def corpus(engine: EngineClient) -> Iterator[str]:
+    index = f"bmx-test-client-{uuid.uuid4().hex[:8]}"
+    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+    index_vectors(engine, index, {"number_of_shards": 3}, mappings)
     yield index
     engine.call("DELETE", f"/{index}")
 

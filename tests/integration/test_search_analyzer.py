@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 
 from bmx_rerank import scoring
 from bmx_rerank.client import BMXClient
 from bmx_rerank.corpus import CorpusStats
-from bmx_rerank.statistics import build_snapshots
 
 from .conftest import EngineClient
-from .test_client import _official
+from .test_client import _official, index_vectors
 
 CORPUS = json.loads(
     (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
@@ -37,37 +34,16 @@ def _expected(query: list[str]) -> dict[str, float]:
 
 def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
     index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
-    engine.ok(
-        "PUT",
-        f"/{index}",
-        {
-            "settings": {
-                "number_of_shards": 2,
-                "number_of_replicas": 0,
-                "analysis": {
-                    "filter": {"drop_t3": {"type": "stop", "stopwords": ["t3"]}},
-                    "analyzer": {"no_t3": {"type": "custom", "tokenizer": "standard", "filter": ["drop_t3"]}},
-                },
-            },
-            "mappings": {
-                "properties": {"body": {"type": "text", "analyzer": "standard", "search_analyzer": "no_t3"}}
-            },
+    settings = {
+        "number_of_shards": 2,
+        "analysis": {
+            "filter": {"drop_t3": {"type": "stop", "stopwords": ["t3"]}},
+            "analyzer": {"no_t3": {"type": "custom", "tokenizer": "standard", "filter": ["drop_t3"]}},
         },
-    )
+    }
+    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard", "search_analyzer": "no_t3"}}}
     try:
-        lines = []
-        for i, tokens in enumerate(CORPUS):
-            lines += [
-                json.dumps({"index": {"_index": index, "_id": str(i)}}),
-                json.dumps({"body": " ".join(tokens)}),
-            ]
-        engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
-
-        async def build() -> None:
-            async with aiohttp.ClientSession() as session:
-                await build_snapshots(session, engine.url, index, "body", {})
-
-        asyncio.run(build())
+        index_vectors(engine, index, settings, mappings)
         # `_analyze` with the field keeps t3: the index analyzer, not the one the match query used.
         field_tokens = engine.ok("POST", f"/{index}/_analyze", {"field": "body", "text": "t0 t3"})["tokens"]
         assert [t["token"] for t in field_tokens] == ["t0", "t3"]
