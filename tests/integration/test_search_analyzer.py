@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
@@ -14,11 +12,9 @@ from bmx_rerank.client import BMXClient
 from bmx_rerank.corpus import CorpusStats
 
 from .conftest import EngineClient
-from .test_client import _official, index_vectors
+from .test_client import VECTORS, _official, index_vectors
 
-CORPUS = json.loads(
-    (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
-)["corpus"]
+CORPUS = VECTORS["corpus"]
 
 
 def _expected(query: list[str]) -> dict[str, float]:
