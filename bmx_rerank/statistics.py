@@ -26,7 +26,7 @@ import numpy as np
 
 from bmx_rerank import estimate, stats_store
 from bmx_rerank.corpus import CorpusStats, EntropyAccumulator, terms_array
-from bmx_rerank.errors import UpstreamError
+from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.freshness import (
     IndexMarks,
     appends_only,
@@ -592,9 +592,20 @@ class StatsCache:
             entry = self._entries.get(key)
             if entry is not None and self.clock() - entry.checked_at < self.check_interval:
                 return entry.view
-            entry = await self._check(index_expr, field, headers, entry)
-            self._entries[key] = entry
-            return entry.view
+            try:
+                fresh = await self._check(index_expr, field, headers, entry)
+            except SearchError as exc:
+                if entry is None or isinstance(exc, UpstreamError) or exc.status not in (502, 504):
+                    raise
+                # The cluster did not answer the check: keep serving what we have (the statistics of
+                # a moment ago beat none) and try again after the next interval.
+                log.warning(
+                    "statistics check failed, serving the cached view", extra={"fields": {"error": exc.type}}
+                )
+                entry.checked_at = self.clock()
+                return entry.view
+            self._entries[key] = fresh
+            return fresh.view
 
     async def _check(
         self, index_expr: str, field: str, headers: Mapping[str, str], old: _Entry | None

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bmx_rerank.corpus import CorpusStats
-from bmx_rerank.errors import UpstreamError
+from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.freshness import IndexMarks, ShardMark
 from bmx_rerank.statistics import StatsCache
 from bmx_rerank.stats_store import SnapshotInfo, encode_chunks
@@ -160,3 +160,22 @@ async def test_the_clusters_403_is_passed_on(cluster):
         await StatsCache(session, url).get("idx", "body", {"Authorization": "Basic bm9wZQ=="})
     assert err.value.status == 403 and err.value.type == "security_exception"
     assert b"unauthorized" in err.value.payload
+
+
+async def test_an_unreachable_cluster_during_a_check_keeps_the_cached_view():
+    fake = FakeCluster()
+    stats = fake.publish("s1", [{"a": 1}, {"b": 2}])
+    server = TestServer(fake.app())
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    clock = Clock()
+    async with aiohttp.ClientSession() as session:
+        cache = StatsCache(session, url, clock=clock)
+        first = await cache.get("idx", "body", {"Authorization": TOKEN})
+        await server.close()  # the cluster goes away
+        clock.now = 60.0
+        again = await cache.get("idx", "body", {"Authorization": TOKEN})
+        assert again is first and again.corpus.same_as(stats)
+        with pytest.raises(SearchError) as err:  # nothing cached for this one: the 502 surfaces
+            await cache.get("other", "body", {"Authorization": TOKEN})
+        assert err.value.status == 502
