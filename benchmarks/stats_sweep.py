@@ -100,7 +100,7 @@ def synthetic(n_terms: int, seed: int = 7) -> CorpusStats:
 async def load_bench(session: aiohttp.ClientSession, url: str, n_terms: int, store: str) -> dict[str, float]:
     stats = synthetic(n_terms)
     marks = IndexMarks("bmxtest-stats-bench-vocab", "u", ())
-    info = statistics._info(
+    info = statistics.snapshot_info(
         "bmxtest-stats-bench-vocab", FIELD, stats, marks, stats.n_docs, True, 0.0, "build"
     )
     t0 = time.perf_counter()

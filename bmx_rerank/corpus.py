@@ -211,6 +211,8 @@ class EntropyAccumulator:
 def _combine(a: CorpusStats, b: CorpusStats, sign: int) -> CorpusStats:
     if b.vocabulary_size == 0 and b.n_docs == 0:
         return a
+    if sign > 0 and a.vocabulary_size == 0 and a.n_docs == 0:
+        return b
     terms, inverse = np.unique(np.concatenate([a.terms, b.terms]), return_inverse=True)
     df = np.zeros(terms.shape[0], np.int64)
     entropy = np.zeros(terms.shape[0])

@@ -195,7 +195,7 @@ async def build_snapshots(
     )
     infos = []
     for name, result in results.items():
-        info = _info(
+        info = snapshot_info(
             name,
             field,
             result.stats,
@@ -368,7 +368,9 @@ async def _try_incremental(
         return None  # a write raced the refresh: a rebuild is the safe answer
     old = await stats_store.load(session, base_url, headers, info, store)
     stats = old + acc.finish()
-    new_info = _info(name, field, stats, current, live_now, True, time.perf_counter() - started, "refresh")
+    new_info = snapshot_info(
+        name, field, stats, current, live_now, True, time.perf_counter() - started, "refresh"
+    )
     await stats_store.publish(session, base_url, headers, new_info, stats, store)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
 
@@ -404,7 +406,7 @@ async def _docs_in_seq_range(
         after = hits[-1]["sort"]
 
 
-def _info(
+def snapshot_info(
     name: str,
     field: str,
     stats: CorpusStats,
@@ -414,6 +416,7 @@ def _info(
     seconds: float,
     method: str,
 ) -> SnapshotInfo:
+    """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk)."""
     n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
     return SnapshotInfo(
         uuid.uuid4().hex,
@@ -433,9 +436,12 @@ def _info(
 
 
 def sum_in_order(parts: Sequence[CorpusStats]) -> CorpusStats:
-    """Sum statistics in the given order (callers pass indices sorted by name: a fixed float order)."""
-    total = CorpusStats.empty()
-    for part in parts:
+    """Sum statistics in the given order (callers pass indices sorted by name: a fixed float order).
+    One part is returned as is: no re-sorting of a large vocabulary for the common single index."""
+    if not parts:
+        return CorpusStats.empty()
+    total = parts[0]
+    for part in parts[1:]:
         total = total + part
     return total
 

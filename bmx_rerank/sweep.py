@@ -245,9 +245,11 @@ async def sweep_index(
     totals: list[int] = []
 
     async def pages() -> AsyncIterator[list[DocRef]]:
+        counted = False
         async for page in scan_ids(session, base_url, index, headers, batch_size * concurrency, totals):
-            if progress is not None and totals and progress.total is None:
-                progress.total = totals[0]
+            if progress is not None and totals and not counted:  # several indices share one bar
+                progress.total = (progress.total or 0) + totals[0]
+                counted = True
             yield page
 
     await fold_pages(

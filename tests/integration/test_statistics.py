@@ -336,7 +336,9 @@ def test_store_roundtrip_through_the_cluster(engine: EngineClient, scifact: dict
     store = scifact["store"]
     stats = run(lambda s: statistics.build(s, engine.url, scifact["names"][1], FIELD, {}))
     marks = statistics.IndexMarks("bmxtest-stats-fake", "u", ())
-    info = statistics._info("bmxtest-stats-fake", FIELD, stats, marks, stats.n_docs, True, 0.0, "build")
+    info = statistics.snapshot_info(
+        "bmxtest-stats-fake", FIELD, stats, marks, stats.n_docs, True, 0.0, "build"
+    )
     info = stats_store.SnapshotInfo(**{**info.__dict__, "n_chunks": -(-stats.vocabulary_size // 5000)})
 
     async def go(session: aiohttp.ClientSession) -> CorpusStats:
