@@ -197,15 +197,54 @@ class EntropyAccumulator:
         self._pairs.clear()
 
     def finish(self) -> CorpusStats:
+        return self.finish_exact().stats
+
+    def finish_exact(self) -> ExactStats:
+        """The statistics, plus each term's exact entropy sum in 2^-112 units (for exact refreshes)."""
         self._compact()
         terms = sorted(self._df)
-        return CorpusStats(
+        units = [self._units[t] for t in terms]
+        stats = CorpusStats(
             self.n_docs,
             self.total_length,
             terms_array(terms),
             np.fromiter((self._df[t] for t in terms), np.int64, len(terms)),
-            np.fromiter((units_to_float(self._units[t]) for t in terms), np.float64, len(terms)),
+            np.fromiter(map(units_to_float, units), np.float64, len(terms)),
         )
+        return ExactStats(stats, units)
+
+
+@dataclass(frozen=True)
+class ExactStats:
+    """Statistics with the exact integer entropy sums behind their rounded floats.
+
+    Adding two of these adds integers and rounds once, so statistics refreshed with new documents
+    are bit-for-bit those a full rebuild gives; adding plain CorpusStats adds rounded floats."""
+
+    stats: CorpusStats
+    units: list[int]  # aligned with stats.terms
+
+    def __post_init__(self) -> None:
+        if len(self.units) != self.stats.vocabulary_size:
+            raise ValueError("one exact entropy sum per term expected")
+
+    def __add__(self, other: ExactStats) -> ExactStats:
+        a, b = self.stats, other.stats
+        df = dict(zip(a.terms.tolist(), a.df.tolist(), strict=True))
+        units = dict(zip(a.terms.tolist(), self.units, strict=True))
+        for term, d, u in zip(b.terms.tolist(), b.df.tolist(), other.units, strict=True):
+            df[term] = df.get(term, 0) + d
+            units[term] = units.get(term, 0) + u
+        terms = sorted(df)
+        total = [units[t] for t in terms]
+        stats = CorpusStats(
+            a.n_docs + b.n_docs,
+            a.total_length + b.total_length,
+            terms_array(terms),
+            np.fromiter((df[t] for t in terms), np.int64, len(terms)),
+            np.fromiter(map(units_to_float, total), np.float64, len(terms)),
+        )
+        return ExactStats(stats, total)
 
 
 def _combine(a: CorpusStats, b: CorpusStats, sign: int) -> CorpusStats:

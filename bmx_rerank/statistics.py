@@ -204,8 +204,9 @@ async def build_snapshots(
             result.exact_marks,
             result.seconds,
             "build",
+            exact_units=True,
         )
-        await stats_store.publish(session, base_url, headers, info, result.stats, store)
+        await stats_store.publish(session, base_url, headers, info, result.stats, store, result.units)
         infos.append(info)
     return infos
 
@@ -366,12 +367,22 @@ async def _try_incremental(
     after = (await index_marks(session, base_url, name, headers)).get(name)
     if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
         return None  # a write raced the refresh: a rebuild is the safe answer
-    old = await stats_store.load(session, base_url, headers, info, store)
-    stats = old + acc.finish()
+    old = await stats_store.load_exact(session, base_url, headers, info, store)
+    if old is None:
+        return None  # a snapshot without exact sums: rebuild rather than add rounded floats
+    total = old + acc.finish_exact()  # integer sums, rounded once: bit-identical to a rebuild
     new_info = snapshot_info(
-        name, field, stats, current, live_now, True, time.perf_counter() - started, "refresh"
+        name,
+        field,
+        total.stats,
+        current,
+        live_now,
+        True,
+        time.perf_counter() - started,
+        "refresh",
+        exact_units=True,
     )
-    await stats_store.publish(session, base_url, headers, new_info, stats, store)
+    await stats_store.publish(session, base_url, headers, new_info, total.stats, store, total.units)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
 
 
@@ -415,6 +426,8 @@ def snapshot_info(
     exact: bool,
     seconds: float,
     method: str,
+    *,
+    exact_units: bool = False,
 ) -> SnapshotInfo:
     """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk)."""
     n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
@@ -432,6 +445,7 @@ def snapshot_info(
         now_iso(),
         round(seconds, 3),
         method,
+        exact_units,
     )
 
 

@@ -5,6 +5,8 @@ deprecates new dot-prefixed names, hidden so `*` patterns and Kibana do not pick
 - `chunk` documents `{snapshot}|{seq}`: up to CHUNK_TERMS terms each, one zlib-compressed base64 blob of
   NUL-separated UTF-8 terms + int64 df + float64 raw entropy, so loading is a few `_mget`s and numpy
   `frombuffer`s, never a JSON array of a million numbers;
+- `exact` documents `{snapshot}|x{seq}`: the same terms' exact entropy sums (integers in 2^-112
+  units), read only by an incremental refresh so that it matches a rebuild bit for bit;
 - a `meta` document `{snapshot}|meta` describing the snapshot (`SnapshotInfo`);
 - a `pointer` document `ptr|{index}|{field}` naming the current snapshot (with its info).
 Publishing writes chunks and meta under a fresh snapshot id and only then flips the pointer (a single
@@ -28,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 import numpy as np
 
-from bmx_rerank.corpus import CorpusStats, terms_array
+from bmx_rerank.corpus import CorpusStats, ExactStats, terms_array
 from bmx_rerank.errors import UpstreamError
 from bmx_rerank.freshness import IndexMarks
 from bmx_rerank.stats_errors import StatisticsError, corrupt_snapshot
@@ -78,6 +80,7 @@ class SnapshotInfo:
     built_at: str  # ISO 8601, UTC
     build_seconds: float
     method: str  # "build" or "refresh"
+    exact_units: bool = False  # exact entropy sums stored beside the floats (`exact` documents)
 
     @property
     def key(self) -> str:
@@ -91,7 +94,7 @@ class SnapshotInfo:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SnapshotInfo:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "marks"}
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "marks" and k in data}
         return cls(**fields, marks=IndexMarks.from_json(data["marks"]))
 
 
@@ -158,6 +161,37 @@ def decode_chunks(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> Co
     return stats
 
 
+def encode_units(units: Sequence[int], per_chunk: int) -> list[dict[str, Any]]:
+    """Exact entropy sums (non-negative integers of any size) as fixed-width little-endian chunks."""
+    chunks = []
+    for seq, start in enumerate(range(0, max(len(units), 1), per_chunk)):
+        part = units[start : start + per_chunk]
+        width = max(1, -(-max((u.bit_length() for u in part), default=1) // 8))
+        raw = b"".join(u.to_bytes(width, "little") for u in part)
+        chunks.append(
+            {
+                "seq": seq,
+                "n": len(part),
+                "width": width,
+                "blob": base64.b64encode(zlib.compress(raw, 1)).decode(),
+            }
+        )
+    return chunks
+
+
+def decode_units(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> list[int]:
+    if len(chunks) != info.n_chunks:
+        raise corrupt_snapshot(info.snapshot, f"{len(chunks)} of {info.n_chunks} exact chunks found")
+    units: list[int] = []
+    for chunk in sorted(chunks, key=lambda c: c["seq"]):
+        raw = zlib.decompress(base64.b64decode(chunk["blob"]))
+        w = chunk["width"]
+        units.extend(int.from_bytes(raw[i : i + w], "little") for i in range(0, chunk["n"] * w, w))
+    if len(units) != info.vocabulary_size:
+        raise corrupt_snapshot(info.snapshot, f"{len(units)} exact sums, meta says {info.vocabulary_size}")
+    return units
+
+
 # --- I/O ------------------------------------------------------------------------------------------
 
 
@@ -180,10 +214,17 @@ async def publish(
     info: SnapshotInfo,
     stats: CorpusStats,
     store: str = DEFAULT_STORE,
+    units: Sequence[int] | None = None,
 ) -> None:
-    """Write a snapshot, then flip its pointer: readers see the old snapshot or the new, never a mix."""
+    """Write a snapshot, then flip its pointer: readers see the old snapshot or the new, never a mix.
+
+    `units` (the exact entropy sums, see `corpus.ExactStats`) go to separate `exact` documents that
+    only an incremental refresh reads; `info.exact_units` must say whether they are given."""
     await ensure_store(session, base_url, headers, store)
-    chunks = encode_chunks(stats, max(1, -(-stats.vocabulary_size // info.n_chunks)))
+    if info.exact_units != (units is not None):
+        raise ValueError("info.exact_units must match whether units are given")
+    per_chunk = max(1, -(-stats.vocabulary_size // info.n_chunks))
+    chunks = encode_chunks(stats, per_chunk)
     if len(chunks) != info.n_chunks:
         raise ValueError(f"{info.n_chunks} chunks cannot hold {stats.vocabulary_size} terms evenly")
     created = now_iso()
@@ -202,6 +243,15 @@ async def publish(
         )
         for c in chunks
     ]
+    for c in encode_units(units, per_chunk) if units is not None else []:
+        doc = {
+            "kind": "exact",
+            "key": info.key,
+            "snapshot": info.snapshot,
+            "seq": c["seq"],
+            "created_at": created,
+        }
+        ops.append(("index", f"{info.snapshot}|x{c['seq']}", {**doc, "data": c}))
     ops.append(
         (
             "index",
@@ -264,15 +314,46 @@ async def load(
     batch: int = 8,
 ) -> CorpusStats:
     """The statistics of a snapshot: its chunks fetched by id a few at a time, decoded with numpy."""
-    ids = [f"{info.snapshot}|{i}" for i in range(info.n_chunks)]
+    chunks = await _fetch_data(
+        session, base_url, headers, store, [f"{info.snapshot}|{i}" for i in range(info.n_chunks)], batch
+    )
+    return decode_chunks(info, chunks)
 
-    async def fetch(part: list[str]) -> list[dict[str, Any]]:
+
+async def load_exact(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    info: SnapshotInfo,
+    store: str = DEFAULT_STORE,
+) -> ExactStats | None:
+    """Statistics with their exact entropy sums, or None for a snapshot stored without them."""
+    if not info.exact_units:
+        return None
+    stats, chunks = await asyncio.gather(
+        load(session, base_url, headers, info, store),
+        _fetch_data(
+            session, base_url, headers, store, [f"{info.snapshot}|x{i}" for i in range(info.n_chunks)], 8
+        ),
+    )
+    return ExactStats(stats, decode_units(info, chunks))
+
+
+async def _fetch_data(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    store: str,
+    ids: Sequence[str],
+    batch: int,
+) -> list[dict[str, Any]]:
+    async def fetch(part: Sequence[str]) -> list[dict[str, Any]]:
         url = f"{base_url}/{quote(store)}/_mget?_source=data"
-        answer = await request_json(session, "POST", url, {"ids": part}, headers)
+        answer = await request_json(session, "POST", url, {"ids": list(part)}, headers)
         return [d["_source"]["data"] for d in answer["docs"] if d.get("found")]
 
     parts = await asyncio.gather(*(fetch(ids[i : i + batch]) for i in range(0, len(ids), batch)))
-    return decode_chunks(info, [c for p in parts for c in p])
+    return [c for p in parts for c in p]
 
 
 async def _bulk(

@@ -52,6 +52,7 @@ class SweepResult:
     live_docs: int  # live documents swept, including those without a token in the field
     exact_marks: bool  # no write landed during the sweep: `marks` describe exactly what was counted
     seconds: float
+    units: list[int]  # exact entropy sums behind stats.entropy (corpus.ExactStats)
 
 
 async def resolve_text_field(
@@ -266,8 +267,14 @@ async def sweep_index(
     after = (await index_marks(session, base_url, index, headers)).get(index)
     exact = before.settled and after is not None and same_state(before, after)
     live = totals[0] if totals else acc.n_seen
+    result = acc.finish_exact()
     return SweepResult(
-        acc.finish(), before, live, exact and live == acc.n_seen, time.perf_counter() - started
+        result.stats,
+        before,
+        live,
+        exact and live == acc.n_seen,
+        time.perf_counter() - started,
+        result.units,
     )
 
 

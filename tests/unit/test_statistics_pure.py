@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bmx_rerank import estimate
-from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.freshness import (
     IndexMarks,
     ShardMark,
@@ -21,7 +21,7 @@ from bmx_rerank.freshness import (
 from bmx_rerank.scoring import entropy_contribution
 from bmx_rerank.statistics import judge
 from bmx_rerank.stats_errors import StatisticsError
-from bmx_rerank.stats_store import SnapshotInfo, decode_chunks, encode_chunks
+from bmx_rerank.stats_store import SnapshotInfo, decode_chunks, decode_units, encode_chunks, encode_units
 
 term_st = st.text(
     st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
@@ -167,3 +167,22 @@ def test_estimators_are_exact_when_every_holder_uses_the_term_once():
     for fn in estimate.ESTIMATORS.values():
         np.testing.assert_allclose(fn(df, df), want, rtol=1e-12)
     assert estimate.entropy_even(np.array([0]), np.array([0]))[0] == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=docs_st, b=docs_st, per_chunk=st.integers(1, 7))
+def test_exact_sums_round_trip_and_make_additions_bit_identical_to_a_rebuild(a, b, per_chunk):
+    left, right = _exact(a), _exact(b)
+    union = _exact(a + b)
+    total = left + right
+    assert total.stats.same_as(union.stats) and total.units == union.units
+    chunks = encode_units(union.units, per_chunk)
+    info = SnapshotInfo(**{**info_for(union.stats, len(chunks)).__dict__, "exact_units": True})
+    assert decode_units(info, list(reversed(chunks))) == union.units
+
+
+def _exact(docs):
+    acc = EntropyAccumulator()
+    for doc in docs:
+        acc.add(doc)
+    return acc.finish_exact()
