@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -357,7 +357,7 @@ async def _try_incremental(
         return None
     acc = EntropyAccumulator()
 
-    async def pages():  # type: ignore[no-untyped-def]
+    async def pages() -> AsyncIterator[list[DocRef]]:
         for r in refs.values():
             yield r
 
