@@ -789,7 +789,10 @@ async def estimate_terms(
         df[term] = int(ans["hits"]["total"]["value"])
     ratio: dict[str, float] = {}
     body_tv = {
+        # The terms are already analyzed: split them on whitespace only, so a stemming analyzer
+        # cannot turn them into other terms before their statistics are looked up.
         "doc": {field: " ".join(terms)},
+        "per_field_analyzer": {field: "whitespace"},
         "fields": [field],
         "term_statistics": True,
         "field_statistics": False,
