@@ -13,19 +13,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-engine_url() {  # KIND -> URL on the last line of `engine start`, remembering to stop it afterwards
-  local kind=$1
-  bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$kind")
-  bmx-rerank engine start "$kind" | tail -n 1
-}
-if [ -z "${BMX_TEST_ELASTICSEARCH_URL:-}" ]; then
-  BMX_TEST_ELASTICSEARCH_URL=$(engine_url elasticsearch)
-  export BMX_TEST_ELASTICSEARCH_URL
-fi
-if [ -z "${BMX_TEST_OPENSEARCH_URL:-}" ]; then
-  BMX_TEST_OPENSEARCH_URL=$(engine_url opensearch)
-  export BMX_TEST_OPENSEARCH_URL
-fi
+for kind in elasticsearch opensearch; do
+  var=BMX_TEST_$(echo "$kind" | tr a-z A-Z)_URL
+  if [ -z "${!var:-}" ]; then
+    # Remember what this run starts (not an engine that was already up), then start it.
+    bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$kind")
+    url=$(bmx-rerank engine start "$kind" | tail -n 1)
+    export "$var=$url"
+  fi
+done
 echo "Elasticsearch: $BMX_TEST_ELASTICSEARCH_URL  OpenSearch: $BMX_TEST_OPENSEARCH_URL"
 
 export BMX_REQUIRE_ENGINES=1  # a missing engine fails the integration tests instead of skipping them
