@@ -29,6 +29,7 @@ from bmx_rerank.errors import SearchError, UpstreamError, bad_request, timed_out
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
+from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
@@ -484,7 +485,10 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
             orjson.dumps(h) + b"\n" + orjson.dumps(p.body or {}) + b"\n"
             for h, (_, p) in zip(lines[0::2], plans, strict=True)
         )
-        url = URL(state["base"] + request.path, encoded=False).with_query(dict(request.query))
+        # As for a single search: the window needs what a filter_path may drop; it applies at the end.
+        query = dict(request.query)
+        fpath = query.pop("filter_path", None) if sides else None
+        url = URL(state["base"] + request.path, encoded=False).with_query(query)
         status, headers, payload = await _call(request, url, out, "msearch")
         data = _loads(payload) if status < 300 else _Unparsable
         if status >= 300 or not isinstance(data, dict) or not isinstance(data.get("responses"), list):
@@ -501,7 +505,7 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         for side in sides.values():
             side.cancel()
         raise
-    return _json_answer(status, headers, data, {MARKER_HEADER: "msearch"})
+    return _json_answer(status, headers, filter_path.apply(data, fpath), {MARKER_HEADER: "msearch"})
 
 
 async def _msearch_item(reranker: Reranker, side: SideCalls, item: Any, fwd: Mapping[str, str]) -> Any:

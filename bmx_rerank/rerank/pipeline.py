@@ -17,6 +17,7 @@ import aiohttp
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
+from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
@@ -99,7 +100,7 @@ class Reranker:
         try:
             body = await self._rerank(side, response, headers)
             self.metrics.reranks.labels("reranked").inc()
-            return Outcome(body, plan.spec.mode)
+            return Outcome(filter_path.apply(body, plan.filter_path), plan.spec.mode)
         except asyncio.CancelledError:
             side.cancel()
             raise
@@ -120,7 +121,7 @@ class Reranker:
                 **plan.spec.marker(),
                 "error": {"type": kind, "reason": reason},
             }
-            return Outcome(fallback(response, plan, marker), "fallback")
+            return Outcome(filter_path.apply(fallback(response, plan, marker), plan.filter_path), "fallback")
 
     async def _rerank(self, side: SideCalls, response: Mapping[str, Any], headers: Mapping[str, str]) -> dict:
         plan = side.plan

@@ -33,6 +33,7 @@ class Plan:
     size: int = DEFAULT_SIZE
     wants_seq_no: bool = False
     skipped: str | None = None
+    filter_path: str | None = None  # the client's, applied to the reranked answer (see filter_path)
 
 
 def plan_search(
@@ -80,6 +81,9 @@ def plan_search(
     first = dict(source)
     params_out.pop("from", None)
     params_out.pop("size", None)
+    # The window needs _index, _id, _score and _seq_no, which a filter_path may drop: it is applied to
+    # the answer instead, after the rerank.
+    filter_path = params_out.pop("filter_path", None)
     if query is None:
         query = match_clause(spec.field, text)
     first["query"] = widen(query, spec.field, spec.augment.queries) if spec.widen else query
@@ -87,7 +91,7 @@ def plan_search(
     first["size"] = spec.window_size
     wants_seq_no = bool(source.get("seq_no_primary_term")) or _truthy(params.get("seq_no_primary_term"))
     first["seq_no_primary_term"] = True
-    return Plan(first, params_out, spec, text, from_, size, wants_seq_no)
+    return Plan(first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path)
 
 
 def _pop_ext_bmx(body: dict[str, Any] | None) -> Any:

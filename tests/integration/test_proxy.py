@@ -206,6 +206,41 @@ def test_msearch_through_the_proxy(small):
     assert all(int(h["_id"]) % 2 == 1 for h in second["hits"]["hits"])
 
 
+def test_filter_path_applies_to_the_reranked_answer(small):
+    """The window needs _index/_score/_seq_no, which `filter_path=hits.hits._id` drops: the proxy leaves
+    filter_path out of the first stage and filters its own answer as the cluster would."""
+    engine, index, proxy, _ = small
+    client = _via(engine, proxy)
+    ext = {"field": "body", "query": "t0 t3", "window_size": 30}
+    full = client.ok("POST", f"/{index}/_search", {"size": 5, "ext": {"bmx": ext}})
+    resp = client.call(
+        "POST", f"/{index}/_search", {"size": 5, "ext": {"bmx": ext}}, {"filter_path": "hits.hits._id,took"}
+    )
+    assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "bmx"
+    assert set(resp.body) == {"hits", "took"} and set(resp.body["hits"]) == {"hits"}
+    assert resp.body["hits"]["hits"] == [{"_id": h["_id"]} for h in full["hits"]["hits"]]
+    excluded = client.ok(
+        "POST", f"/{index}/_search", {"size": 5, "ext": {"bmx": ext}}, {"filter_path": "-hits.hits._source"}
+    )
+    assert [h["_score"] for h in excluded["hits"]["hits"]] == [h["_score"] for h in full["hits"]["hits"]]
+    assert all("_source" not in h for h in excluded["hits"]["hits"]) and excluded["_bmx"]["reranked"]
+    lines = [{"index": index}, {"size": 2, "ext": {"bmx": ext}}, {"index": index}, {"size": 1}]
+    ndjson = "".join(json.dumps(x) + "\n" for x in lines)
+    answer = client.ok("POST", "/_msearch", ndjson, {"filter_path": "responses.hits.hits._id"})
+    assert answer == {
+        "responses": [
+            {"hits": {"hits": [{"_id": h["_id"]} for h in full["hits"]["hits"][:2]]}},
+            {
+                "hits": {
+                    "hits": [
+                        {"_id": engine.ok("POST", f"/{index}/_search", {"size": 1})["hits"]["hits"][0]["_id"]}
+                    ]
+                }
+            },
+        ]
+    }
+
+
 def test_policy_drop_in_needs_no_client_change(small):
     engine, index, proxy, _ = small
     body = {"query": {"match": {"body": "t1 t1 t7"}}, "size": 5}
