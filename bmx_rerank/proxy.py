@@ -336,7 +336,7 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
         return await _forward(request, raw or None)
     policy = match_policy(config.policies, index) if index else None
     params = {k: v for k, v in request.query.items()}
-    plan = plan_search(body, params, policy, widen_default=config.widen)
+    plan = plan_search(body, params, policy, widen_default=config.widen, skip=_unreadable_format(request))
     if plan.spec is None:
         if plan.body == body:
             return await _forward(request, raw or None)
@@ -345,6 +345,18 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
     return await _rerank_one(request, index, plan)
+
+
+def _unreadable_format(request: web.Request) -> str | None:
+    """ "format" when the client asked for an answer the proxy cannot rerank (YAML, CBOR, Smile, via
+    `format` or `Accept`): it would get the raw window otherwise. Such a search passes through."""
+    fmt = request.query.get("format")
+    if fmt is not None and fmt.lower() != "json":
+        return "format"
+    accept = request.headers.get("Accept", "").lower()
+    if accept and "json" not in accept and "*/*" not in accept:
+        return "format"
+    return None
 
 
 def _json_headers(request: web.Request) -> CIMultiDict[str]:
@@ -466,10 +478,11 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
     if lines is None or len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await _forward(request, raw or None)
     plans: list[tuple[str | None, Plan]] = []
+    skip = _unreadable_format(request)
     for header, body in zip(lines[0::2], lines[1::2], strict=True):
         item_index = _item_index(header, index)
         policy = match_policy(config.policies, item_index) if item_index else None
-        plan = plan_search(body, {}, policy, widen_default=config.widen)
+        plan = plan_search(body, {}, policy, widen_default=config.widen, skip=skip)
         if plan.spec is not None and item_index is None:
             raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
         plans.append((item_index, plan))

@@ -42,8 +42,10 @@ def plan_search(
     policy: RerankSpec | None = None,
     *,
     widen_default: bool = True,
+    skip: str | None = None,
 ) -> Plan:
-    """Decide how to serve a search. `policy` is the server-side spec for this index, if any."""
+    """Decide how to serve a search. `policy` is the server-side spec for this index, if any; `skip`, a
+    reason the caller already knows not to rerank (`ext.bmx` is still validated and removed)."""
     body_out = copy.deepcopy(dict(body)) if body is not None else None
     params_out = dict(params)
     raw = _pop_ext_bmx(body_out)
@@ -52,7 +54,7 @@ def plan_search(
     spec = parse_spec(raw, widen_default=widen_default) if raw is not None else policy
     assert spec is not None
     source = body_out or {}
-    skipped = _unpageable(source, params)
+    skipped = skip or _unpageable(source, params)
     if skipped:
         return Plan(body_out, params_out, skipped=skipped if raw is not None else None)
     query = source.get("query")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.request
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -239,6 +240,20 @@ def test_filter_path_applies_to_the_reranked_answer(small):
             },
         ]
     }
+
+
+def test_yaml_answer_is_not_reranked_nor_widened(small):
+    engine, index, proxy, _ = small
+    body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 30}}}
+    request = urllib.request.Request(
+        f"{proxy.url}/{index}/_search?format=yaml",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
+        text = resp.read().decode()
+    assert text.startswith("---") and text.count("_id:") == 2, "the client's page, not the window"
 
 
 def test_policy_drop_in_needs_no_client_change(small):

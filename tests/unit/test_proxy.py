@@ -388,6 +388,21 @@ async def test_sort_passes_through_unreranked(proxy, client):
     assert fake.searches[-1] == {"sort": ["n"], "size": 2}
 
 
+async def test_non_json_answers_pass_through_unreranked(proxy, client):
+    """YAML/CBOR/Smile answers cannot be reranked: without the skip the client got the raw window."""
+    fake, url = proxy
+    search = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}}
+    for kw in ({"headers": {"Accept": "application/yaml"}}, {"params": {"format": "yaml"}}):
+        async with client.post(f"{url}/docs/_search", json=search, **kw) as resp:
+            assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
+        assert fake.searches[-1] == {"size": 2}
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in ({}, search))
+    headers = {"Content-Type": "application/x-ndjson", "Accept": "application/cbor"}
+    async with client.post(f"{url}/docs/_msearch", data=data, headers=headers) as resp:
+        assert resp.status == 200
+    assert fake.searches[-1] == {"size": 2}
+
+
 async def test_policy_drop_in(proxy, client):
     fake, url = proxy
     status, headers, body = await post(
