@@ -30,6 +30,7 @@ log = logging.getLogger("bmx_rerank.proxy")
 
 ON_ERROR = ("fallback", "fail")
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
+ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
 
 
 @dataclass
@@ -173,8 +174,13 @@ class Reranker:
         return list(await asyncio.gather(*(self._analyze(index, field, t, headers, analyzer) for t in texts)))
 
     async def _search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
-        """The field's search analyzer, if its mapping sets one (and the caller may read the mapping);
-        remembered for ANALYZER_TTL seconds."""
+        """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
+
+        A mapping read is remembered for ANALYZER_TTL seconds and shared by every caller: it is the
+        index's, not the caller's, and who may search the index learns nothing else from it (each caller
+        still runs `_analyze` and the search with its own credentials). A failed read is not
+        remembered: one caller without view_index_metadata (or a missing index) must not decide the
+        analyzer of the others, nor fill the memory with names of indices that do not exist."""
         key = (index, field)
         cached = self._analyzers.get(key)
         if cached is not None and cached[0] > time.monotonic():
@@ -188,8 +194,11 @@ class Reranker:
             # with the field then, which is exact unless the mapping sets a search_analyzer.
             if exc.status not in (400, 401, 403, 404, 405):
                 raise
-            name = None
+            return None
+        self._analyzers.pop(key, None)
         self._analyzers[key] = (time.monotonic() + ANALYZER_TTL, name)
+        while len(self._analyzers) > ANALYZER_CACHE:
+            del self._analyzers[next(iter(self._analyzers))]
         return name
 
     async def _analyze(

@@ -42,6 +42,8 @@ class FakeCluster:
         self.requests: list[tuple[str, str, dict, bytes]] = []
         self.fail_termvectors = False
         self.analyze_calls = 0
+        self.analyzers: list[str | None] = []  # the `analyzer` of each _analyze call
+        self.search_analyzer: str | None = None  # what the mapping of every index says
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -53,6 +55,7 @@ class FakeCluster:
         app.router.add_route("*", "/echo/{tail:.*}", self.echo)
         app.router.add_post("/_mtermvectors", self.termvectors)
         app.router.add_route("*", "/{index}/_analyze", self.analyze)
+        app.router.add_get("/{index}/_mapping/field/{field}", self.mapping)
         app.router.add_route("*", "/{index}/_search", self.search)
         app.router.add_route("*", "/{index}/_msearch", self.msearch)
         return app
@@ -99,9 +102,18 @@ class FakeCluster:
             status=status, body=raw or b"{}", headers=headers, content_type="application/json"
         )
 
+    async def mapping(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") == "Basic no-metadata":
+            return web.json_response({"error": {"type": "security_exception"}, "status": 403}, status=403)
+        index, name = request.match_info["index"], request.match_info["field"]
+        leaf = {"type": "text", **({"search_analyzer": self.search_analyzer} if self.search_analyzer else {})}
+        mapping = {name: {"full_name": name, "mapping": {name: leaf}}}
+        return web.json_response({index: {"mappings": mapping}})
+
     async def analyze(self, request: web.Request) -> web.Response:
         self.analyze_calls += 1
         body = await request.json()
+        self.analyzers.append(body.get("analyzer"))
         tokens = [{"token": t.lower()} for t in body["text"].split()]
         return web.json_response({"tokens": tokens})
 
@@ -522,6 +534,16 @@ async def test_analysis_happens_once_per_query_text(proxy, client):
     assert fake.analyze_calls == 3
     assert "bool" in fake.searches[-1]["query"], "augmented queries widen the first stage"
     assert body["_bmx"]["wqa_mode"] == "merged"
+
+
+async def test_a_caller_without_mapping_rights_does_not_decide_the_analyzer_of_others(proxy, client):
+    fake, url = proxy
+    fake.search_analyzer = "synonyms"
+    search = {"size": 1, "ext": {"bmx": {"field": "body", "query": "t3", "window_size": 5}}}
+    await post(client, f"{url}/docs/_search", search, headers={"Authorization": "Basic no-metadata"})
+    assert fake.analyzers[-1] is None, "no mapping to read: the field's analyzer"
+    await post(client, f"{url}/docs/_search", search, headers={"Authorization": "Basic reader"})
+    assert fake.analyzers[-1] == "synonyms", "the mapping's search_analyzer, not a remembered failure"
 
 
 # ---- failures ----
