@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -131,14 +132,17 @@ async def scan_ids(
 ) -> AsyncIterator[list[DocRef]]:
     """Every live document of `index` in pages, from one consistent reader (PIT, else scroll).
 
-    Appends the reader's total hit count to `totals` when the first page arrives."""
+    Appends the reader's total hit count to `totals` when the first page arrives. Close it
+    (`contextlib.aclosing`) when not read to the end: that closes the PIT or scroll at once, while the
+    session still works, instead of whenever the generator is collected."""
     pit = await _open_pit(session, base_url, index, headers)
     if pit is not None:
         gen = _scan_pit(session, base_url, pit, headers, page_size, totals)
     else:
         gen = _scan_scroll(session, base_url, index, headers, page_size, totals)
-    async for page in gen:
-        yield page
+    async with aclosing(gen):
+        async for page in gen:
+            yield page
 
 
 async def term_vectors(
@@ -247,23 +251,27 @@ async def sweep_index(
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         counted = False
-        async for page in scan_ids(session, base_url, index, headers, batch_size * concurrency, totals):
-            if progress is not None and totals and not counted:  # several indices share one bar
-                progress.total = (progress.total or 0) + totals[0]
-                counted = True
-            yield page
+        async with aclosing(
+            scan_ids(session, base_url, index, headers, batch_size * concurrency, totals)
+        ) as ids:
+            async for page in ids:
+                if progress is not None and totals and not counted:  # several indices share one bar
+                    progress.total = (progress.total or 0) + totals[0]
+                    counted = True
+                yield page
 
-    await fold_pages(
-        session,
-        base_url,
-        pages(),
-        field,
-        headers,
-        acc,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=progress,
-    )
+    async with aclosing(pages()) as paged:  # a failed sweep closes its PIT or scroll right away
+        await fold_pages(
+            session,
+            base_url,
+            paged,
+            field,
+            headers,
+            acc,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            progress=progress,
+        )
     after = (await index_marks(session, base_url, index, headers)).get(index)
     exact = before.settled and after is not None and same_state(before, after)
     live = totals[0] if totals else acc.n_seen
@@ -305,8 +313,10 @@ async def _open_pit(
     pit = ("os", answer["pit_id"])
     try:  # OpenSearch versions differ in whether a PIT can sort on _shard_doc
         await request_json(session, "POST", f"{base_url}/_search", _pit_body(pit[1], 1, None), headers)
-    except UpstreamError:
+    except SearchError as exc:
         await _close_pit(session, base_url, pit, headers)
+        if not isinstance(exc, UpstreamError):
+            raise  # the cluster went away: not a reason to fall back to a scroll
         return None
     return pit
 

@@ -246,12 +246,19 @@ def test_failed_build_keeps_the_last_good_snapshot(
         def update(self, n: float = 1) -> None:
             raise SearchError(502, "bmx_upstream_unreachable_exception", "cluster went away")
 
-    with pytest.raises(SearchError, match="went away"):
-        run(
-            lambda s: statistics.build_snapshots(
-                s, engine.url, small_index, FIELD, {}, store=store, progress=Dies()
+    def open_contexts() -> int:
+        return engine.ok("GET", f"/{small_index}/_stats/search")["_all"]["total"]["search"]["open_contexts"]
+
+    async def fail(session: aiohttp.ClientSession) -> int:
+        with pytest.raises(SearchError, match="went away"):
+            await statistics.build_snapshots(
+                session, engine.url, small_index, FIELD, {}, store=store, progress=Dies(), batch_size=50
             )
-        )
+        return open_contexts()  # no await since the failure: nothing closed it behind our back
+
+    # The sweep failed with pages left to read (50-document pages), and closed its PIT
+    # (Elasticsearch) or scroll (OpenSearch) before giving up.
+    assert run(fail) == 0
     view = run(lambda s: statistics.StatsCache(s, engine.url, store=store).get(small_index, FIELD, {}))
     assert view.built_at == good.built_at and view.corpus.n_docs == good.n_docs and view.stale is True
 
