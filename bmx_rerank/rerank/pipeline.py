@@ -18,7 +18,7 @@ import aiohttp
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
+from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.rescore import rescore
@@ -217,7 +217,8 @@ class Reranker:
         self, hits: Sequence[Mapping[str, Any]], field: str, headers: Mapping[str, str]
     ) -> list[DocTerms]:
         refs = doc_refs(hits)
-        keys = [cache_key(h, field) for h in hits]
+        who = caller(headers)
+        keys = [cache_key(h, field, who) for h in hits]
         found: list[DocTerms | None] = [self.cache.get(k) for k in keys]
         missing = [i for i, d in enumerate(found) if d is None]
         self.metrics.cache.labels("hit").inc(len(hits) - len(missing))

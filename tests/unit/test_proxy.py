@@ -124,7 +124,8 @@ class FakeCluster:
             if self.fail_termvectors:
                 docs.append({"_index": spec["_index"], "_id": spec["_id"], "error": {"reason": "boom"}})
                 continue
-            counts = Counter(DOCS[spec["_id"]].split())
+            hidden = request.headers.get("Authorization") == "Basic fls"  # field-level security
+            counts = Counter([] if hidden else DOCS[spec["_id"]].split())
             terms = {t: {"term_freq": c} for t, c in counts.items()}
             docs.append({"_id": spec["_id"], "found": True, "term_vectors": {"body": {"terms": terms}}})
         return web.json_response({"docs": docs})
@@ -465,6 +466,16 @@ async def test_termvector_cache_hits_second_time(proxy, client):
     assert (
         "bmx_rerank_seconds_bucket" in text and 'bmx_upstream_seconds_count{call="termvectors"} 1.0' in text
     )
+
+
+async def test_termvector_cache_is_not_shared_across_credentials(proxy, client):
+    """With field-level security the same document version has other term vectors for another user."""
+    _, url = proxy
+    search = {"ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}, "size": 5}
+    _, _, full = await post(client, f"{url}/docs/_search", search, headers={"Authorization": "Basic all"})
+    assert max(h["_score"] for h in full["hits"]["hits"]) > 0
+    _, _, hidden = await post(client, f"{url}/docs/_search", search, headers={"Authorization": "Basic fls"})
+    assert [h["_score"] for h in hidden["hits"]["hits"]] == [0.0] * 5, "its own (empty) term vectors"
 
 
 async def test_rerank_error_fallback_and_fail(cluster, client):

@@ -9,7 +9,7 @@ import pytest
 
 from bmx_rerank import scoring
 from bmx_rerank.corpus import CorpusStats
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, candidate_features, doc_refs
+from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, candidate_features, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.rescore import rescore
@@ -147,17 +147,20 @@ def test_candidates_and_cache():
         {"_index": "i", "_id": 7},
     ]
     assert doc_refs(hits) == [DocRef("i", "a", "r"), DocRef("i", "7", None)]
-    assert cache_key(hits[0], "f") == ("i", "a", 4, 2, "f")
-    assert cache_key(hits[1], "f") is None
+    assert cache_key(hits[0], "f", "u") == ("u", "i", "a", 4, 2, "f")
+    assert cache_key(hits[1], "f", "u") is None
+    alice = caller({"Authorization": "Basic YWxpY2U=", "X-Opaque-Id": "1"})
+    assert alice == caller({"authorization": "Basic YWxpY2U=", "X-Opaque-Id": "2"}), "tracing is not identity"
+    assert alice != caller({"Authorization": "Basic Ym9i"}) and "YWxpY2U" not in alice
     with pytest.raises(ValueError):
         doc_refs([{"_score": 1}])
     cache = TermVectorCache(capacity=2)
     for n in range(3):
-        cache.put(("i", str(n), 1, 1, "f"), terms("a"))
-    assert len(cache) == 2 and cache.get(("i", "0", 1, 1, "f")) is None
-    assert cache.get(("i", "2", 1, 1, "f")) == terms("a")
+        cache.put(("u", "i", str(n), 1, 1, "f"), terms("a"))
+    assert len(cache) == 2 and cache.get(("u", "i", "0", 1, 1, "f")) is None
+    assert cache.get(("u", "i", "2", 1, 1, "f")) == terms("a")
     cache.put(None, terms("a"))
-    cache.put(("i", "x", 1, 1, "f"), DocTerms(DocRef("i", "x"), False))
-    assert cache.get(("i", "x", 1, 1, "f")) is None, "missing documents are not cached"
+    cache.put(("u", "i", "x", 1, 1, "f"), DocTerms(DocRef("i", "x"), False))
+    assert cache.get(("u", "i", "x", 1, 1, "f")) is None, "missing documents are not cached"
     feats = candidate_features([terms("b")], ["t3", "t9"])
     assert feats.tf.tolist() == [[2.0, 0.0]] and feats.length.tolist() == [5.0]
