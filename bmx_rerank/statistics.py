@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 import numpy as np
+import orjson
 
 from bmx_rerank import estimate, stats_store
 from bmx_rerank.corpus import CorpusStats, EntropyAccumulator, terms_array
@@ -766,19 +767,14 @@ async def estimate_terms(
 ) -> dict[str, tuple[int, float]]:
     """Per term: exact live df over all shards (`_msearch` of term counts) and an estimated ttf = df times
     the mean tf one shard's term statistics give (the artificial-document `_termvectors` trick)."""
-    import orjson
-
     lines = []
     for term in terms:
         lines.append(orjson.dumps({"index": index_expr}))
         lines.append(orjson.dumps({"size": 0, "track_total_hits": True, "query": {"term": {field: term}}}))
-    payload = b"\n".join(lines) + b"\n"
-    hdrs = {**headers, "Content-Type": "application/x-ndjson"}
-    async with session.post(f"{base_url}/_msearch", data=payload, headers=hdrs) as resp:
-        body = await resp.read()
-        if resp.status >= 400:
-            raise UpstreamError(resp.status, "bmx_estimate_exception", body[:300].decode("utf-8", "replace"))
-    answers = orjson.loads(body)["responses"]
+    answer = await stats_store.post_ndjson(
+        session, f"{base_url}/_msearch", lines, headers, "bmx_estimate_exception"
+    )
+    answers = answer["responses"]
     df = {}
     for term, ans in zip(terms, answers, strict=True):
         if "error" in ans:

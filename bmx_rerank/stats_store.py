@@ -29,9 +29,11 @@ from urllib.parse import quote
 
 import aiohttp
 import numpy as np
+import orjson
+from yarl import URL
 
 from bmx_rerank.corpus import CorpusStats, ExactStats, terms_array
-from bmx_rerank.errors import UpstreamError
+from bmx_rerank.errors import UpstreamError, timed_out, unreachable
 from bmx_rerank.freshness import IndexMarks
 from bmx_rerank.stats_errors import StatisticsError, corrupt_snapshot
 from bmx_rerank.upstream import request_json
@@ -367,8 +369,6 @@ async def _bulk(
 ) -> None:
     """Index or delete documents of the store in bulk requests of at most `max_bytes`; any item error
     fails the whole write (the caller has not flipped a pointer yet, so nothing half-done is visible)."""
-    import orjson
-
     lines: list[bytes] = []
     size = 0
 
@@ -376,16 +376,8 @@ async def _bulk(
         nonlocal lines, size
         if not lines:
             return
-        payload = b"\n".join(lines) + b"\n"
-        hdrs = {**headers, "Content-Type": "application/x-ndjson"}
         url = f"{base_url}/{quote(store)}/_bulk" + ("?refresh=true" if refresh else "")
-        async with session.post(url, data=payload, headers=hdrs) as resp:
-            body = await resp.read()
-            if resp.status >= 400:
-                raise UpstreamError(
-                    resp.status, "bmx_store_write_exception", body[:300].decode("utf-8", "replace")
-                )
-            answer = orjson.loads(body)
+        answer = await post_ndjson(session, url, lines, headers, "bmx_store_write_exception")
         if answer.get("errors"):
             first = next(i for i in answer["items"] if "error" in next(iter(i.values())))
             err = next(iter(first.values()))["error"]
@@ -401,6 +393,31 @@ async def _bulk(
         lines += [action, body] if source is not None else [action]
         size += len(action) + len(body)
     await flush()
+
+
+async def post_ndjson(
+    session: aiohttp.ClientSession,
+    url: str,
+    lines: Sequence[bytes],
+    headers: Mapping[str, str],
+    error_type: str,
+) -> Any:
+    """POST NDJSON lines (`_bulk`, `_msearch`) and parse the JSON answer. Errors are `SearchError`s as
+    from `upstream.request_json`: the cluster's error answer as `UpstreamError(error_type)`, an
+    unreachable cluster a 502, never a bare aiohttp exception."""
+    payload = b"\n".join(lines) + b"\n"
+    hdrs = {**headers, "Content-Type": "application/x-ndjson", "Accept-Encoding": "identity"}
+    path = URL(url).path
+    try:
+        async with session.post(url, data=payload, headers=hdrs) as resp:
+            body = await resp.read()
+            if resp.status >= 400:
+                raise UpstreamError(resp.status, error_type, body[:300].decode("utf-8", "replace"))
+            return orjson.loads(body)
+    except asyncio.TimeoutError as exc:
+        raise timed_out(f"POST {path} timed out") from exc
+    except aiohttp.ClientConnectionError as exc:
+        raise unreachable(f"POST {path} failed: {exc.__class__.__name__}") from exc
 
 
 async def _collect_garbage(

@@ -179,3 +179,18 @@ async def test_an_unreachable_cluster_during_a_check_keeps_the_cached_view():
         with pytest.raises(SearchError) as err:  # nothing cached for this one: the 502 surfaces
             await cache.get("other", "body", {"Authorization": TOKEN})
         assert err.value.status == 502
+
+
+async def test_ndjson_calls_to_an_unreachable_cluster_are_502s_not_aiohttp_errors():
+    """Publishing (`_bulk`) and estimated-mode df (`_msearch`) post NDJSON outside `request_json`."""
+    from bmx_rerank import statistics, stats_store
+
+    dead = "http://127.0.0.1:1"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(SearchError) as bulk:
+            await stats_store._bulk(session, dead, {}, "bmx-stats", [("delete", "x", None)])
+        with pytest.raises(SearchError) as msearch:
+            await statistics.estimate_terms(session, dead, "idx", ["idx"], "body", ["a"], {})
+    for err in (bulk.value, msearch.value):
+        assert (err.status, err.type) == (502, "bmx_upstream_unreachable_exception")
+    assert "/_bulk" in bulk.value.reason and "/_msearch" in msearch.value.reason
