@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gzip
 import json
 import logging
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,7 +256,7 @@ async def _forward(
     _default_auth(hdrs, state["config"])
     target = url or URL(state["base"] + request.raw_path, encoded=True)
     start = time.perf_counter()
-    try:
+    with _upstream_failures(request):
         upstream = await session.request(
             request.method,
             target,
@@ -268,12 +269,6 @@ async def _forward(
                 total=None, sock_connect=state["config"].connect_timeout, sock_read=state["config"].timeout
             ),
         )
-    except asyncio.TimeoutError as exc:
-        raise timed_out(
-            f"{request.method} {request.path} took longer than {state['config'].timeout}s"
-        ) from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
     state["metrics"].upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
     try:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -292,6 +287,19 @@ async def _forward(
         raise ConnectionResetError("upstream broke mid-body") from exc
     finally:
         upstream.release()
+
+
+@contextlib.contextmanager
+def _upstream_failures(request: web.Request) -> Iterator[None]:
+    """A call to the cluster that did not give a usable answer: 504 when slow, else 502 (refused,
+    dropped, or not HTTP at all), in the cluster's error shape. Never the URL: it is the cluster's."""
+    try:
+        yield
+    except asyncio.TimeoutError as exc:
+        timeout = request.app[STATE]["config"].timeout
+        raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
+    except aiohttp.ClientError as exc:
+        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
 
 
 def _default_auth(headers: CIMultiDict[str], config: ProxyConfig) -> None:
@@ -406,24 +414,19 @@ async def _call(
     _default_auth(hdrs, state["config"])
     start = time.perf_counter()
     try:
-        async with session.request(
-            request.method,
-            url,
-            data=body,
-            headers=hdrs,
-            skip_auto_headers=SKIP_AUTO,
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=state["config"].timeout),
-        ) as resp:
-            payload = await resp.read()
-            headers = CIMultiDict(resp.headers)
-            status = resp.status
-    except asyncio.TimeoutError as exc:
-        raise timed_out(
-            f"{request.method} {request.path} took longer than {state['config'].timeout}s"
-        ) from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
+        with _upstream_failures(request):
+            async with session.request(
+                request.method,
+                url,
+                data=body,
+                headers=hdrs,
+                skip_auto_headers=SKIP_AUTO,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=state["config"].timeout),
+            ) as resp:
+                payload = await resp.read()
+                headers = CIMultiDict(resp.headers)
+                status = resp.status
     finally:
         state["metrics"].upstream_seconds.labels(call).observe(time.perf_counter() - start)
     if headers.get("Content-Encoding", "identity").lower() == "gzip":

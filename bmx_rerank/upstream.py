@@ -90,7 +90,7 @@ async def request_json(
             return orjson.loads(payload) if payload else None
     except asyncio.TimeoutError as exc:
         raise timed_out(f"{method} {_path(url)} took longer than {timeout}s") from exc
-    except aiohttp.ClientConnectionError as exc:
+    except aiohttp.ClientError as exc:  # refused, dropped, or an answer that is not HTTP
         raise unreachable(f"{method} {_path(url)} failed: {exc.__class__.__name__}") from exc
 
 

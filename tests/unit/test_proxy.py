@@ -583,6 +583,30 @@ async def test_unreachable_upstream_is_502(client):
         await runner.cleanup()
 
 
+async def test_an_upstream_that_does_not_speak_http_is_502(client):
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    runner, url = await run_proxy(f"http://127.0.0.1:{port}")
+    try:
+        async with client.get(f"{url}/x/_doc/1") as resp:
+            body = await resp.json()
+            assert resp.status == 502 and body["error"]["type"] == "bmx_upstream_unreachable_exception"
+        status, _, body = await post(
+            client, f"{url}/docs/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}}
+        )
+        assert status == 502 and body["error"]["type"] == "bmx_upstream_unreachable_exception"
+    finally:
+        await runner.cleanup()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_slow_upstream_is_504(cluster, client):
     _, upstream = cluster
     runner, url = await run_proxy(upstream, timeout=0.3)
