@@ -80,6 +80,10 @@ def plan_search(
             f"[bmx] from + size [{from_ + size}] must be less than or equal to window_size "
             f"[{spec.window_size}]: the rerank window is paged, like rank_window_size"
         )
+    if size == 0:
+        # Nothing to order (aggregations, counts): fetching and scoring a window would change nothing
+        # but `max_score`, which the cluster leaves null for `size: 0`.
+        return Plan(body_out, params_out, skipped="size" if raw is not None else None)
     first = dict(source)
     params_out.pop("from", None)
     params_out.pop("size", None)

@@ -145,3 +145,12 @@ def test_policy_grows_its_window_to_the_page_instead_of_failing():
     huge = {"query": {"match": {"body": "t1"}}, "size": 20_000}
     plan = plan_search(huge, {}, policy)
     assert plan.spec is None and plan.body == huge, "beyond the largest window: left to the cluster"
+
+
+def test_size_zero_is_not_reranked():
+    body = {"size": 0, "aggs": {"a": {}}, "ext": {"bmx": {"field": "body", "query": "t1"}}}
+    plan = plan_search(body, {})
+    assert plan.spec is None and plan.skipped == "size" and plan.body == {"size": 0, "aggs": {"a": {}}}
+    policy = parse_spec({"field": "body", "window_size": 30})
+    quiet = plan_search({"query": {"match": {"body": "t1"}}}, {"size": "0"}, policy)
+    assert quiet.spec is None and quiet.skipped is None and quiet.params == {"size": "0"}
