@@ -394,7 +394,7 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
         raise
     state["metrics"].rerank_seconds.observe(time.perf_counter() - start)
     marker = outcome.kind if outcome.kind == "fallback" else f"{outcome.kind}"
-    return _json_answer(status, headers, outcome.body, {MARKER_HEADER: marker})
+    return _json_answer(request, status, headers, outcome.body, {MARKER_HEADER: marker})
 
 
 def _with_default_auth(headers: Mapping[str, str], config: ProxyConfig) -> dict[str, str]:
@@ -441,8 +441,13 @@ def _raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web
     return resp
 
 
-def _json_answer(status: int, headers: CIMultiDict[str], body: Any, extra: Mapping[str, str]) -> web.Response:
-    resp = web.Response(status=status, body=orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+def _json_answer(
+    request: web.Request, status: int, headers: CIMultiDict[str], body: Any, extra: Mapping[str, str]
+) -> web.Response:
+    """An answer the proxy built; indented, with a final newline, when the client asked for `pretty`."""
+    pretty = request.query.get("pretty", "false").lower() in ("", "true")
+    option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0)
+    resp = web.Response(status=status, body=orjson.dumps(body, option=option))
     resp.headers.extend(response_headers(headers, drop=("Content-Length", "Content-Encoding")))
     if "Content-Type" not in resp.headers:
         resp.headers["Content-Type"] = "application/json"
@@ -521,7 +526,7 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         for side in sides.values():
             side.cancel()
         raise
-    return _json_answer(status, headers, filter_path.apply(data, fpath), {MARKER_HEADER: "msearch"})
+    return _json_answer(request, status, headers, filter_path.apply(data, fpath), {MARKER_HEADER: "msearch"})
 
 
 async def _msearch_item(reranker: Reranker, side: SideCalls, item: Any, fwd: Mapping[str, str]) -> Any:

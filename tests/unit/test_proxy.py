@@ -355,6 +355,16 @@ async def test_rerank_modes_and_normalization(proxy, client):
         assert got == pytest.approx(want, rel=1e-12)
 
 
+async def test_pretty_is_honoured_on_a_reranked_answer(proxy, client):
+    _, url = proxy
+    search = {"size": 1, "ext": {"bmx": {"field": "body", "query": "t3"}}}
+    async with client.post(f"{url}/docs/_search?pretty", json=search) as resp:
+        text = await resp.text()
+    assert text.startswith('{\n  "') and text.endswith("}\n") and json.loads(text)["_bmx"]["reranked"]
+    async with client.post(f"{url}/docs/_search", json=search) as resp:
+        assert "\n" not in await resp.text()
+
+
 async def test_bad_ext_is_a_400_and_nothing_reaches_the_cluster(proxy, client):
     fake, url = proxy
     before = len(fake.searches)
