@@ -57,10 +57,38 @@ class DocTerms:
         return sum(self.tf.values())
 
 
+# Headers about the client's own body, its encoding, the connection or the host: never repeated on the
+# sidecar's calls, which have bodies and answers of their own.
+NOT_FORWARDED = frozenset(
+    (
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "content-md5",
+        "accept",
+        "accept-encoding",
+        "expect",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    )
+)
+
+
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The caller's headers worth repeating on the sidecar's own calls: credentials and tracing."""
-    keep = ("authorization", "x-opaque-id", "es-security-runas-user", "cookie")
-    return {k: v for k, v in headers.items() if k.lower() in keep}
+    """The caller's headers to repeat on the sidecar's own calls: all but those of `NOT_FORWARDED`.
+
+    Not a list of known credential headers: a cluster may authenticate with any header (OpenSearch's
+    proxy authentication `x-proxy-user`/`x-proxy-roles`, a JWT in a header of its choosing, run-as,
+    cookies), and a sidecar call that lacked one would run with other rights than the caller's."""
+    return {k: v for k, v in headers.items() if k.lower() not in NOT_FORWARDED}
 
 
 async def request_json(

@@ -43,6 +43,7 @@ class FakeCluster:
         self.fail_termvectors = False
         self.analyze_calls = 0
         self.analyzers: list[str | None] = []  # the `analyzer` of each _analyze call
+        self.sidecar_headers: list[dict[str, str]] = []  # of each _analyze and _mtermvectors call
         self.search_analyzer: str | None = None  # what the mapping of every index says
 
     def app(self) -> web.Application:
@@ -112,12 +113,14 @@ class FakeCluster:
 
     async def analyze(self, request: web.Request) -> web.Response:
         self.analyze_calls += 1
+        self.sidecar_headers.append(dict(request.headers))
         body = await request.json()
         self.analyzers.append(body.get("analyzer"))
         tokens = [{"token": t.lower()} for t in body["text"].split()]
         return web.json_response({"tokens": tokens})
 
     async def termvectors(self, request: web.Request) -> web.Response:
+        self.sidecar_headers.append(dict(request.headers))
         body = await request.json()
         docs = []
         for spec in body["docs"]:
@@ -642,6 +645,23 @@ async def test_health_and_upstream_credentials_never_shown(cluster, client):
         async with client.get(f"{url}/echo/a", headers={"Authorization": "Bearer mine"}) as resp:
             assert resp.status == 200
         assert fake.requests[-1][2]["Authorization"] == "Bearer mine", "the client's own credentials win"
+    finally:
+        await runner.cleanup()
+
+
+async def test_sidecar_calls_carry_any_authentication_header_of_the_caller(cluster, client):
+    """OpenSearch proxy authentication sends no Authorization: the sidecar must not use its own then."""
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream.replace("http://", "http://admin:s3cret@"))
+    try:
+        headers = {"X-Proxy-User": "alice", "X-Proxy-Roles": "reader", "Content-Type": "application/json"}
+        search = {"size": 1, "ext": {"bmx": {"field": "body", "query": "t3", "window_size": 5}}}
+        status, response_headers, _ = await post(client, f"{url}/docs/_search", search, headers=headers)
+        assert status == 200 and response_headers["X-BMX-Rerank"] == "bmx"
+        assert len(fake.sidecar_headers) == 2, "one _analyze, one _mtermvectors"
+        for seen in fake.sidecar_headers:
+            assert seen["X-Proxy-User"] == "alice" and seen["X-Proxy-Roles"] == "reader"
+            assert seen["Content-Type"] == "application/json" and "Content-Length" in seen
     finally:
         await runner.cleanup()
 
