@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ def make_app(
     """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
     base, auth = split_upstream(config.upstream)
     config.default_authorization = config.default_authorization or auth
-    app = web.Application(client_max_size=SEARCH_BODY_LIMIT)
+    app = web.Application()
     metrics = Metrics()
     state: dict[str, Any] = {"config": config, "base": base, "metrics": metrics}
     app[STATE] = state
@@ -151,8 +151,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         route = search_route(request.method, request.path)
         if route is not None:
             kind, index = route
-            resp = await (_search(request, index) if kind == "search" else _msearch(request, index))
-            kind = resp.headers.get(MARKER_HEADER, kind) if kind == "search" else kind
+            try:
+                resp = await (_search(request, index) if kind == "search" else _msearch(request, index))
+                kind = resp.headers.get(MARKER_HEADER, kind) if kind == "search" else kind
+            except _TooLarge as big:
+                kind = "passthrough"
+                resp = await _forward(request, big.body(request))
         else:
             resp = await _forward(request, await _stream_body(request))
         status = resp.status
@@ -310,9 +314,32 @@ def _default_auth(headers: CIMultiDict[str], config: ProxyConfig) -> None:
 # ---- search ---------------------------------------------------------------------------------------
 
 
+class _TooLarge(Exception):
+    """A search body past SEARCH_BODY_LIMIT: it goes upstream as it is, streamed, unread."""
+
+    def __init__(self, prefix: bytes) -> None:
+        super().__init__("search body too large to read")
+        self.prefix = prefix
+
+    async def body(self, request: web.Request) -> AsyncIterator[bytes]:
+        yield self.prefix
+        async for chunk in request.content.iter_chunked(CHUNK):
+            yield chunk
+
+
 async def _read_json_body(request: web.Request) -> tuple[bytes, bytes]:
-    """(raw bytes as sent, decoded bytes) of a search body; compressed bodies are inflated to look in."""
-    raw = await request.read()
+    """(raw bytes as sent, decoded bytes) of a search body; compressed bodies are inflated to look in.
+
+    Raises `_TooLarge` past SEARCH_BODY_LIMIT bytes: the cluster decides about such a body, as it would
+    without the proxy (it may well accept a large `_msearch`)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(CHUNK):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > SEARCH_BODY_LIMIT:
+            raise _TooLarge(b"".join(parts))
+    raw = b"".join(parts)
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
     try:
         if encoding == "gzip":

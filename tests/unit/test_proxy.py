@@ -291,6 +291,19 @@ async def test_large_bodies_stream_through_beyond_the_search_body_limit(proxy, c
     assert total == 100 * (1 << 20)
 
 
+async def test_a_search_body_past_the_read_limit_goes_upstream_unread(cluster, client, monkeypatch):
+    fake, upstream = cluster
+    monkeypatch.setattr("bmx_rerank.proxy.SEARCH_BODY_LIMIT", 1000)
+    runner, url = await run_proxy(upstream)
+    try:
+        search = {"size": 2, "pad": "x" * 5000, "ext": {"bmx": {"field": "body", "query": "t0"}}}
+        status, headers, body = await post(client, f"{url}/docs/_search", search)
+        assert status == 200 and "X-BMX-Rerank" not in headers and len(body["hits"]["hits"]) == 2
+        assert fake.searches[-1] == search, "the cluster got the body as sent"
+    finally:
+        await runner.cleanup()
+
+
 async def test_head_root(proxy, client):
     _, url = proxy
     async with client.head(f"{url}/") as resp:
