@@ -143,9 +143,10 @@ async def sweep_all(
     concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
+    allow_empty: bool = False,
 ) -> dict[str, SweepResult]:
     """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
-    error when none of them holds a token in the field."""
+    error when none of them holds a token in the field, unless `allow_empty`."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     out: dict[str, SweepResult] = {}
     for name in indices if only is None else [i for i in indices if i in only]:
@@ -160,7 +161,7 @@ async def sweep_all(
             progress=progress,
         )
         out[name] = result
-    if out and all(r.stats.n_docs == 0 for r in out.values()):
+    if not allow_empty and out and all(r.stats.n_docs == 0 for r in out.values()):
         # One empty index among others (a new daily index) is fine and gets an empty snapshot;
         # nothing to build from at all is an error.
         raise empty_corpus(",".join(out), field)
@@ -179,6 +180,7 @@ async def build_snapshots(
     concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
+    allow_empty: bool = False,
 ) -> list[SnapshotInfo]:
     """Full sweep of every concrete index behind `index_expr`, each published as a new snapshot.
 
@@ -193,6 +195,7 @@ async def build_snapshots(
         concurrency=concurrency,
         progress=progress,
         only=only,
+        allow_empty=allow_empty,
     )
     infos = []
     for name, result in results.items():
@@ -238,7 +241,8 @@ async def refresh(
 ) -> list[RefreshOutcome]:
     """Bring each concrete index's snapshot up to date: nothing if unchanged, the appended documents
     alone if only appends happened since (proved from sequence numbers and live counts), else a full
-    rebuild. Indices without a snapshot are built."""
+    rebuild. Indices without a snapshot are built; an empty one among others gets an empty snapshot,
+    as with `build_snapshots`."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     pointers = await stats_store.read_pointers(
         session, base_url, headers, [(i, field) for i in indices], store
@@ -246,79 +250,38 @@ async def refresh(
     outcomes = []
     for name in indices:
         info = pointers.get((name, field))
-        if info is None or force_rebuild:
-            action = "built" if info is None else "rebuilt"
-            reason = "no snapshot" if info is None else "rebuild requested"
-            outcomes.append(
-                await _rebuild(
-                    session,
-                    base_url,
-                    name,
-                    field,
-                    headers,
-                    store,
-                    batch_size,
-                    concurrency,
-                    progress,
-                    action,
-                    reason,
-                )
-            )
-            continue
-        current = (await index_marks(session, base_url, name, headers)).get(name)
-        if current is not None and info.exact_marks and not drifted(info.marks, current):
-            outcomes.append(RefreshOutcome(name, "unchanged", "no write since the snapshot", info))
-            continue
         outcome = None
-        if current is not None and info.exact_marks and incremental_possible(info.marks, current):
-            outcome = await _try_incremental(
-                session, base_url, name, field, headers, store, info, current, batch_size, concurrency
-            )
+        if info is None:
+            action, reason = "built", "no snapshot"
+        elif force_rebuild:
+            action, reason = "rebuilt", "rebuild requested"
+        else:
+            current = (await index_marks(session, base_url, name, headers)).get(name)
+            if current is not None and info.exact_marks and not drifted(info.marks, current):
+                outcomes.append(RefreshOutcome(name, "unchanged", "no write since the snapshot", info))
+                continue
+            if current is not None and info.exact_marks and incremental_possible(info.marks, current):
+                outcome = await _try_incremental(
+                    session, base_url, name, field, headers, store, info, current, batch_size, concurrency
+                )
+            action, reason = "rebuilt", _rebuild_reason(info, current)
         if outcome is None:
-            reason = _rebuild_reason(info, current)
-            outcome = await _rebuild(
+            (new,) = await build_snapshots(
                 session,
                 base_url,
                 name,
                 field,
                 headers,
-                store,
-                batch_size,
-                concurrency,
-                progress,
-                "rebuilt",
-                reason,
+                store=store,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                progress=progress,
+                only=[name],
+                allow_empty=len(indices) > 1,
             )
+            outcome = RefreshOutcome(name, action, reason, new, new.live_docs)
         outcomes.append(outcome)
     return outcomes
-
-
-async def _rebuild(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    name: str,
-    field: str,
-    headers: Mapping[str, str],
-    store: str,
-    batch_size: int,
-    concurrency: int,
-    progress: Progress | None,
-    action: str,
-    reason: str,
-) -> RefreshOutcome:
-    infos = await build_snapshots(
-        session,
-        base_url,
-        name,
-        field,
-        headers,
-        store=store,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=progress,
-        only=[name],
-    )
-    return RefreshOutcome(name, action, reason, infos[0], infos[0].live_docs)
 
 
 def _rebuild_reason(info: SnapshotInfo, current: IndexMarks | None) -> str:

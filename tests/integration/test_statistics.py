@@ -233,6 +233,22 @@ def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
     assert out.action == "unchanged"
 
 
+def test_refresh_of_a_pattern_builds_an_empty_new_index_like_build_does(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str
+) -> None:
+    """A new, still empty daily index behind a pattern gets an empty snapshot on refresh too."""
+    store = scifact["store"]
+    empty = f"{small_index}-new"
+    _create(engine, empty, 1)
+    try:
+        run(lambda s: statistics.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+        outs = run(lambda s: statistics.refresh(s, engine.url, f"{small_index}*", FIELD, {}, store=store))
+        got = {o.index: (o.action, o.snapshot.n_docs if o.snapshot else None) for o in outs}
+        assert got == {small_index: ("unchanged", 400), empty: ("built", 0)}
+    finally:
+        engine.call("DELETE", f"/{empty}")
+
+
 def test_failed_build_keeps_the_last_good_snapshot(
     engine: EngineClient, scifact: dict[str, Any], small_index: str
 ) -> None:
