@@ -217,18 +217,14 @@ def error_response(err: SearchError) -> web.Response:
 # ---- passthrough ---------------------------------------------------------------------------------
 
 
-def upstream_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
-    """The client's headers minus hop-by-hop ones (and `drop`), duplicates kept."""
+def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """Headers minus hop-by-hop ones (and `drop`), duplicates kept: a request's or an answer's."""
     skip = HOP_BY_HOP | {d.lower() for d in drop}
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in headers.items():
         if name.lower() not in skip:
             out.add(name, value)
     return out
-
-
-def response_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
-    return upstream_headers(headers, drop=drop)
 
 
 async def _stream_body(request: web.Request):
@@ -254,10 +250,9 @@ async def _forward(
     """Send the request upstream and stream the answer back byte for byte."""
     state = request.app[STATE]
     session: aiohttp.ClientSession = state["session"]
-    hdrs = headers if headers is not None else upstream_headers(request.headers)
+    hdrs = headers if headers is not None else _client_headers(request)
     if isinstance(data, (bytes, bytearray)):
         hdrs.popall("Content-Length", None)
-    _default_auth(hdrs, state["config"])
     target = url or URL(state["base"] + request.raw_path, encoded=True)
     start = time.perf_counter()
     with _upstream_failures(request):
@@ -276,7 +271,7 @@ async def _forward(
     state["metrics"].upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
     try:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        resp.headers.extend(response_headers(upstream.headers))
+        resp.headers.extend(end_to_end_headers(upstream.headers))
         for name, value in (extra or {}).items():
             resp.headers[name] = value
         await resp.prepare(request)
@@ -306,9 +301,14 @@ def _upstream_failures(request: web.Request) -> Iterator[None]:
         raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
 
 
-def _default_auth(headers: CIMultiDict[str], config: ProxyConfig) -> None:
-    if config.default_authorization and "Authorization" not in headers:
-        headers["Authorization"] = config.default_authorization
+def _client_headers(request: web.Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """What goes upstream on the client's behalf: its end-to-end headers, with the `--upstream`
+    credentials when it brought none of its own (a client's own `Authorization` always wins)."""
+    hdrs = end_to_end_headers(request.headers, drop=drop)
+    default = request.app[STATE]["config"].default_authorization
+    if default and "Authorization" not in hdrs:
+        hdrs["Authorization"] = default
+    return hdrs
 
 
 # ---- search ---------------------------------------------------------------------------------------
@@ -396,7 +396,7 @@ def _unreadable_format(request: web.Request) -> str | None:
 
 def _json_headers(request: web.Request) -> CIMultiDict[str]:
     """Client headers for a body the proxy re-serialized: identity encoding both ways."""
-    hdrs = upstream_headers(request.headers, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
+    hdrs = _client_headers(request, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
     if "Content-Type" not in hdrs:
         hdrs["Content-Type"] = "application/json"
     return hdrs
@@ -406,7 +406,7 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
     state = request.app[STATE]
     reranker: Reranker = state["reranker"]
     start = time.perf_counter()
-    fwd = forwardable_headers(_with_default_auth(request.headers, state["config"]))
+    fwd = forwardable_headers(_client_headers(request))
     side = reranker.start(index, plan, fwd)
     try:
         url = URL(state["base"] + request.path, encoded=False).with_query(plan.params)
@@ -420,15 +420,7 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
         side.cancel()
         raise
     state["metrics"].rerank_seconds.observe(time.perf_counter() - start)
-    marker = outcome.kind if outcome.kind == "fallback" else f"{outcome.kind}"
-    return _json_answer(request, status, headers, outcome.body, {MARKER_HEADER: marker})
-
-
-def _with_default_auth(headers: Mapping[str, str], config: ProxyConfig) -> dict[str, str]:
-    out = dict(headers)
-    if config.default_authorization and not any(k.lower() == "authorization" for k in out):
-        out["Authorization"] = config.default_authorization
-    return out
+    return _json_answer(request, status, headers, outcome.body, {MARKER_HEADER: outcome.kind})
 
 
 async def _call(
@@ -438,7 +430,6 @@ async def _call(
     state = request.app[STATE]
     session: aiohttp.ClientSession = state["session"]
     hdrs = _json_headers(request)
-    _default_auth(hdrs, state["config"])
     start = time.perf_counter()
     try:
         with _upstream_failures(request):
@@ -464,7 +455,7 @@ async def _call(
 
 def _raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web.Response:
     resp = web.Response(status=status, body=payload)
-    resp.headers.extend(response_headers(headers, drop=("Content-Length",)))
+    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length",)))
     return resp
 
 
@@ -475,7 +466,7 @@ def _json_answer(
     pretty = request.query.get("pretty", "false").lower() in ("", "true")
     option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0)
     resp = web.Response(status=status, body=orjson.dumps(body, option=option))
-    resp.headers.extend(response_headers(headers, drop=("Content-Length", "Content-Encoding")))
+    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length", "Content-Encoding")))
     if "Content-Type" not in resp.headers:
         resp.headers["Content-Type"] = "application/json"
     resp.headers.update(extra)
@@ -524,7 +515,7 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
     if all(p.spec is None and p.body == b for (_, p), b in zip(plans, lines[1::2], strict=True)):
         return await _forward(request, raw)
     reranker: Reranker = state["reranker"]
-    fwd = forwardable_headers(_with_default_auth(request.headers, config))
+    fwd = forwardable_headers(_client_headers(request))
     sides: dict[int, SideCalls] = {
         i: reranker.start(ix, p, fwd) for i, (ix, p) in enumerate(plans) if p.spec is not None and ix
     }
