@@ -84,36 +84,9 @@ def command() -> None:
 @command.command()
 @_options
 @_sweep_options
-def build(
-    index: str,
-    field: str,
-    upstream: str,
-    user: str | None,
-    password: str | None,
-    header: tuple[str, ...],
-    store: str,
-    batch_size: int,
-    concurrency: int,
-    no_progress: bool,
-) -> None:
+def build(index: str, field: str, **opts: Any) -> None:
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index."""
-    base, headers = connection(upstream, user, password, header)
-
-    async def go(session: aiohttp.ClientSession) -> list[stats_store.SnapshotInfo]:
-        with _bar(no_progress) as bar:
-            return await statistics.build_snapshots(
-                session,
-                base,
-                index,
-                field,
-                headers,
-                store=store,
-                batch_size=batch_size,
-                concurrency=concurrency,
-                progress=bar,
-            )
-
-    for info in _run(go):
+    for info in _sweep(statistics.build_snapshots, index, field, opts):
         click.echo(
             f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
@@ -125,40 +98,35 @@ def build(
 @_options
 @_sweep_options
 @click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
-def refresh(
-    index: str,
-    field: str,
-    upstream: str,
-    user: str | None,
-    password: str | None,
-    header: tuple[str, ...],
-    store: str,
-    batch_size: int,
-    concurrency: int,
-    no_progress: bool,
-    rebuild: bool,
-) -> None:
+def refresh(index: str, field: str, rebuild: bool, **opts: Any) -> None:
     """Bring the snapshots of INDEX up to date (incremental when only appends happened)."""
-    base, headers = connection(upstream, user, password, header)
+    for out in _sweep(statistics.refresh, index, field, opts, force_rebuild=rebuild):
+        snap = out.snapshot.snapshot if out.snapshot else "-"
+        click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
 
-    async def go(session: aiohttp.ClientSession) -> list[statistics.RefreshOutcome]:
-        with _bar(no_progress) as bar:
-            return await statistics.refresh(
+
+def _sweep(
+    call: Callable[..., Awaitable[T]], index: str, field: str, opts: dict[str, Any], **extra: Any
+) -> T:
+    """Run `statistics.build_snapshots` or `statistics.refresh` with the shared options and a progress bar."""
+    base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
+
+    async def go(session: aiohttp.ClientSession) -> T:
+        with _bar(opts["no_progress"]) as bar:
+            return await call(
                 session,
                 base,
                 index,
                 field,
                 headers,
-                store=store,
-                batch_size=batch_size,
-                concurrency=concurrency,
+                store=opts["store"],
+                batch_size=opts["batch_size"],
+                concurrency=opts["concurrency"],
                 progress=bar,
-                force_rebuild=rebuild,
+                **extra,
             )
 
-    for out in _run(go):
-        snap = out.snapshot.snapshot if out.snapshot else "-"
-        click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+    return _run(go)
 
 
 @command.command()

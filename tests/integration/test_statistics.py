@@ -245,6 +245,10 @@ def test_refresh_of_a_pattern_builds_an_empty_new_index_like_build_does(
         outs = run(lambda s: statistics.refresh(s, engine.url, f"{small_index}*", FIELD, {}, store=store))
         got = {o.index: (o.action, o.snapshot.n_docs if o.snapshot else None) for o in outs}
         assert got == {small_index: ("unchanged", 400), empty: ("built", 0)}
+        args = ["refresh", f"{small_index}*", "--field", FIELD, "--upstream", engine.url, "--store", store]
+        again = CliRunner().invoke(stats_cli, [*args, "--no-progress"])
+        assert again.exit_code == 0, again.output
+        assert again.output.count(": unchanged (no write since the snapshot), snapshot ") == 2
     finally:
         engine.call("DELETE", f"/{empty}")
 
