@@ -64,8 +64,9 @@ def bulk_body(docs: Sequence[dict[str, str]], index: str = INDEX) -> bytes:
 async def load_corpus(session: aiohttp.ClientSession, base_url: str, index: str = INDEX) -> int:
     """(Re)create `index` holding the sample corpus unless it already holds all of it; returns its size."""
     docs = sample_corpus()
-    exists = await session.head(f"{base_url}/{index}")
-    if exists.status == 200:
+    async with session.head(f"{base_url}/{index}") as exists:
+        present = exists.status == 200
+    if present:
         count = await request_json(session, "GET", f"{base_url}/{index}/_count")
         if count["count"] == len(docs):
             return len(docs)

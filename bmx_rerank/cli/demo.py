@@ -14,12 +14,13 @@ from bmx_rerank.errors import SearchError
 
 async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool) -> None:
     from bmx_rerank.cli.serve import statistics_source
-    from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+    from bmx_rerank.proxy import ProxyConfig, make_app, split_upstream, start_server
     from bmx_rerank.statistics import build_snapshots
 
+    shown = split_upstream(upstream)[0]  # never print the credentials of http://user:pass@host
     async with aiohttp.ClientSession() as session:
         n = await demo.load_corpus(session, upstream)
-        click.echo(f"corpus: {n} Python standard-library docstrings in index {demo.INDEX} at {upstream}")
+        click.echo(f"corpus: {n} Python standard-library docstrings in index {demo.INDEX} at {shown}")
         infos = await build_snapshots(session, upstream, demo.INDEX, demo.FIELD, {})
         vocab = sum(i.vocabulary_size for i in infos)
         click.echo(f"statistics: exact, built by a full sweep ({vocab} terms), stored in the cluster")
@@ -27,7 +28,7 @@ async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, s
             make_app(ProxyConfig(upstream=upstream), statistics_source(5.0))
         )
         try:
-            click.echo(f"proxy: {proxy_url} -> {upstream}\n")
+            click.echo(f"proxy: {proxy_url} -> {shown}\n")
             for query in queries or demo.QUERIES:
                 bm25 = await demo.top_hits(session, upstream, demo.search_body(query, size))
                 bmx = await demo.top_hits(
