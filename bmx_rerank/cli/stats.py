@@ -64,12 +64,14 @@ def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--no-progress", is_flag=True, help="No progress bar.")(func)
     func = click.option(
         "--concurrency",
+        type=click.IntRange(min=1),
         default=statistics.DEFAULT_CONCURRENCY,
         show_default=True,
         help="Term-vector requests in flight.",
     )(func)
     return click.option(
         "--batch-size",
+        type=click.IntRange(min=1),
         default=statistics.DEFAULT_BATCH,
         show_default=True,
         help="Documents per _mtermvectors request.",

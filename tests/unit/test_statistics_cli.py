@@ -78,3 +78,11 @@ def test_connection_takes_credentials_from_url_user_or_headers():
     assert base == "https://host:9200" and headers == {"Authorization": "Basic dTpw"}
     base, headers = connection("http://h:9200", None, None, ("Authorization: ApiKey abc", "X-Opaque-Id: 7"))
     assert headers == {"Authorization": "ApiKey abc", "X-Opaque-Id": "7"}
+
+
+@pytest.mark.parametrize("option", ["--batch-size", "--concurrency"])
+def test_a_zero_batch_or_concurrency_is_refused_not_read_as_an_empty_index(option):
+    """Zero made the id pages empty, so the sweep reported `bmx_empty_corpus_exception`."""
+    args = ["build", "idx", "--field", "body", "--upstream", "http://127.0.0.1:1", option, "0"]
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 2 and option in result.output and "x>=1" in result.output
