@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bmx_rerank.errors import bad_request
+from bmx_rerank.errors import SearchError, bad_request
 from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import match_clause, widen
 
@@ -68,8 +68,13 @@ def plan_search(
             raise bad_request(
                 f"[bmx] needs [query]: the request has no match query on field [{spec.field}] to take it from"
             )
-    from_ = _int_param(params, source, "from", 0)
-    size = _int_param(params, source, "size", DEFAULT_SIZE)
+    try:
+        from_ = _int_param(params, source, "from", 0)
+        size = _int_param(params, source, "size", DEFAULT_SIZE)
+    except SearchError:
+        if raw is not None:
+            raise
+        return Plan(body_out, params_out)  # drop-in: the cluster answers for paging it may accept or not
     if from_ + size > spec.window_size and raw is None:
         # Drop-in: a client that never asked for a rerank must not get a 400 for its page size.
         if from_ + size > MAX_WINDOW:

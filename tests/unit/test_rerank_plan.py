@@ -154,3 +154,14 @@ def test_size_zero_is_not_reranked():
     policy = parse_spec({"field": "body", "window_size": 30})
     quiet = plan_search({"query": {"match": {"body": "t1"}}}, {"size": "0"}, policy)
     assert quiet.spec is None and quiet.skipped is None and quiet.params == {"size": "0"}
+
+
+@pytest.mark.parametrize("paging", [{"size": -1}, {"from": 1.0}, {"size": "ten"}])
+def test_a_policy_never_answers_for_paging_the_cluster_owns(paging):
+    policy = parse_spec({"field": "body", "window_size": 30})
+    body = {"query": {"match": {"body": "t1"}}, **paging}
+    plan = plan_search(body, {}, policy)
+    assert plan.spec is None and plan.body == body
+    with pytest.raises(SearchError) as info:
+        plan_search({**body, "ext": {"bmx": {"field": "body"}}}, {})
+    assert info.value.status == 400
