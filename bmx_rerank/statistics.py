@@ -13,6 +13,7 @@ snapshot serves every expression that includes its index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -534,7 +535,6 @@ class _Estimate:
     total_length: int
     df: dict[str, int]
     ttf: dict[str, float]
-    fetched_at: float
 
 
 class StatsCache:
@@ -570,12 +570,12 @@ class StatsCache:
         key = (index_expr, field)
         entry = self._entries.get(key)
         if entry is not None and self.clock() - entry.checked_at < self.check_interval:
-            return entry.view
+            return self._for_caller(index_expr, field, headers, entry)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:  # one check per key at a time; waiters reuse its result
             entry = self._entries.get(key)
             if entry is not None and self.clock() - entry.checked_at < self.check_interval:
-                return entry.view
+                return self._for_caller(index_expr, field, headers, entry)
             try:
                 fresh = await self._check(index_expr, field, headers, entry)
             except SearchError as exc:
@@ -587,9 +587,9 @@ class StatsCache:
                     "statistics check failed, serving the cached view", extra={"fields": {"error": exc.type}}
                 )
                 entry.checked_at = self.clock()
-                return entry.view
+                return self._for_caller(index_expr, field, headers, entry)
             self._entries[key] = fresh
-            return fresh.view
+            return self._for_caller(index_expr, field, headers, fresh)
 
     async def _check(
         self, index_expr: str, field: str, headers: Mapping[str, str], old: _Entry | None
@@ -605,7 +605,7 @@ class StatsCache:
         if any(info is None for info in infos):
             missing = [i for i, info in zip(indices, infos, strict=True) if info is None]
             log.info("no statistics snapshot: estimated mode", extra={"fields": {"indices": missing}})
-            return await self._estimated(index_expr, field, headers, tuple(indices), old)
+            return await self._estimated(index_expr, field, headers, tuple(indices))
         snapshots = tuple(info.snapshot for info in infos if info)
         verdicts = [
             judge(i, field, info, None if marks is None else marks.get(i))
@@ -637,52 +637,49 @@ class StatsCache:
         field: str,
         headers: Mapping[str, str],
         indices: tuple[str, ...],
-        old: _Entry | None,
     ) -> _Entry:
         base = await estimate_base(self.session, self.base_url, index_expr, indices, field, headers)
-        est = _Estimate(base[0], base[1], {}, {}, self.clock())
-        entry = _Entry(
-            StatsView(CorpusStats(base[0], base[1], terms_array([]), [], []), True, False, None),
-            self.clock(),
-            (),
-            indices,
-            est,
-        )
-        entry.view = self._estimated_view(index_expr, field, headers, entry)
-        return entry
+        est = _Estimate(base[0], base[1], {}, {})
+        view = StatsView(CorpusStats(base[0], base[1], terms_array([]), [], []), True, False, None)
+        return _Entry(view, self.clock(), (), indices, est)
 
-    def _estimated_view(
+    def _for_caller(
         self, index_expr: str, field: str, headers: Mapping[str, str], entry: _Entry
     ) -> StatsView:
-        est = entry.estimate
-        assert est is not None
+        """The entry's view; in estimated mode one whose `for_terms` fetches with `headers`, the
+        credentials of the caller it is handed to (not those of whoever filled the cache)."""
+        if entry.estimate is None:
+            return entry.view
+        headers = dict(headers)
+
+        async def complete(wanted: Sequence[str]) -> StatsView:
+            est = entry.estimate
+            assert est is not None
+            missing = sorted({t for t in wanted if t not in est.df})
+            if missing:
+                got = await estimate_terms(
+                    self.session, self.base_url, index_expr, entry.indices, field, missing, headers
+                )
+                for term, (d, t) in got.items():
+                    est.df[term] = d
+                    est.ttf[term] = t
+                entry.view = StatsView(self._estimated_corpus(est), True, False, None)
+            return self._for_caller(index_expr, field, headers, entry)
+
+        return dataclasses.replace(entry.view, _complete=complete)
+
+    def _estimated_corpus(self, est: _Estimate) -> CorpusStats:
         terms = sorted(est.df)
         df = np.array([est.df[t] for t in terms], np.int64)
         ttf = np.array([est.ttf[t] for t in terms], np.float64)
         keep = df > 0
-        corpus = CorpusStats(
+        return CorpusStats(
             est.n_docs,
             est.total_length,
             terms_array(np.array(terms, dtype=object)[keep].tolist()),
             df[keep],
             self.estimator(df[keep], ttf[keep]),
         )
-        headers = dict(headers)
-
-        async def complete(wanted: Sequence[str]) -> StatsView:
-            missing = sorted({t for t in wanted if t not in est.df})
-            if not missing:
-                return entry.view
-            got = await estimate_terms(
-                self.session, self.base_url, index_expr, entry.indices, field, missing, headers
-            )
-            for term, (d, t) in got.items():
-                est.df[term] = d
-                est.ttf[term] = t
-            entry.view = self._estimated_view(index_expr, field, headers, entry)
-            return entry.view
-
-        return StatsView(corpus, True, False, None, complete)
 
 
 async def estimate_base(

@@ -20,6 +20,7 @@ from bmx_rerank.statistics import StatsCache
 from bmx_rerank.stats_store import SnapshotInfo, encode_chunks
 
 TOKEN = "Basic c2VjcmV0"
+OTHER = "Basic b3RoZXI="  # a second user allowed to read the index
 
 
 class FakeCluster:
@@ -30,6 +31,7 @@ class FakeCluster:
         self.seq_no = 10
         self.snapshots: dict[str, tuple[SnapshotInfo, list[dict[str, Any]]]] = {}
         self.current: str | None = None
+        self.auth: dict[str, list[str]] = {}  # Authorization header of each call, per endpoint
 
     def publish(self, name: str, docs: list[dict[str, int]]) -> CorpusStats:
         stats = CorpusStats.from_documents(docs)
@@ -59,11 +61,15 @@ class FakeCluster:
         app.router.add_get("/{expr}/_field_caps", self.field_caps)
         app.router.add_get("/{expr}/_stats/docs", self.stats)
         app.router.add_post("/{store}/_mget", self.mget)
+        app.router.add_post("/{expr}/_count", self.count)
+        app.router.add_post("/{index}/_termvectors", self.termvectors)
+        app.router.add_post("/_msearch", self.msearch)
         return app
 
     def _auth(self, request: web.Request, what: str) -> None:
         self.calls[what] += 1
-        if request.headers.get("Authorization") != TOKEN:
+        self.auth.setdefault(what, []).append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") not in (TOKEN, OTHER):
             body = {
                 "error": {"type": "security_exception", "reason": "action [x] is unauthorized"},
                 "status": 403,
@@ -79,6 +85,21 @@ class FakeCluster:
         seq = {"max_seq_no": self.seq_no, "local_checkpoint": self.seq_no, "global_checkpoint": self.seq_no}
         shards = {"0": [{"routing": {"primary": True}, "seq_no": seq}]}
         return web.json_response({"indices": {"idx": {"uuid": "u1", "shards": shards}}})
+
+    async def count(self, request: web.Request) -> web.Response:
+        self._auth(request, "count")
+        return web.json_response({"count": 10})
+
+    async def termvectors(self, request: web.Request) -> web.Response:
+        self._auth(request, "termvectors")
+        terms = {t: {"doc_freq": 2, "ttf": 3} for t in (await request.json())["doc"]["body"].split()}
+        fstats = {"doc_count": 10, "sum_ttf": 50}
+        return web.json_response({"term_vectors": {"body": {"field_statistics": fstats, "terms": terms}}})
+
+    async def msearch(self, request: web.Request) -> web.Response:
+        self._auth(request, "msearch")
+        n = len((await request.read()).splitlines()) // 2
+        return web.json_response({"responses": [{"hits": {"total": {"value": 2}}}] * n})
 
     async def mget(self, request: web.Request) -> web.Response:
         self._auth(request, "mget")
@@ -194,3 +215,18 @@ async def test_ndjson_calls_to_an_unreachable_cluster_are_502s_not_aiohttp_error
     for err in (bulk.value, msearch.value):
         assert (err.status, err.type) == (502, "bmx_upstream_unreachable_exception")
     assert "/_bulk" in bulk.value.reason and "/_msearch" in msearch.value.reason
+
+
+async def test_estimated_mode_fetches_terms_with_the_credentials_of_each_caller(cluster):
+    """The estimated view is cached per index and field, but the df/ttf lookups it makes later must
+    carry the headers of the caller using it, not those of the caller who filled the cache."""
+    fake, session, url = cluster  # nothing published: estimated mode
+    cache = StatsCache(session, url, clock=Clock())
+    first = await cache.get("idx", "body", {"Authorization": TOKEN})
+    assert first.estimated
+    await first.for_terms(["a"])
+    second = await cache.get("idx", "body", {"Authorization": OTHER})  # cached: no call
+    view = await second.for_terms(["a", "b"])
+    assert fake.auth["msearch"] == [TOKEN, OTHER] and fake.auth["termvectors"][-1] == OTHER
+    df, _ = view.corpus.lookup(["a", "b"])
+    assert df.tolist() == [2, 2] and view.corpus.n_docs == 10
