@@ -772,28 +772,33 @@ def start(req: StartRequest, report: Reporter = _quiet) -> EngineState:
                 extra_groups=[] if run_as.user else None,
             )
         url = f"http://127.0.0.1:{req.port}"
-        try:
+        try:  # until the state is saved, `stop` could not find this engine: never leave it running
             _wait_ready(req, proc, url, console)
+            state = EngineState(
+                kind=req.kind,
+                version=req.version,
+                url=url,
+                port=req.port,
+                pid=proc.pid,
+                start_ticks=_proc_start_ticks(proc.pid) or 0,
+                node_dir=str(node),
+                console_log=str(console),
+                java_home=str(java.path),
+                home=str(home),
+                user=run_as.user,
+                startup_seconds=round(time.monotonic() - started, 1),
+            )
+            try:
+                _save_state(state)
+            except OSError as exc:
+                raise EngineError(
+                    f"could not record the engine's state in {_state_file(req.kind)}: {exc}"
+                ) from exc
         except BaseException:
             kill_group(proc.pid, timeout=10)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             raise
-        state = EngineState(
-            kind=req.kind,
-            version=req.version,
-            url=url,
-            port=req.port,
-            pid=proc.pid,
-            start_ticks=_proc_start_ticks(proc.pid) or 0,
-            node_dir=str(node),
-            console_log=str(console),
-            java_home=str(java.path),
-            home=str(home),
-            user=run_as.user,
-            startup_seconds=round(time.monotonic() - started, 1),
-        )
-        _save_state(state)
         report(f"{req.kind} {req.version} is up after {state.startup_seconds:.1f}s (logs: {logs})")
         return state
 

@@ -348,3 +348,27 @@ def test_cli_start_prints_the_url_last(fake, tmp_path: Path) -> None:
     finally:
         stopped = runner.invoke(main, ["engine", "stop", "opensearch"])
     assert "opensearch: stopped" in stopped.output
+
+
+def test_an_engine_whose_state_cannot_be_saved_is_stopped_not_orphaned(
+    fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without its state file `stop` could not find the engine: start must not leave it running."""
+    req = fake(_server_script(tmp_path, "bmx-rerank-opensearch"))
+    pids: list[int] = []
+    real_popen = eng.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        pids.append(proc.pid)
+        return proc
+
+    def no_space(_state: eng.EngineState) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(eng.subprocess, "Popen", popen)
+    monkeypatch.setattr(eng, "_save_state", no_space)
+    with pytest.raises(eng.EngineError, match="could not record the engine's state.*No space left"):
+        eng.start(req)
+    assert len(pids) == 1 and _group_gone(pids[0])
+    assert eng.load_state("opensearch") is None
