@@ -12,8 +12,8 @@ from bmx_rerank import engine as eng
 _KIND = click.Choice(list(eng.KINDS))
 
 
-def _fail(exc: eng.EngineError) -> None:
-    """Print the actionable message without a stack trace and exit non-zero."""
+def _fail(exc: eng.EngineError | OSError) -> None:
+    """Print the actionable message (or the file system's complaint) without a stack trace, exit 1."""
     click.echo(f"error: {exc}", err=True)
     sys.exit(1)
 
@@ -46,7 +46,7 @@ def start(kind: str, version: str | None, port: int | None, java_home: Path | No
     )
     try:
         state = eng.start(req, eng.default_reporter)
-    except eng.EngineError as exc:
+    except (eng.EngineError, OSError) as exc:
         _fail(exc)
     click.echo(state.url)
 
@@ -59,7 +59,7 @@ def stop(kind: str | None) -> None:
         for k in [kind] if kind else eng.KINDS:
             was_running = eng.stop(k, eng.default_reporter)  # type: ignore[arg-type]
             click.echo(f"{k}: {'stopped' if was_running else 'not running'}")
-    except eng.EngineError as exc:
+    except (eng.EngineError, OSError) as exc:
         _fail(exc)
 
 

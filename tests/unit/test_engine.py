@@ -372,3 +372,15 @@ def test_an_engine_whose_state_cannot_be_saved_is_stopped_not_orphaned(
         eng.start(req)
     assert len(pids) == 1 and _group_gone(pids[0])
     assert eng.load_state("opensearch") is None
+
+
+@pytest.mark.parametrize("args", [["start", "opensearch"], ["stop"]])
+def test_cli_reports_an_unusable_state_directory_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str]
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("BMX_RERANK_STATE", str(not_a_dir / "state"))
+    result = CliRunner().invoke(main, ["engine", *args])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith("error: [Errno 20] Not a directory")
