@@ -690,7 +690,9 @@ async def estimate_base(
     field: str,
     headers: Mapping[str, str],
 ) -> tuple[int, int]:
-    """N (live documents with the field, exact, all shards) and an estimated total length: N times the
+    """N (live documents with the field, all shards; unlike a snapshot's N this includes documents whose
+    value analyzes to no token: the exact count would need a `*` wildcard over the whole vocabulary on
+    every check) and an estimated total length: N times the
     average length Lucene's field statistics give on one shard (shard-local, deleted documents
     included, hence an estimate)."""
     count_body = {"query": {"exists": {"field": field}}}
