@@ -10,7 +10,7 @@ import asyncio
 import base64
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import aiohttp
 import click
@@ -201,11 +201,21 @@ def _run(func: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
     try:
         return asyncio.run(main())
     except SearchError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc))
+    except orjson.JSONDecodeError:
+        _fail(
+            "[502] bmx_upstream_not_json_exception: the upstream answered something other than JSON; is it Elasticsearch or OpenSearch?"
+        )
     except KeyboardInterrupt:
         click.echo("interrupted: the last good snapshot is unchanged", err=True)
         sys.exit(130)
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr (a cluster's error reason can be a multi-line HTML page), exit 1."""
+    line = " ".join(message.split())
+    click.echo(f"error: {line[:500]}{'...' if len(line) > 500 else ''}", err=True)
+    sys.exit(1)
 
 
 class _LazyBar:

@@ -86,3 +86,41 @@ def test_a_zero_batch_or_concurrency_is_refused_not_read_as_an_empty_index(optio
     args = ["build", "idx", "--field", "body", "--upstream", "http://127.0.0.1:1", option, "0"]
     result = CliRunner().invoke(command, args)
     assert result.exit_code == 2 and option in result.output and "x>=1" in result.output
+
+
+class NotACluster(BaseHTTPRequestHandler):
+    """A web server mistaken for the cluster: HTML pages, a 404 for paths with `missing`, else 200."""
+
+    def do_GET(self) -> None:
+        ok = "missing" not in self.path
+        body = b"<html>\n<body>\n<h1>It works</h1>\n</body>\n</html>\n"
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_a_cluster_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotACluster)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("index", "start"),
+    [("idx", "error: [502] bmx_upstream_not_json_exception: "), ("missing", "error: [404] ")],
+)
+def test_an_upstream_that_is_not_a_cluster_is_one_line_too(not_a_cluster_url, index, start):
+    """HTML with a 200 (not JSON) and HTML with a 404 (a multi-line reason): one line each."""
+    result = CliRunner().invoke(command, ["show", index, "--field", "body", "--upstream", not_a_cluster_url])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith(start) and result.output.count("\n") == 1
