@@ -316,9 +316,7 @@ async def load(
     batch: int = 8,
 ) -> CorpusStats:
     """The statistics of a snapshot: its chunks fetched by id a few at a time, decoded with numpy."""
-    chunks = await _fetch_data(
-        session, base_url, headers, store, [f"{info.snapshot}|{i}" for i in range(info.n_chunks)], batch
-    )
+    chunks = await _fetch_data(session, base_url, headers, store, _chunk_ids(info, ""), batch)
     return decode_chunks(info, chunks)
 
 
@@ -334,11 +332,14 @@ async def load_exact(
         return None
     stats, chunks = await asyncio.gather(
         load(session, base_url, headers, info, store),
-        _fetch_data(
-            session, base_url, headers, store, [f"{info.snapshot}|x{i}" for i in range(info.n_chunks)], 8
-        ),
+        _fetch_data(session, base_url, headers, store, _chunk_ids(info, "x"), 8),
     )
     return ExactStats(stats, decode_units(info, chunks))
+
+
+def _chunk_ids(info: SnapshotInfo, kind: str) -> list[str]:
+    """Ids of a snapshot's `chunk` (kind "") or `exact` (kind "x") documents, in order."""
+    return [f"{info.snapshot}|{kind}{i}" for i in range(info.n_chunks)]
 
 
 async def _fetch_data(
