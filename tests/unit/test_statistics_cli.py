@@ -39,13 +39,16 @@ class Forbidden(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def forbidden_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def _serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+@pytest.fixture
+def forbidden_url() -> Iterator[str]:
+    yield from _serve(Forbidden)
 
 
 @pytest.mark.parametrize("sub", ["build", "show", "refresh"])
@@ -108,11 +111,7 @@ class NotACluster(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def not_a_cluster_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotACluster)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    yield from _serve(NotACluster)
 
 
 @pytest.mark.parametrize(
