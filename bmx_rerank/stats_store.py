@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import zlib
 from collections.abc import Mapping, Sequence
@@ -33,10 +34,12 @@ import orjson
 from yarl import URL
 
 from bmx_rerank.corpus import CorpusStats, ExactStats, terms_array
-from bmx_rerank.errors import UpstreamError, timed_out, unreachable
+from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
 from bmx_rerank.freshness import IndexMarks
 from bmx_rerank.stats_errors import StatisticsError, corrupt_snapshot
 from bmx_rerank.upstream import request_json
+
+log = logging.getLogger(__name__)
 
 DEFAULT_STORE = os.environ.get("BMX_STATS_INDEX", "bmx-stats")
 CHUNK_TERMS = 50_000
@@ -280,7 +283,15 @@ async def publish(
     }
     url = f"{base_url}/{quote(store)}/_doc/{quote(pointer_id(info.index, info.field), safe='')}?refresh=true"
     await request_json(session, "PUT", url, pointer, headers)
-    await _collect_garbage(session, base_url, headers, store, info.key, {info.snapshot, pointer["previous"]})
+    try:  # the snapshot is published: failing to tidy up older ones must not report the build failed
+        await _collect_garbage(
+            session, base_url, headers, store, info.key, {info.snapshot, pointer["previous"]}
+        )
+    except SearchError as exc:
+        log.warning(
+            "old statistics snapshots not deleted (the next publish retries)",
+            extra={"fields": {"key": info.key, "error": str(exc)}},
+        )
 
 
 async def read_pointers(

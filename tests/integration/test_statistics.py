@@ -374,6 +374,23 @@ def test_store_roundtrip_through_the_cluster(engine: EngineClient, scifact: dict
     assert run(go).same_as(stats)
 
 
+def test_a_publish_whose_cleanup_fails_is_still_a_success(
+    engine: EngineClient, scifact: dict[str, Any], small_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting older snapshots comes after the pointer flip: its failure must not fail the build."""
+    store = scifact["store"]
+
+    async def cleanup_fails(*_args: Any) -> None:
+        raise SearchError(502, "bmx_upstream_unreachable_exception", "gone during cleanup")
+
+    monkeypatch.setattr(stats_store, "_collect_garbage", cleanup_fails)
+    (info,) = run(lambda s: statistics.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    (current,) = run(
+        lambda s: stats_store.read_pointers(s, engine.url, {}, [(small_index, FIELD)], store)
+    ).values()
+    assert current.snapshot == info.snapshot and current.n_docs == 400
+
+
 def test_writes_during_a_sweep_are_caught_by_the_next_refresh(
     engine: EngineClient, scifact: dict[str, Any], small_index: str
 ) -> None:
