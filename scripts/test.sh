@@ -9,7 +9,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 started=()
 cleanup() {
-  for kind in "${started[@]}"; do bmx-rerank engine stop "$kind" >/dev/null 2>&1 || true; done
+  # ${a[@]+...}: an empty array is "unbound" under `set -u` in bash < 4.4 (macOS's bash 3.2)
+  for kind in ${started[@]+"${started[@]}"}; do bmx-rerank engine stop "$kind" >/dev/null 2>&1 || true; done
 }
 trap cleanup EXIT
 
