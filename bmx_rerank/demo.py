@@ -104,7 +104,7 @@ async def top_hits(
     return [Hit(h["_source"]["title"], float(h["_score"])) for h in answer["hits"]["hits"]]
 
 
-def side_by_side(query: str, columns: Sequence[tuple[str, Sequence[Hit]]], width: int = 48) -> str:
+def side_by_side(query: str, columns: Sequence[tuple[str, Sequence[Hit]]], width: int = 60) -> str:
     """One query's rankings in columns, rank by rank: score, then title."""
     rows = [f"query: {query!r}", "  ".join(f"{name:<{width}}" for name, _ in columns).rstrip()]
     depth = max((len(hits) for _, hits in columns), default=0)

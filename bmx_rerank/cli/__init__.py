@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import click
+
+from bmx_rerank.cli import demo, engine, serve, stats
 
 
 @click.group()
@@ -13,12 +13,5 @@ def main() -> None:
     """Rerank Elasticsearch/OpenSearch results with BMX."""
 
 
-# Each surface lives in its own module and exposes a click command or group named `command`.
-for _name in ("engine", "stats", "serve", "demo"):
-    try:
-        _module = importlib.import_module(f"bmx_rerank.cli.{_name}")
-    except ModuleNotFoundError as exc:  # surface not built yet
-        if exc.name != f"bmx_rerank.cli.{_name}":
-            raise
-        continue
-    main.add_command(_module.command)
+for _surface in (serve, stats, engine, demo):
+    main.add_command(_surface.command)
