@@ -7,7 +7,7 @@ engine and of the proxy, and print both rankings side by side.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -98,9 +98,13 @@ def search_body(query: str, size: int, bmx: dict[str, Any] | None = None) -> dic
 
 
 async def top_hits(
-    session: aiohttp.ClientSession, base_url: str, body: dict[str, Any], index: str = INDEX
+    session: aiohttp.ClientSession,
+    base_url: str,
+    body: dict[str, Any],
+    headers: Mapping[str, str] | None = None,
+    index: str = INDEX,
 ) -> list[Hit]:
-    answer = await request_json(session, "POST", f"{base_url}/{index}/_search", body)
+    answer = await request_json(session, "POST", f"{base_url}/{index}/_search", body, headers)
     return [Hit(h["_source"]["title"], float(h["_score"])) for h in answer["hits"]["hits"]]
 
 

@@ -17,7 +17,7 @@ import logging
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -72,7 +72,6 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     cache_size: int = 100_000
     widen: bool = True
-    default_authorization: str | None = field(default=None, repr=False)
 
 
 def split_upstream(url: str) -> tuple[str, str | None]:
@@ -93,7 +92,12 @@ def make_app(
 ) -> web.Application:
     """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
     base, auth = split_upstream(config.upstream)
-    config.default_authorization = config.default_authorization or auth
+    if auth is not None:
+        # Lent to requests without credentials, they would let every client read as that user.
+        raise ValueError(
+            "the upstream URL must not carry credentials: the proxy passes on each client's own "
+            "(Authorization and other authentication headers), so nobody reads more through it than directly"
+        )
     app = web.Application()
     metrics = Metrics()
     state: dict[str, Any] = {"config": config, "base": base, "metrics": metrics}
@@ -302,13 +306,8 @@ def _upstream_failures(request: web.Request) -> Iterator[None]:
 
 
 def _client_headers(request: web.Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
-    """What goes upstream on the client's behalf: its end-to-end headers, with the `--upstream`
-    credentials when it brought none of its own (a client's own `Authorization` always wins)."""
-    hdrs = end_to_end_headers(request.headers, drop=drop)
-    default = request.app[STATE]["config"].default_authorization
-    if default and "Authorization" not in hdrs:
-        hdrs["Authorization"] = default
-    return hdrs
+    """What goes upstream on the client's behalf: its end-to-end headers, credentials included."""
+    return end_to_end_headers(request.headers, drop=drop)
 
 
 # ---- search ---------------------------------------------------------------------------------------

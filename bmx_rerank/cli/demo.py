@@ -17,22 +17,23 @@ async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, s
     from bmx_rerank.proxy import ProxyConfig, make_app, split_upstream, start_server
     from bmx_rerank.statistics import build_snapshots
 
-    shown = split_upstream(upstream)[0]  # never print the credentials of http://user:pass@host
+    # http://user:pass@host: the demo's own calls use the URL; its searches through the proxy carry the
+    # same credentials as a header, as any client would (the proxy itself holds none).
+    shown, auth = split_upstream(upstream)
+    client_headers = {"Authorization": auth} if auth else {}
     async with aiohttp.ClientSession() as session:
         n = await demo.load_corpus(session, upstream)
         click.echo(f"corpus: {n} Python standard-library docstrings in index {demo.INDEX} at {shown}")
         infos = await build_snapshots(session, upstream, demo.INDEX, demo.FIELD, {})
         vocab = sum(i.vocabulary_size for i in infos)
         click.echo(f"statistics: exact, built by a full sweep ({vocab} terms), stored in the cluster")
-        runner, proxy_url = await start_server(
-            make_app(ProxyConfig(upstream=upstream), statistics_source(5.0))
-        )
+        runner, proxy_url = await start_server(make_app(ProxyConfig(upstream=shown), statistics_source(5.0)))
         try:
             click.echo(f"proxy: {proxy_url} -> {shown}\n")
             for query in queries or demo.QUERIES:
                 bm25 = await demo.top_hits(session, upstream, demo.search_body(query, size))
                 bmx = await demo.top_hits(
-                    session, proxy_url, demo.search_body(query, size, {"window_size": window})
+                    session, proxy_url, demo.search_body(query, size, {"window_size": window}), client_headers
                 )
                 columns = [("Elasticsearch BM25 (direct)", bm25), ("BMX (through bmx-rerank)", bmx)]
                 click.echo(demo.side_by_side(query, columns) + "\n")

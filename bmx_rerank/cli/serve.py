@@ -91,7 +91,10 @@ def command(
         cache_size=cache_size,
         widen=widen,
     )
-    app = make_app(config, statistics_source(stats_check_interval))
+    try:
+        app = make_app(config, statistics_source(stats_check_interval))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--upstream") from exc
     logging.getLogger("bmx_rerank.proxy").info(
         "serving", extra={"fields": {"listen": f"{host}:{port}", "upstream": split_upstream(upstream)[0]}}
     )
