@@ -36,11 +36,5 @@ def empty_corpus(index: str, field: str) -> StatisticsError:
     )
 
 
-def no_snapshot(index: str, field: str) -> StatisticsError:
-    return StatisticsError(
-        404, "bmx_statistics_not_found_exception", f"no statistics snapshot for [{index}] field [{field}]"
-    )
-
-
 def corrupt_snapshot(snapshot: str, reason: str) -> StatisticsError:
     return StatisticsError(500, "bmx_statistics_corrupt_exception", f"snapshot [{snapshot}]: {reason}")
