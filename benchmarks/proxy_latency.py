@@ -89,13 +89,13 @@ def serve_child(upstream: str, index: str, port: int) -> None:
     import aiohttp
     from aiohttp import web
 
-    from bmx_rerank import statistics
     from bmx_rerank.proxy import ProxyConfig, make_app
     from bmx_rerank.rerank.stats_source import FixedStats
+    from bmx_rerank.stats import build as stats_build
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
-            return await statistics.build(session, upstream, index, "body", {})
+            return await stats_build.build(session, upstream, index, "body", {})
 
     stats = FixedStats({(index, "body"): asyncio.run(sweep())})
     app = make_app(ProxyConfig(upstream=upstream), lambda session, base: stats)

@@ -27,7 +27,7 @@ import orjson
 
 from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
-from bmx_rerank.statistics import build_snapshots
+from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.upstream import request_json
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"

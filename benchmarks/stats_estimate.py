@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bmx_rerank import estimate, scoring
-from bmx_rerank.corpus import CorpusStats
+from bmx_rerank import scoring
+from bmx_rerank.stats import estimate
+from bmx_rerank.stats.corpus import CorpusStats
 
 DATA = Path("/work/shared/data/beir")
 TOKEN = re.compile(r"\w+", re.UNICODE)

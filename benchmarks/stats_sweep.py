@@ -27,9 +27,11 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from bmx_rerank import statistics, stats_store, sweep
-from bmx_rerank.corpus import CorpusStats, terms_array
-from bmx_rerank.freshness import IndexMarks
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats import store as stats_store
+from bmx_rerank.stats import sweep
+from bmx_rerank.stats.corpus import CorpusStats, terms_array
+from bmx_rerank.stats.freshness import IndexMarks
 
 CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
 FIELD = "body"
@@ -100,7 +102,7 @@ def synthetic(n_terms: int, seed: int = 7) -> CorpusStats:
 async def load_bench(session: aiohttp.ClientSession, url: str, n_terms: int, store: str) -> dict[str, float]:
     stats = synthetic(n_terms)
     marks = IndexMarks("bmxtest-stats-bench-vocab", "u", ())
-    info = statistics.snapshot_info(
+    info = stats_build.snapshot_info(
         "bmxtest-stats-bench-vocab", FIELD, stats, marks, stats.n_docs, True, 0.0, "build", exact_units=True
     )
     # exact sums as a real build stores them: entropy in 2^-112 units, whose low ~100 bits are as
@@ -184,7 +186,7 @@ async def main() -> None:
                     best[label] = max(best.get(label, 0.0), n / secs)
                 for batch, conc in ((100, 2), (200, 2), (200, 4), (500, 2)):
                     t0 = time.perf_counter()
-                    stats = await statistics.build(
+                    stats = await stats_build.build(
                         session, url, name, FIELD, {}, batch_size=batch, concurrency=conc
                     )
                     secs = time.perf_counter() - t0

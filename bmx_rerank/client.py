@@ -27,7 +27,7 @@ from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.stats_source import StatsSource
-from bmx_rerank.statistics import StatsCache
+from bmx_rerank.stats.cache import StatsCache
 
 JSON_HEADERS = {"accept": "application/json", "content-type": "application/json"}
 

@@ -15,7 +15,7 @@ from bmx_rerank.errors import SearchError
 async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool) -> None:
     from bmx_rerank.cli.serve import statistics_source
     from bmx_rerank.proxy import ProxyConfig, make_app, split_upstream, start_server
-    from bmx_rerank.statistics import build_snapshots
+    from bmx_rerank.stats.build import build_snapshots
 
     # http://user:pass@host: the demo's own calls use the URL; its searches through the proxy carry the
     # same credentials as a header, as any client would (the proxy itself holds none).
@@ -66,7 +66,7 @@ def command(
     upstream: str | None, kind: str, queries: tuple[str, ...], size: int, window: int, serve: bool
 ) -> None:
     """Load the sample corpus, build statistics, and show BM25 next to BMX for a few queries."""
-    from bmx_rerank import engine as eng
+    from bmx_rerank.testing import engine as eng
 
     try:
         if upstream is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from bmx_rerank import engine as eng
+from bmx_rerank.testing import engine as eng
 
 _KIND = click.Choice(list(eng.KINDS))
 

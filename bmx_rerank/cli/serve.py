@@ -21,8 +21,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def statistics_source(check_interval: float):
-    """The cluster-backed statistics cache (bmx_rerank.statistics), built per session at startup."""
-    from bmx_rerank.statistics import StatsCache
+    """The cluster-backed statistics cache (bmx_rerank.stats.cache), built per session at startup."""
+    from bmx_rerank.stats.cache import StatsCache
 
     return lambda session, base_url: StatsCache(session, base_url, check_interval=check_interval)
 

@@ -17,8 +17,9 @@ import click
 import orjson
 from yarl import URL
 
-from bmx_rerank import statistics, stats_store
 from bmx_rerank.errors import SearchError
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats import store as stats_store
 
 T = TypeVar("T")
 
@@ -65,14 +66,14 @@ def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
         "--concurrency",
         type=click.IntRange(min=1),
-        default=statistics.DEFAULT_CONCURRENCY,
+        default=stats_build.DEFAULT_CONCURRENCY,
         show_default=True,
         help="Term-vector requests in flight.",
     )(func)
     return click.option(
         "--batch-size",
         type=click.IntRange(min=1),
-        default=statistics.DEFAULT_BATCH,
+        default=stats_build.DEFAULT_BATCH,
         show_default=True,
         help="Documents per _mtermvectors request.",
     )(func)
@@ -88,7 +89,7 @@ def command() -> None:
 @_sweep_options
 def build(index: str, field: str, **opts: Any) -> None:
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index."""
-    for info in _sweep(statistics.build_snapshots, index, field, opts):
+    for info in _sweep(stats_build.build_snapshots, index, field, opts):
         click.echo(
             f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
@@ -102,7 +103,7 @@ def build(index: str, field: str, **opts: Any) -> None:
 @click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
 def refresh(index: str, field: str, rebuild: bool, **opts: Any) -> None:
     """Bring the snapshots of INDEX up to date (incremental when only appends happened)."""
-    for out in _sweep(statistics.refresh, index, field, opts, force_rebuild=rebuild):
+    for out in _sweep(stats_build.refresh, index, field, opts, force_rebuild=rebuild):
         snap = out.snapshot.snapshot if out.snapshot else "-"
         click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
 
@@ -110,7 +111,7 @@ def refresh(index: str, field: str, rebuild: bool, **opts: Any) -> None:
 def _sweep(
     call: Callable[..., Awaitable[T]], index: str, field: str, opts: dict[str, Any], **extra: Any
 ) -> T:
-    """Run `statistics.build_snapshots` or `statistics.refresh` with the shared options and a progress bar."""
+    """Run `stats_build.build_snapshots` or `stats_build.refresh` with the shared options and a progress bar."""
     base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
 
     async def go(session: aiohttp.ClientSession) -> T:
@@ -151,7 +152,7 @@ def show(
     wanted = [t for t in (x.strip() for x in terms.split(",")) if t]
 
     async def go(session: aiohttp.ClientSession) -> dict[str, Any]:
-        return await statistics.describe(session, base, index, field, headers, wanted, store=store)
+        return await stats_build.describe(session, base, index, field, headers, wanted, store=store)
 
     report = _run(go)
     if as_json:

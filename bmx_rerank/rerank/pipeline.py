@@ -23,7 +23,7 @@ from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.rescore import rescore
 from bmx_rerank.rerank.stats_source import StatsSource
-from bmx_rerank.statistics import StatsView
+from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import DocTerms, analyze, mtermvectors, search_analyzer
 
 log = logging.getLogger("bmx_rerank.proxy")

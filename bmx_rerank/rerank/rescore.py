@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.rerank.candidates import candidate_features
 from bmx_rerank.scoring import Query, Request, score_terms
+from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocTerms
 
 

@@ -1,6 +1,6 @@
 """Where corpus statistics come from, as the proxy sees it: anything with `StatsCache.get`'s shape.
 
-The running server uses `bmx_rerank.statistics.StatsCache` (built and refreshed from the cluster);
+The running server uses `bmx_rerank.stats.cache.StatsCache` (built and refreshed from the cluster);
 tests and fixed deployments inject a `FixedStats` with statistics computed elsewhere."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.errors import SearchError
-from bmx_rerank.statistics import StatsView
+from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.stats.corpus import CorpusStats
 
 
 class StatsSource(Protocol):

@@ -1,7 +1,7 @@
 """The client wrapper around the official clients, sync and async, against real engines.
 
 The test-vector corpus is indexed on 3 shards; statistics are built and stored through the cluster
-(`statistics.build_snapshots`, as `bmx-rerank stats build` does); the wrapper then reproduces the
+(`stats_build.build_snapshots`, as `bmx-rerank stats build` does); the wrapper then reproduces the
 expected scores and leaves every other call to the wrapped client."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
 from bmx_rerank.errors import SearchError
-from bmx_rerank.statistics import build_snapshots
+from bmx_rerank.stats.build import build_snapshots
 
 from .conftest import EngineClient
 

@@ -16,11 +16,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bmx_rerank import statistics
-from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.corpus import CorpusStats
 from tests.integration.conftest import EngineClient
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -52,7 +53,7 @@ class ProxyThread:
 
 async def _build(base: str, index: str, field: str) -> CorpusStats:
     async with aiohttp.ClientSession() as session:
-        return await statistics.build(session, base, index, field, {})
+        return await stats_build.build(session, base, index, field, {})
 
 
 def _bulk(engine: EngineClient, index: str, docs: dict[str, dict]) -> None:
@@ -307,7 +308,7 @@ def test_estimated_statistics_are_marked(engine):
         {"settings": {"number_of_shards": 1, "number_of_replicas": 0}, "mappings": MAPPINGS},
     )
     _bulk(engine, index, {str(i): {"body": " ".join(t)} for i, t in enumerate(VECTORS["corpus"])})
-    proxy = ProxyThread(engine.url, lambda session, base: statistics.StatsCache(session, base))
+    proxy = ProxyThread(engine.url, lambda session, base: StatsCache(session, base))
     try:
         resp = _via(engine, proxy).call(
             "POST", f"/{index}/_search", {"size": 5, "ext": {"bmx": {"field": "body", "query": "t0 t3"}}}

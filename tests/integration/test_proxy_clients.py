@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bmx_rerank import statistics
+from bmx_rerank.stats.cache import StatsCache
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread
 
@@ -39,7 +39,7 @@ def _body(resp: Any) -> dict:
 
 @pytest.fixture
 def proxy(engine: EngineClient):
-    proxy = ProxyThread(engine.url, lambda session, base: statistics.StatsCache(session, base))
+    proxy = ProxyThread(engine.url, lambda session, base: StatsCache(session, base))
     yield proxy
     proxy.close()
 

@@ -12,10 +12,11 @@ import aiohttp
 import numpy as np
 import pytest
 
-from bmx_rerank import scoring, statistics
-from bmx_rerank.corpus import CorpusStats
+from bmx_rerank import scoring
 from bmx_rerank.rerank.candidates import candidate_features
 from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, analyze, mtermvectors
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import SHARED, ProxyThread, _bulk
@@ -38,7 +39,7 @@ async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]
             refs = [DocRef(index, i) for i in ids[start : start + 200]]
             docs += await mtermvectors(session, base, refs, "body")
         tokens = [await analyze(session, base, index, "body", q) for q in queries]
-        built = await statistics.build(session, base, index, "body", {})
+        built = await stats_build.build(session, base, index, "body", {})
     return docs, tokens, built
 
 

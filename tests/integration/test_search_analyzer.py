@@ -9,7 +9,7 @@ import numpy as np
 
 from bmx_rerank import scoring
 from bmx_rerank.client import BMXClient
-from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.stats.corpus import CorpusStats
 
 from .conftest import EngineClient
 from .test_client import VECTORS, _official, index_vectors

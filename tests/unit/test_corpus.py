@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmx_rerank.corpus import CorpusStats, EntropyAccumulator, entropy_units, units_to_float
 from bmx_rerank.scoring import entropy_contribution
+from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator, entropy_units, units_to_float
 
 TERMS = ["a", "b", "c", "ünï", "long" * 20, "0,1"]
 doc_st = st.dictionaries(st.sampled_from(TERMS), st.integers(0, 60), max_size=6)

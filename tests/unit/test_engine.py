@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bmx_rerank import engine as eng
 from bmx_rerank.cli import main
+from bmx_rerank.testing import engine as eng
 
 # Verbatim lines from the real integ-test-zip jvm.options files.
 OS_219_JVM = """\

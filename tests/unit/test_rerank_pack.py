@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from bmx_rerank import scoring
-from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, candidate_features, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.rescore import rescore
+from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, DocTerms
 
 DOCS = {

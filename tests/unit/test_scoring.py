@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bmx_rerank import scoring
-from bmx_rerank.corpus import CorpusStats
+from bmx_rerank.stats.corpus import CorpusStats
 
 from . import naive
 

@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bmx_rerank.corpus import CorpusStats
 from bmx_rerank.errors import SearchError, UpstreamError
-from bmx_rerank.freshness import IndexMarks, ShardMark
-from bmx_rerank.statistics import StatsCache
-from bmx_rerank.stats_store import SnapshotInfo, encode_chunks
+from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.freshness import IndexMarks, ShardMark
+from bmx_rerank.stats.store import SnapshotInfo, encode_chunks
 
 TOKEN = "Basic c2VjcmV0"
 OTHER = "Basic b3RoZXI="  # a second user allowed to read the index
@@ -204,14 +204,15 @@ async def test_an_unreachable_cluster_during_a_check_keeps_the_cached_view():
 
 async def test_ndjson_calls_to_an_unreachable_cluster_are_502s_not_aiohttp_errors():
     """Publishing (`_bulk`) and estimated-mode df (`_msearch`) post NDJSON outside `request_json`."""
-    from bmx_rerank import statistics, stats_store
+    from bmx_rerank.stats import estimate
+    from bmx_rerank.stats import store as stats_store
 
     dead = "http://127.0.0.1:1"
     async with aiohttp.ClientSession() as session:
         with pytest.raises(SearchError) as bulk:
             await stats_store._bulk(session, dead, {}, "bmx-stats", [("delete", "x", None)])
         with pytest.raises(SearchError) as msearch:
-            await statistics.estimate_terms(session, dead, "idx", ["idx"], "body", ["a"], {})
+            await estimate.estimate_terms(session, dead, "idx", ["idx"], "body", ["a"], {})
     for err in (bulk.value, msearch.value):
         assert (err.status, err.type) == (502, "bmx_upstream_unreachable_exception")
     assert "/_bulk" in bulk.value.reason and "/_msearch" in msearch.value.reason

@@ -7,21 +7,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bmx_rerank import estimate
-from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
-from bmx_rerank.freshness import (
+from bmx_rerank.scoring import entropy_contribution
+from bmx_rerank.stats import estimate
+from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
+from bmx_rerank.stats.errors import StatisticsError
+from bmx_rerank.stats.freshness import (
     IndexMarks,
     ShardMark,
     appends_only,
     drifted,
     incremental_possible,
+    judge,
     new_operations,
     parse_shard_stats,
 )
-from bmx_rerank.scoring import entropy_contribution
-from bmx_rerank.statistics import judge
-from bmx_rerank.stats_errors import StatisticsError
-from bmx_rerank.stats_store import SnapshotInfo, decode_chunks, decode_units, encode_chunks, encode_units
+from bmx_rerank.stats.store import SnapshotInfo, decode_chunks, decode_units, encode_chunks, encode_units
 
 term_st = st.text(
     st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12

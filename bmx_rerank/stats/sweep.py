@@ -26,10 +26,10 @@ from urllib.parse import quote
 
 import aiohttp
 
-from bmx_rerank.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.errors import SearchError, UpstreamError
-from bmx_rerank.freshness import IndexMarks, parse_shard_stats, same_state
-from bmx_rerank.stats_errors import field_missing, no_index, not_text_field
+from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
+from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
+from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json, request_json_retrying
 
 KEEP_ALIVE = "5m"
@@ -423,3 +423,15 @@ def _ref(hit: Mapping[str, Any]) -> DocRef:
 def _enc(index_expr: str) -> str:
     """An index expression as a path segment (commas and wildcards kept, as the cluster expects)."""
     return quote(index_expr, safe=",*-_.:")
+
+
+async def marks_or_none(
+    session: aiohttp.ClientSession, base_url: str, index_expr: str, headers: Mapping[str, str]
+) -> dict[str, IndexMarks] | None:
+    """Markers, or None when the caller may not read index stats (freshness then reads as unknown)."""
+    try:
+        return await index_marks(session, base_url, index_expr, headers)
+    except UpstreamError as exc:
+        if exc.status in (401, 403):
+            return None
+        raise

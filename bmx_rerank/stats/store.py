@@ -33,10 +33,10 @@ import numpy as np
 import orjson
 from yarl import URL
 
-from bmx_rerank.corpus import CorpusStats, ExactStats, terms_array
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
-from bmx_rerank.freshness import IndexMarks
-from bmx_rerank.stats_errors import StatisticsError, corrupt_snapshot
+from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array
+from bmx_rerank.stats.errors import StatisticsError, corrupt_snapshot
+from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.upstream import request_json
 
 log = logging.getLogger(__name__)

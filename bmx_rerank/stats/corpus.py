@@ -265,3 +265,14 @@ def _combine(a: CorpusStats, b: CorpusStats, sign: int) -> CorpusStats:
         keep = df > 0
         terms, df, entropy = terms[keep], df[keep], np.maximum(entropy[keep], 0.0)
     return CorpusStats(n_docs, total, terms, df, entropy)
+
+
+def sum_in_order(parts: Sequence[CorpusStats]) -> CorpusStats:
+    """Sum statistics in the given order (callers pass indices sorted by name: a fixed float order).
+    One part is returned as is: no re-sorting of a large vocabulary for the common single index."""
+    if not parts:
+        return CorpusStats.empty()
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total

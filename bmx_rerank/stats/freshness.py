@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bmx_rerank.stats.store import SnapshotInfo
 
 
 @dataclass(frozen=True)
@@ -128,3 +131,53 @@ def appends_only(
     per_shard = all(found.get(shard, 0) == hi - lo for shard, (lo, hi) in ops.items())
     total = sum(found.get(shard, 0) for shard in ops)
     return per_shard and live_now == live_before + total
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """What is stored for one concrete index and whether the index changed since."""
+
+    index: str
+    field: str
+    snapshot: SnapshotInfo | None
+    current: IndexMarks | None  # None when `_stats` was not allowed or failed
+    stale: bool | None  # None: unknown (no snapshot, or no permission to read the markers)
+    reason: str
+    operations_since: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        info = self.snapshot
+        return {
+            "index": self.index,
+            "field": self.field,
+            "snapshot": info.snapshot if info else None,
+            "built_at": info.built_at if info else None,
+            "method": info.method if info else None,
+            "live_docs": info.live_docs if info else None,
+            "stale": self.stale,
+            "reason": self.reason,
+            "operations_since": self.operations_since,
+            "age_seconds": _age_seconds(info.built_at) if info else None,
+        }
+
+
+def judge(index: str, field: str, info: SnapshotInfo | None, current: IndexMarks | None) -> Freshness:
+    """Freshness of one index from its snapshot info and current markers (pure)."""
+    if info is None:
+        return Freshness(index, field, None, current, None, "no snapshot: estimated mode", None)
+    if current is None:
+        return Freshness(index, field, info, None, None, "sequence numbers unavailable", None)
+    ops = current.operations - info.marks.operations
+    if info.marks.uuid != current.uuid:
+        return Freshness(index, field, info, current, True, "index was recreated since the snapshot", None)
+    if drifted(info.marks, current):
+        return Freshness(index, field, info, current, True, f"{ops} write(s) since the snapshot", ops)
+    if not info.exact_marks:
+        return Freshness(index, field, info, current, True, "writes landed during the build", 0)
+    return Freshness(index, field, info, current, False, "up to date", 0)
+
+
+def _age_seconds(iso: str) -> float:
+    from datetime import datetime, timezone
+
+    return round((datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds(), 1)

@@ -1,0 +1,412 @@
+"""Building statistics: sweep, publish, refresh and describe snapshots (what `bmx-rerank stats` runs).
+
+- `build` sweeps the live documents of an index expression and returns exact `CorpusStats`;
+- `build_snapshots` / `refresh` do the same and publish snapshots to the store index (`store`);
+- `freshness` says, per concrete index, what is stored and whether the index moved on since;
+- `describe` is what `stats show --json` prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator, sum_in_order
+from bmx_rerank.stats.errors import empty_corpus
+from bmx_rerank.stats.freshness import (
+    Freshness,
+    IndexMarks,
+    appends_only,
+    drifted,
+    incremental_possible,
+    judge,
+    new_operations,
+    same_state,
+)
+from bmx_rerank.stats.store import CHUNK_TERMS, DEFAULT_STORE, SnapshotInfo, now_iso
+from bmx_rerank.stats.sweep import (
+    Progress,
+    SweepResult,
+    fold_pages,
+    index_marks,
+    live_count,
+    marks_or_none,
+    refresh_index,
+    resolve_text_field,
+    sweep_index,
+)
+from bmx_rerank.upstream import DocRef, request_json
+
+DEFAULT_BATCH = 200
+DEFAULT_CONCURRENCY = 4
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+async def build(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    progress: Progress | None = None,
+) -> CorpusStats:
+    """Exact statistics of `field` over every live document of an index, alias or pattern (summed)."""
+    results = await sweep_all(
+        session,
+        base_url,
+        index,
+        field,
+        headers,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        progress=progress,
+    )
+    return sum_in_order([r.stats for r in results.values()])
+
+
+async def sweep_all(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    progress: Progress | None = None,
+    only: Sequence[str] | None = None,
+    allow_empty: bool = False,
+) -> dict[str, SweepResult]:
+    """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
+    error when none of them holds a token in the field, unless `allow_empty`."""
+    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
+    out: dict[str, SweepResult] = {}
+    for name in indices if only is None else [i for i in indices if i in only]:
+        result = await sweep_index(
+            session,
+            base_url,
+            name,
+            field,
+            headers,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            progress=progress,
+        )
+        out[name] = result
+    if not allow_empty and out and all(r.stats.n_docs == 0 for r in out.values()):
+        # One empty index among others (a new daily index) is fine and gets an empty snapshot;
+        # nothing to build from at all is an error.
+        raise empty_corpus(",".join(out), field)
+    return out
+
+
+async def build_snapshots(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    store: str = DEFAULT_STORE,
+    batch_size: int = DEFAULT_BATCH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    progress: Progress | None = None,
+    only: Sequence[str] | None = None,
+    allow_empty: bool = False,
+) -> list[SnapshotInfo]:
+    """Full sweep of every concrete index behind `index_expr`, each published as a new snapshot.
+
+    Sweeps everything before publishing anything, so a failure leaves every pointer as it was."""
+    results = await sweep_all(
+        session,
+        base_url,
+        index_expr,
+        field,
+        headers,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        progress=progress,
+        only=only,
+        allow_empty=allow_empty,
+    )
+    infos = []
+    for name, result in results.items():
+        info = snapshot_info(
+            name,
+            field,
+            result.stats,
+            result.marks,
+            result.live_docs,
+            result.exact_marks,
+            result.seconds,
+            "build",
+            exact_units=True,
+        )
+        await store.publish(session, base_url, headers, info, result.stats, store, result.units)
+        infos.append(info)
+    return infos
+
+
+@dataclass(frozen=True)
+class RefreshOutcome:
+    """What `refresh` did for one concrete index."""
+
+    index: str
+    action: str  # "unchanged", "incremental", "rebuilt", "built"
+    reason: str
+    snapshot: SnapshotInfo | None
+    new_documents: int = 0
+
+
+async def refresh(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    store: str = DEFAULT_STORE,
+    batch_size: int = DEFAULT_BATCH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    progress: Progress | None = None,
+    force_rebuild: bool = False,
+) -> list[RefreshOutcome]:
+    """Bring each concrete index's snapshot up to date: nothing if unchanged, the appended documents
+    alone if only appends happened since (proved from sequence numbers and live counts), else a full
+    rebuild. Indices without a snapshot are built; an empty one among others gets an empty snapshot,
+    as with `build_snapshots`."""
+    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
+    pointers = await store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store)
+    outcomes = []
+    for name in indices:
+        info = pointers.get((name, field))
+        outcome = None
+        if info is None:
+            action, reason = "built", "no snapshot"
+        elif force_rebuild:
+            action, reason = "rebuilt", "rebuild requested"
+        else:
+            current = (await index_marks(session, base_url, name, headers)).get(name)
+            if current is not None and info.exact_marks and not drifted(info.marks, current):
+                outcomes.append(RefreshOutcome(name, "unchanged", "no write since the snapshot", info))
+                continue
+            if current is not None and info.exact_marks and incremental_possible(info.marks, current):
+                outcome = await _try_incremental(
+                    session, base_url, name, field, headers, store, info, current, batch_size, concurrency
+                )
+            action, reason = "rebuilt", _rebuild_reason(info, current)
+        if outcome is None:
+            (new,) = await build_snapshots(
+                session,
+                base_url,
+                name,
+                field,
+                headers,
+                store=store,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                progress=progress,
+                only=[name],
+                allow_empty=len(indices) > 1,
+            )
+            outcome = RefreshOutcome(name, action, reason, new, new.live_docs)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _rebuild_reason(info: SnapshotInfo, current: IndexMarks | None) -> str:
+    if current is None:
+        return "sequence numbers unavailable"
+    if not info.exact_marks:
+        return "writes landed during the last build"
+    if info.marks.uuid != current.uuid:
+        return "index was recreated"
+    if not incremental_possible(info.marks, current):
+        return "shard layout changed or writes in flight"
+    return "updates or deletes since the snapshot"
+
+
+async def _try_incremental(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    name: str,
+    field: str,
+    headers: Mapping[str, str],
+    store: str,
+    info: SnapshotInfo,
+    current: IndexMarks,
+    batch_size: int,
+    concurrency: int,
+) -> RefreshOutcome | None:
+    """Add the documents appended since the snapshot; None when that would not be exact."""
+    started = time.perf_counter()
+    await refresh_index(session, base_url, name, headers)
+    ops = new_operations(info.marks, current)
+    refs: dict[int, list[DocRef]] = {}
+    for shard, (lo, hi) in ops.items():
+        refs[shard] = await _docs_in_seq_range(session, base_url, name, shard, lo, hi, headers)
+    live_now = await live_count(session, base_url, name, headers)
+    found = {shard: len(r) for shard, r in refs.items()}
+    if not appends_only(ops, found, info.live_docs, live_now):
+        return None
+    acc = EntropyAccumulator()
+
+    async def pages() -> AsyncIterator[list[DocRef]]:
+        for r in refs.values():
+            yield r
+
+    await fold_pages(
+        session, base_url, pages(), field, headers, acc, batch_size=batch_size, concurrency=concurrency
+    )
+    after = (await index_marks(session, base_url, name, headers)).get(name)
+    if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
+        return None  # a write raced the refresh: a rebuild is the safe answer
+    old = await store.load_exact(session, base_url, headers, info, store)
+    if old is None:
+        return None  # a snapshot without exact sums: rebuild rather than add rounded floats
+    total = old + acc.finish_exact()  # integer sums, rounded once: bit-identical to a rebuild
+    new_info = snapshot_info(
+        name,
+        field,
+        total.stats,
+        current,
+        live_now,
+        True,
+        time.perf_counter() - started,
+        "refresh",
+        exact_units=True,
+    )
+    await store.publish(session, base_url, headers, new_info, total.stats, store, total.units)
+    return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
+
+
+async def _docs_in_seq_range(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    shard: int,
+    lo: int,
+    hi: int,
+    headers: Mapping[str, str],
+    page: int = 1000,
+) -> list[DocRef]:
+    """Live documents of one shard whose `_seq_no` lies in (lo, hi], paged on `_seq_no`."""
+    out: list[DocRef] = []
+    after: list[Any] | None = None
+    url = f"{base_url}/{quote(index)}/_search?preference=_shards:{shard}"
+    while True:
+        body: dict[str, Any] = {
+            "size": page,
+            "_source": False,
+            "query": {"range": {"_seq_no": {"gt": lo, "lte": hi}}},
+            "sort": [{"_seq_no": "asc"}],
+            "track_total_hits": False,
+        }
+        if after is not None:
+            body["search_after"] = after
+        hits = (await request_json(session, "POST", url, body, headers))["hits"]["hits"]
+        out.extend(DocRef(h["_index"], h["_id"], h.get("_routing")) for h in hits)
+        if len(hits) < page:
+            return out
+        after = hits[-1]["sort"]
+
+
+def snapshot_info(
+    name: str,
+    field: str,
+    stats: CorpusStats,
+    marks: IndexMarks,
+    live_docs: int,
+    exact: bool,
+    seconds: float,
+    method: str,
+    *,
+    exact_units: bool = False,
+) -> SnapshotInfo:
+    """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk)."""
+    n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
+    return SnapshotInfo(
+        uuid.uuid4().hex,
+        name,
+        field,
+        stats.n_docs,
+        stats.total_length,
+        stats.vocabulary_size,
+        n_chunks,
+        live_docs,
+        marks,
+        exact,
+        now_iso(),
+        round(seconds, 3),
+        method,
+        exact_units,
+    )
+
+
+# --- freshness ------------------------------------------------------------------------------------
+
+
+async def freshness(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    store: str = DEFAULT_STORE,
+) -> list[Freshness]:
+    """Per concrete index: the stored snapshot and whether the index changed since (cheap: three calls)."""
+    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
+    pointers, marks = await asyncio.gather(
+        store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store),
+        marks_or_none(session, base_url, index_expr, headers),
+    )
+    return [
+        judge(name, field, pointers.get((name, field)), None if marks is None else marks.get(name))
+        for name in indices
+    ]
+
+
+async def describe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index_expr: str,
+    field: str,
+    headers: Mapping[str, str],
+    terms: Sequence[str] = (),
+    *,
+    store: str = DEFAULT_STORE,
+) -> dict[str, Any]:
+    """What `stats show --json` prints: the summed statistics the proxy would use, their freshness per
+    index, and df / raw entropy of `terms` (given in their indexed, analyzed form)."""
+    view = await StatsCache(session, base_url, store=store).get(index_expr, field, headers)
+    view = await view.for_terms(terms)
+    fresh = await freshness(session, base_url, index_expr, field, headers, store=store)
+    df, entropy = view.corpus.lookup(terms)
+    return {
+        "index": index_expr,
+        "field": field,
+        "n_docs": view.corpus.n_docs,
+        "total_length": view.corpus.total_length,
+        "avgdl": view.corpus.avgdl,
+        # estimated mode holds only the terms asked about: its vocabulary size means nothing
+        "vocabulary_size": None if view.estimated else view.corpus.vocabulary_size,
+        "estimated": view.estimated,
+        "stale": view.stale,
+        "built_at": view.built_at,
+        "freshness": [f.to_json() for f in fresh],
+        "terms": {t: {"df": int(d), "entropy": float(e)} for t, d, e in zip(terms, df, entropy, strict=True)},
+    }
