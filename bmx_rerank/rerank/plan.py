@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.rerank.query import Node, Text
 from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import match_clause, widen
 
@@ -34,6 +35,7 @@ class Plan:
     wants_seq_no: bool = False
     skipped: str | None = None
     filter_path: str | None = None  # the client's, applied to the reranked answer (see filter_path)
+    scoring: Node | None = None  # what is scored and how the parts combine (see `query`)
 
 
 def plan_search(
@@ -102,7 +104,10 @@ def plan_search(
     first["size"] = spec.window_size
     wants_seq_no = bool(source.get("seq_no_primary_term")) or _truthy(params.get("seq_no_primary_term"))
     first["seq_no_primary_term"] = True
-    return Plan(first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path)
+    scoring = Text(spec.field, text)
+    return Plan(
+        first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path, scoring=scoring
+    )
 
 
 def _pop_ext_bmx(body: dict[str, Any] | None) -> Any:
