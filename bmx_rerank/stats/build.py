@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator, sum_in_order
 from bmx_rerank.stats.errors import empty_corpus
@@ -155,7 +156,7 @@ async def build_snapshots(
             "build",
             exact_units=True,
         )
-        await store.publish(session, base_url, headers, info, result.stats, store, result.units)
+        await stats_store.publish(session, base_url, headers, info, result.stats, store, result.units)
         infos.append(info)
     return infos
 
@@ -189,7 +190,9 @@ async def refresh(
     rebuild. Indices without a snapshot are built; an empty one among others gets an empty snapshot,
     as with `build_snapshots`."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
-    pointers = await store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store)
+    pointers = await stats_store.read_pointers(
+        session, base_url, headers, [(i, field) for i in indices], store
+    )
     outcomes = []
     for name in indices:
         info = pointers.get((name, field))
@@ -274,7 +277,7 @@ async def _try_incremental(
     after = (await index_marks(session, base_url, name, headers)).get(name)
     if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
         return None  # a write raced the refresh: a rebuild is the safe answer
-    old = await store.load_exact(session, base_url, headers, info, store)
+    old = await stats_store.load_exact(session, base_url, headers, info, store)
     if old is None:
         return None  # a snapshot without exact sums: rebuild rather than add rounded floats
     total = old + acc.finish_exact()  # integer sums, rounded once: bit-identical to a rebuild
@@ -289,7 +292,7 @@ async def _try_incremental(
         "refresh",
         exact_units=True,
     )
-    await store.publish(session, base_url, headers, new_info, total.stats, store, total.units)
+    await stats_store.publish(session, base_url, headers, new_info, total.stats, store, total.units)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
 
 
@@ -371,7 +374,7 @@ async def freshness(
     """Per concrete index: the stored snapshot and whether the index changed since (cheap: three calls)."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     pointers, marks = await asyncio.gather(
-        store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store),
+        stats_store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store),
         marks_or_none(session, base_url, index_expr, headers),
     )
     return [
