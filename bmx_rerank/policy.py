@@ -1,12 +1,16 @@
 """Server-side rerank policies: the drop-in case, where clients change nothing at all.
 
-A policy maps an index pattern to a field and BMX parameters. It applies to a search without
-`ext.bmx` whose query is a plain `match` on that field (or a `multi_match` that includes it); every
-other search is left alone. One rule per line, in a file or a repeated `--policy` option:
+A policy maps an index pattern to fields and BMX parameters. It applies to a search without `ext.bmx`
+whose scoring clauses are text queries on its fields (`match`, `multi_match`, `bool` must/should, ...),
+whatever filters surround them; a search that names none of its fields is left alone, and one it
+cannot rerank is forwarded as sent, marked with the reason. One rule per line, in a file or a repeated
+`--policy` option:
 
-    PATTERN=FIELD[,key=value,...]      e.g.   articles-*=body,window_size=200,normalize=paper
+    PATTERN=FIELDS[,key=value,...]     e.g.   articles-*=body,window_size=200,normalize=paper
+                                              papers=title^2|abstract,window_size=100
 
-Keys are those of `ext.bmx` except `query` and `augment`. Blank lines and `#` comments are ignored.
+FIELDS is one field, or several separated by `|`, each with an optional `^weight` (as `ext.bmx.fields`).
+Keys are those of `ext.bmx` except `query`, `augment`, `field` and `fields`. Blank lines and `#` comments are ignored.
 The first rule whose pattern matches wins; a comma-separated index expression matches a rule only when
 every part does (each part is an index name, alias or pattern, compared with shell-style wildcards)."""
 
@@ -21,7 +25,7 @@ from typing import Any
 from bmx_rerank.errors import SearchError
 from bmx_rerank.rerank.spec import RerankSpec, parse_spec
 
-NOT_IN_POLICY = ("query", "augment")
+NOT_IN_POLICY = ("query", "augment", "field", "fields")
 
 
 @dataclass(frozen=True)
@@ -35,19 +39,21 @@ class PolicyError(ValueError):
 
 
 def parse_rule(line: str, *, widen_default: bool = True) -> Rule:
-    """One `PATTERN=FIELD[,key=value...]` rule."""
+    """One `PATTERN=FIELDS[,key=value...]` rule."""
     pattern, sep, rest = line.strip().partition("=")
     parts = [p.strip() for p in rest.split(",")]
     if not sep or not pattern.strip() or not parts[0]:
-        raise PolicyError(f"policy {line!r}: expected PATTERN=FIELD[,key=value,...]")
-    raw: dict[str, Any] = {"field": parts[0]}
+        raise PolicyError(f"policy {line!r}: expected PATTERN=FIELDS[,key=value,...]")
+    fields = [f.strip() for f in parts[0].split("|")]
+    raw: dict[str, Any] = {"fields": fields} if len(fields) > 1 or "^" in parts[0] else {"field": parts[0]}
     for part in parts[1:]:
         key, eq, value = part.partition("=")
         key = key.strip()
         if not eq or not key:
             raise PolicyError(f"policy {line!r}: expected key=value, got {part!r}")
         if key in NOT_IN_POLICY:
-            raise PolicyError(f"policy {line!r}: [{key}] comes from the request, not from a policy")
+            where = "the FIELDS part" if key.startswith("field") else "the request"
+            raise PolicyError(f"policy {line!r}: [{key}] comes from {where}, not from a key")
         raw[key] = _value(value.strip())
     try:
         return Rule(pattern.strip(), parse_spec(raw, widen_default=widen_default, where="policy"))

@@ -372,9 +372,9 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
     params = {k: v for k, v in request.query.items()}
     plan = plan_search(body, params, policy, widen_default=config.widen, skip=_unreadable_format(request))
     if plan.spec is None:
-        if plan.body == body:
-            return await _forward(request, raw or None)
         extra = {MARKER_HEADER: f"skipped; reason={plan.skipped}"} if plan.skipped else None
+        if plan.body == body:  # a policy's search: its original bytes
+            return await _forward(request, raw or None, extra=extra)
         return await _forward(request, orjson.dumps(plan.body), headers=_json_headers(request), extra=extra)
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")

@@ -7,14 +7,14 @@ honour (a non-score `sort`, `scroll`, a point in time, `search_after`) pass thro
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
-from bmx_rerank.rerank.query import Node, Text
+from bmx_rerank.rerank.query import Declined, Node, Text, on_fields, restrict, understand, weigh
 from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
-from bmx_rerank.rerank.widen import match_clause, widen
+from bmx_rerank.rerank.widen import text_clause, widen
 
 DEFAULT_SIZE = 10
 
@@ -38,6 +38,19 @@ class Plan:
     scoring: Node | None = None  # what is scored and how the parts combine (see `query`)
 
 
+# Top-level parts that score (or pick hits) beside the query: declined unless `ext.bmx.combine` says how
+# BMX meets the first stage's score. `collapse` is declined always: each group's hit is picked by the
+# cluster's score.
+OTHER_SCORING = ("knn", "sub_searches", "rank", "retriever", "rescore", "indices_boost", "min_score")
+ALWAYS_DECLINED = ("collapse",)
+RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage besides `query`
+
+# Execution scores a single `Text` leaf on `spec.field` until it scores whole trees (several fields,
+# boosts, sum/max): until then planning declines other trees (`reason=scoring_tree`) rather than have
+# them scored wrong. The execution side sets this to True when `pipeline` scores `Plan.scoring`.
+EXECUTES_TREES = False
+
+
 def plan_search(
     body: Mapping[str, Any] | None,
     params: Mapping[str, str],
@@ -47,7 +60,10 @@ def plan_search(
     skip: str | None = None,
 ) -> Plan:
     """Decide how to serve a search. `policy` is the server-side spec for this index, if any; `skip`, a
-    reason the caller already knows not to rerank (`ext.bmx` is still validated and removed)."""
+    reason the caller already knows not to rerank (`ext.bmx` is still validated and removed).
+
+    A declined search goes as sent (`ext.bmx` removed) with `skipped` set. Under a policy, a search that
+    names none of the policy's fields in its query is not the policy's business: it passes unmarked."""
     body_out = copy.deepcopy(dict(body)) if body is not None else None
     params_out = dict(params)
     raw = _pop_ext_bmx(body_out)
@@ -56,20 +72,32 @@ def plan_search(
     spec = parse_spec(raw, widen_default=widen_default) if raw is not None else policy
     assert spec is not None
     source = body_out or {}
-    skipped = skip or _unpageable(source, params)
-    if skipped:
-        return Plan(body_out, params_out, skipped=skipped if raw is not None else None)
     query = source.get("query")
-    if raw is None:  # policy: only a plain match/multi_match on the field, nothing else is touched
-        text = plain_match_text(query, spec.field)
-        if text is None:
+    if raw is None and not mentions(query, spec.field_names):
+        return Plan(body_out, params_out)
+
+    def declined(reason: str) -> Plan:
+        return Plan(body_out, params_out, skipped=reason)
+
+    skipped = skip or _unpageable(source, params) or _other_scoring(source, spec.combine)
+    if skipped:
+        return declined(skipped)
+    try:
+        scoring = scoring_tree(query, spec)
+    except Declined as exc:
+        return declined(exc.reason)
+    if scoring is None:
+        if raw is None:
             return Plan(body_out, params_out)
-    else:
-        text = spec.query if spec.query is not None else find_match_text(query, spec.field)
-        if text is None:
-            raise bad_request(
-                f"[bmx] needs [query]: the request has no match query on field [{spec.field}] to take it from"
-            )
+        raise bad_request(
+            f"[bmx] needs [query]: the request has no text query on [{', '.join(spec.field_names)}] "
+            "to take it from, nor [ext.bmx.query]"
+        )
+    if not EXECUTES_TREES:
+        if not isinstance(scoring, Text) or scoring.boost != 1.0:
+            return declined("scoring_tree")
+        if scoring.field != spec.field:
+            spec = replace(spec, field=scoring.field)
     try:
         from_ = _int_param(params, source, "from", 0)
         size = _int_param(params, source, "size", DEFAULT_SIZE)
@@ -97,17 +125,67 @@ def plan_search(
     # The window needs _index, _id, _score and _seq_no, which a filter_path may drop: it is applied to
     # the answer instead, after the rerank.
     filter_path = params_out.pop("filter_path", None)
-    if query is None:
-        query = match_clause(spec.field, text)
-    first["query"] = widen(query, spec.field, spec.augment.queries) if spec.widen else query
+    retrieval = any(k in source for k in RETRIEVAL)
+    if query is None and not retrieval and spec.query is not None:
+        query = text_clause(spec.field_names, spec.query)
+    # Widening adds to the first stage's score: a combination that reads that score is not widened.
+    if spec.widen and spec.combine in (None, "replace") and (query is not None or not retrieval):
+        query = widen(query, spec.field_names, spec.augment.queries)
+    if query is not None:
+        first["query"] = query
     first["from"] = 0
     first["size"] = spec.window_size
     wants_seq_no = bool(source.get("seq_no_primary_term")) or _truthy(params.get("seq_no_primary_term"))
     first["seq_no_primary_term"] = True
-    scoring = Text(spec.field, text)
+    text = scoring.text if isinstance(scoring, Text) else ""
     return Plan(
         first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path, scoring=scoring
     )
+
+
+def scoring_tree(query: Any, spec: RerankSpec) -> Node | None:
+    """What the rerank scores: `ext.bmx.query` on the spec's fields (as multi_match `best_fields`), or
+    the query's own text clauses, restricted to the spec's fields and weighted by their weights.
+
+    Raises `Declined` for a query BMX cannot score; with `combine`, such clauses are left to the first
+    stage's score the combination reads."""
+    lenient = spec.combine is not None
+    if spec.query is not None:
+        tree: Node | None = on_fields(spec.query, [(name, 1.0) for name in spec.field_names])
+    elif query is None:
+        return None
+    else:
+        tree = understand(query, lenient=lenient)
+        tree = restrict(tree, spec.field_names, lenient=lenient) if tree is not None else None
+    return weigh(tree, dict(spec.fields)) if tree is not None else None
+
+
+def mentions(query: Any, fields: Sequence[str]) -> bool:
+    """True when the query names one of `fields` anywhere (as a key, or in a `fields`/`default_field`)."""
+    if isinstance(query, Mapping):
+        for key, value in query.items():
+            if key in fields:
+                return True
+            if key in ("fields", "default_field"):
+                names = value if isinstance(value, list) else [value]
+                if any(isinstance(n, str) and n.split("^", 1)[0] in fields for n in names):
+                    return True
+            if mentions(value, fields):
+                return True
+    elif isinstance(query, list):
+        return any(mentions(item, fields) for item in query)
+    return False
+
+
+def _other_scoring(body: Mapping[str, Any], combine: str | None) -> str | None:
+    for key in ALWAYS_DECLINED:
+        if key in body:
+            return key
+    if combine is None:
+        for key in OTHER_SCORING:
+            if body.get(key) is not None:
+                return key
+    return None
 
 
 def _pop_ext_bmx(body: dict[str, Any] | None) -> Any:
@@ -150,51 +228,6 @@ def score_sorted(sort: Any) -> bool:
         else:
             return False
     return True
-
-
-def plain_match_text(query: Any, field: str) -> str | None:
-    """The text of a top-level `match` on `field` or `multi_match` whose fields include it, else None."""
-    if not isinstance(query, Mapping) or len(query) != 1:
-        return None
-    if "match" in query:
-        return _match_text(query["match"], field)
-    if "multi_match" in query:
-        return _multi_match_text(query["multi_match"], field)
-    return None
-
-
-def find_match_text(query: Any, field: str) -> str | None:
-    """Like `plain_match_text`, also looking inside `bool` clauses (first hit, depth first)."""
-    text = plain_match_text(query, field)
-    if text is not None or not isinstance(query, Mapping):
-        return text
-    body = query.get("bool")
-    if not isinstance(body, Mapping):
-        return None
-    for clause in ("must", "should", "filter"):
-        items = body.get(clause, [])
-        for item in items if isinstance(items, list) else [items]:
-            text = find_match_text(item, field)
-            if text is not None:
-                return text
-    return None
-
-
-def _match_text(match: Any, field: str) -> str | None:
-    if not isinstance(match, Mapping) or field not in match:
-        return None
-    value = match[field]
-    if isinstance(value, Mapping):
-        value = value.get("query")
-    return value if isinstance(value, str) else None
-
-
-def _multi_match_text(mm: Any, field: str) -> str | None:
-    if not isinstance(mm, Mapping) or not isinstance(mm.get("query"), str):
-        return None
-    fields = mm.get("fields", [])
-    names = [f.split("^", 1)[0] for f in (fields if isinstance(fields, list) else [fields])]
-    return mm["query"] if field in names else None
 
 
 def _int_param(params: Mapping[str, str], body: Mapping[str, Any], name: str, default: int) -> int:

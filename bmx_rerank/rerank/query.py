@@ -13,9 +13,11 @@ first stage and is not in the tree."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Literal
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 How = Literal["sum", "max"]
 
@@ -54,3 +56,255 @@ def leaves(node: Node) -> Iterator[Text]:
 def fields(node: Node) -> list[str]:
     """The distinct fields a tree scores, in first-seen order (one statistics lookup each)."""
     return list(dict.fromkeys(leaf.field for leaf in leaves(node)))
+
+
+class Declined(Exception):
+    """A search BMX cannot score exactly: it goes to the cluster as sent, and the answer says
+    `X-BMX-Rerank: skipped; reason=<reason>`. `reason` is a short, stable token (see docs/proxy.md)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+# What a query type scores like. Anything else in a scoring position declines with its own name as the
+# reason (`term`, `function_score`, `nested`, `knn`, ...): its score is not a text score BMX reproduces.
+MULTI_MATCH_TYPES = {
+    "best_fields": "max",
+    "phrase": "max",  # each field's phrase scored on its terms, the best field plus tie_breaker x the rest
+    "most_fields": "sum",
+    # BMX has no blended or BM25F statistics: these are scored as most_fields, each field on its own
+    # statistics, weighted by its boost, summed (docs/proxy.md states the rule).
+    "cross_fields": "sum",
+    "combined_fields": "sum",
+}
+READ = (
+    "match",
+    "match_phrase",
+    "multi_match",
+    "combined_fields",
+    "query_string",
+    "simple_query_string",
+    "bool",
+)
+READ += ("dis_max",)
+PREFIX_TYPES = {"phrase_prefix": "match_phrase_prefix", "bool_prefix": "match_bool_prefix"}
+# query_string / simple_query_string are scored only when their text is plain words (the cluster's
+# parser then builds exactly a multi_match of their `type`); any operator or syntax declines.
+_QS_SYNTAX = re.compile(r'[=&|><!(){}\[\]^"~*?:\\/]|(?:^|\s)[+-]|\b(?:AND|OR|NOT)\b')
+_SQS_SYNTAX = re.compile(r'[+|"*()~\\]|(?:^|\s)-')
+
+
+def understand(query: Any, *, lenient: bool = False) -> Node | None:
+    """The scoring tree of a search's `query`: what its text clauses score and how they combine.
+
+    None when nothing in it scores text (only filters, `match_all`). Non-scoring parts (bool `filter`
+    and `must_not`) are not in the tree: they stay with the first stage, untouched. A clause that scores
+    in a way BMX cannot reproduce raises `Declined`, unless `lenient` (the caller combines BMX with the
+    first stage's own score, which carries that clause): it is then left out of the tree."""
+    return _Reader(lenient).node(query, in_max=False)
+
+
+def on_fields(text: str, fields: Sequence[tuple[str, float]], how: How = "max") -> Node:
+    """`text` scored on several weighted fields (one field: a plain `Text`)."""
+    if len(fields) == 1:
+        name, boost = fields[0]
+        return Text(name, text, boost)
+    return Combine(how, tuple(Text(name, text, boost) for name, boost in fields))
+
+
+def weigh(node: Node, boosts: Mapping[str, float]) -> Node:
+    """Every leaf multiplied by its field's weight in `boosts` (a field absent weighs 1)."""
+    if isinstance(node, Text):
+        return boosted(node, boosts.get(node.field, 1.0))
+    return replace(node, parts=tuple(weigh(p, boosts) for p in node.parts))
+
+
+def restrict(node: Node, allowed: Sequence[str], *, lenient: bool = False) -> Node | None:
+    """The tree if it scores only `allowed` fields. Otherwise `Declined("field")`, or with `lenient` the
+    tree without the other fields' leaves (None if nothing is left)."""
+    if isinstance(node, Text):
+        if node.field in allowed:
+            return node
+        if lenient:
+            return None
+        raise Declined("field", f"[{node.field}] is not a field the rerank scores ({', '.join(allowed)})")
+    parts = [p for p in (restrict(p, allowed, lenient=lenient) for p in node.parts) if p is not None]
+    return _fold(node.how, parts, node.tie_breaker, node.boost)
+
+
+def boosted(node: Node, boost: float) -> Node:
+    """`node` with its boost multiplied by `boost`."""
+    return node if boost == 1.0 else replace(node, boost=node.boost * boost)
+
+
+def parse_field(spec: str) -> tuple[str, float]:
+    """`"title^2"` -> `("title", 2.0)`, `"title"` -> `("title", 1.0)`; ValueError if malformed."""
+    name, caret, boost = spec.partition("^")
+    if not name or (caret and not boost):
+        raise ValueError(f"expected NAME or NAME^BOOST, got [{spec}]")
+    try:
+        value = float(boost) if caret else 1.0
+    except ValueError:
+        raise ValueError(f"expected NAME or NAME^BOOST, got [{spec}]") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"boost of [{name}] must be a finite number >= 0, got [{boost}]")
+    return name, value
+
+
+def _fold(how: How, parts: Sequence[Node], tie_breaker: float, boost: float) -> Node | None:
+    """A Combine of `parts`, or the one part itself (boost carried over), or None."""
+    if not parts:
+        return None
+    if len(parts) == 1:  # a sum or max of one part is that part
+        return boosted(parts[0], boost)
+    return Combine(how, tuple(parts), tie_breaker, boost)
+
+
+class _Reader:
+    """One walk of a query: each query type's reading, with the leniency of the walk."""
+
+    def __init__(self, lenient: bool) -> None:
+        self.lenient = lenient
+
+    def decline(self, reason: str, detail: str = "") -> None:
+        if not self.lenient:
+            raise Declined(reason, detail)
+
+    def node(self, query: Any, *, in_max: bool) -> Node | None:
+        if not isinstance(query, Mapping) or len(query) != 1:
+            raise Declined("malformed", "a query is an object with one key: the cluster answers for it")
+        kind, body = next(iter(query.items()))
+        if kind == "match_all":
+            if in_max:  # a constant inside a max is not a shift: it may win the max
+                self.decline("match_all", "match_all inside dis_max or best_fields")
+            return None  # adds the same constant to every hit of a sum: left out
+        if kind == "match_none":
+            return None
+        read = getattr(self, f"_{kind}", None) if kind in READ else None
+        if read is None:
+            self.decline(kind, f"[{kind}] scores in a way BMX does not reproduce")
+            return None
+        if not isinstance(body, Mapping):
+            raise Declined("malformed", f"[{kind}] expects an object")
+        return read(body)
+
+    def _match(self, body: Mapping[str, Any], kind: str = "match") -> Node | None:
+        if len(body) != 1:
+            raise Declined("malformed", f"[{kind}] expects one field")
+        field, value = next(iter(body.items()))
+        options: Mapping[str, Any] = value if isinstance(value, Mapping) else {"query": value}
+        if not self._plain_options(options):
+            return None
+        return Text(field, _text(options.get("query")), _boost(options))
+
+    def _match_phrase(self, body: Mapping[str, Any]) -> Node | None:
+        # The phrase (and its slop) decides which documents match, in the first stage; its terms are scored.
+        return self._match(body, "match_phrase")
+
+    def _multi_match(self, body: Mapping[str, Any]) -> Node | None:
+        kind = body.get("type", "best_fields")
+        if kind in PREFIX_TYPES:
+            self.decline(PREFIX_TYPES[kind], f"multi_match type [{kind}] expands terms")
+            return None
+        if kind not in MULTI_MATCH_TYPES:
+            raise Declined("malformed", f"unknown multi_match type [{kind}]")
+        return self._on_fields(body, body.get("fields"), MULTI_MATCH_TYPES[kind])
+
+    def _combined_fields(self, body: Mapping[str, Any]) -> Node | None:
+        return self._on_fields(body, body.get("fields"), "sum")
+
+    def _query_string(self, body: Mapping[str, Any]) -> Node | None:
+        if _QS_SYNTAX.search(_text(body.get("query"))):
+            self.decline("query_string", "query_string syntax beyond plain words")
+            return None
+        fields = body.get("fields", [body["default_field"]] if "default_field" in body else None)
+        kind = body.get("type", "best_fields")
+        if kind in PREFIX_TYPES or kind not in MULTI_MATCH_TYPES:
+            self.decline("query_string", f"query_string type [{kind}]")
+            return None
+        return self._on_fields(body, fields, MULTI_MATCH_TYPES[kind])
+
+    def _simple_query_string(self, body: Mapping[str, Any]) -> Node | None:
+        plain = str(body.get("flags", "ALL")).upper() == "NONE"
+        if not plain and _SQS_SYNTAX.search(_text(body.get("query"))):
+            self.decline("simple_query_string", "simple_query_string syntax beyond plain words")
+            return None
+        # The cluster sums every term on every field: per field, that is most_fields.
+        return self._on_fields(body, body.get("fields"), "sum")
+
+    def _bool(self, body: Mapping[str, Any]) -> Node | None:
+        parts = [
+            node
+            for clause in ("must", "should")  # filter and must_not only decide matching
+            for item in _items(body.get(clause))
+            if (node := self.node(item, in_max=False)) is not None
+        ]
+        return _fold("sum", parts, 0.0, _boost(body))
+
+    def _dis_max(self, body: Mapping[str, Any]) -> Node | None:
+        parts = [n for q in _items(body.get("queries")) if (n := self.node(q, in_max=True)) is not None]
+        return _fold("max", parts, _number(body.get("tie_breaker", 0.0), "tie_breaker"), _boost(body))
+
+    def _on_fields(self, body: Mapping[str, Any], fields: Any, how: How) -> Node | None:
+        if not self._plain_options(body):
+            return None
+        if fields is None or fields == []:
+            self.decline("default_field", "no fields: the index's default_field decides, unknown here")
+            return None
+        names = fields if isinstance(fields, list) else [fields]
+        try:
+            weighted = [parse_field(f) if isinstance(f, str) else _bad(f) for f in names]
+        except ValueError as exc:
+            raise Declined("malformed", str(exc)) from None
+        if any("*" in name for name, _ in weighted):
+            self.decline("field_pattern", "a field pattern expands to fields known only to the mapping")
+            return None
+        text = _text(body.get("query"))
+        tie = _number(body.get("tie_breaker", 0.0), "tie_breaker") if how == "max" else 0.0
+        return _fold(how, [Text(n, text, b) for n, b in weighted], tie, _boost(body))
+
+    def _plain_options(self, options: Mapping[str, Any]) -> bool:
+        fuzziness = options.get("fuzziness")
+        if fuzziness not in (None, 0, "0"):
+            self.decline("fuzzy", "fuzzy expansions are scored by the cluster's rewrite")
+            return False
+        if options.get("analyzer") is not None:
+            self.decline("analyzer", "the query names its own analyzer")
+            return False
+        return True
+
+
+def _items(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise Declined("malformed", "the query text must be a string")
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise Declined("malformed", f"[{name}] must be a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise Declined("malformed", f"[{name}] must be a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise Declined("malformed", f"[{name}] must be a finite number >= 0")
+    return number
+
+
+def _boost(options: Mapping[str, Any]) -> float:
+    return _number(options.get("boost", 1.0), "boost")
+
+
+def _bad(value: Any) -> tuple[str, float]:
+    raise ValueError(f"a field must be a string, got {value!r}")

@@ -12,13 +12,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.rerank.query import parse_field
 from bmx_rerank.scoring import MODES, NORMALIZATIONS, WQA_MODES, Request
 
 DEFAULT_WINDOW = 100
 MAX_WINDOW = 10_000  # Elasticsearch's index.max_result_window default: a bigger window fails upstream anyway
 
+COMBINE = ("replace", "linear", "rrf")
+MAX_FIELDS = 32
+
 KEYS = (
     "field",
+    "fields",
+    "combine",
+    "weight",
+    "rank_constant",
     "query",
     "window_size",
     "alpha",
@@ -61,6 +69,22 @@ class RerankSpec:
     wqa_mode: str = "merged"
     widen: bool = True
     explain: bool = False
+    # Several fields: (name, weight) pairs; empty means `field` alone. A weight multiplies every leaf
+    # on that field in the scoring tree (see `query.weigh`).
+    fields: tuple[tuple[str, float], ...] = ()
+    # Hybrid: how BMX meets the first stage's own score (None: only plain text scoring is reranked).
+    combine: str | None = None
+    weight: float = 0.5  # `linear`: the weight of the normalized first-stage score
+    rank_constant: int = 60  # `rrf`: as Elasticsearch's RRF
+
+    def __post_init__(self) -> None:
+        if not self.fields:
+            object.__setattr__(self, "fields", ((self.field, 1.0),))
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The fields this rerank may score, in the order given."""
+        return tuple(name for name, _ in self.fields)
 
     def scoring_request(self) -> Request:
         """The scoring core's view of these parameters."""
@@ -74,6 +98,8 @@ class RerankSpec:
             "window_size": self.window_size,
             "normalize": self.normalize,
             "wqa_mode": self.wqa_mode if self.augment.queries else None,
+            **({"fields": list(self.field_names)} if len(self.fields) > 1 else {}),
+            **({"combine": self.combine} if self.combine else {}),
         }
 
 
@@ -84,10 +110,22 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
     unknown = [k for k in raw if k not in KEYS]
     if unknown:
         raise _parse_error(f"[{where}] unknown field [{unknown[0]}]")
-    if "field" not in raw:
+    fields = _fields(raw, where) if raw.get("fields") is not None else ()
+    if "field" not in raw and not fields:
         raise bad_request(f"[{where}] requires [field]: the text field to rerank on")
-    spec = RerankSpec(field=_string(raw, "field", where), widen=widen_default)
+    first = _string(raw, "field", where) if "field" in raw else fields[0][0]
+    if fields and first not in (name for name, _ in fields):
+        raise bad_request(f"[{where}] [field] [{first}] must be one of [fields]")
+    spec = RerankSpec(field=first, widen=widen_default, fields=fields)
     values: dict[str, Any] = {}
+    if raw.get("combine") is not None:
+        values["combine"] = _choice(raw, "combine", where, COMBINE)
+    if raw.get("weight") is not None:
+        values["weight"] = _number(raw, "weight", where, minimum=0.0)
+        if values["weight"] > 1:
+            raise bad_request(f"[{where}] [weight] must lie in [0, 1], got {values['weight']}")
+    if raw.get("rank_constant") is not None:
+        values["rank_constant"] = _integer(raw, "rank_constant", where, 1, 1_000_000)
     if raw.get("query") is not None:
         values["query"] = _string(raw, "query", where, allow_empty=True)
     if "window_size" in raw:
@@ -118,6 +156,25 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
     except ValueError as exc:  # the core's own checks, should a combination slip through
         raise bad_request(f"[{where}] {exc}") from exc
     return spec
+
+
+def _fields(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
+    """`["title^2", "text"]`: names with optional weights, no patterns, no repeats."""
+    value = raw["fields"]
+    if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
+        raise _parse_error(f"[{where}] [fields] expected an array of strings")
+    if not 1 <= len(value) <= MAX_FIELDS:
+        raise bad_request(f"[{where}] [fields] must name 1 to {MAX_FIELDS} fields, got {len(value)}")
+    try:
+        fields = tuple(parse_field(f) for f in value)
+    except ValueError as exc:
+        raise bad_request(f"[{where}] [fields] {exc}") from None
+    names = [name for name, _ in fields]
+    if any("*" in name for name in names):
+        raise bad_request(f"[{where}] [fields] must name fields, not patterns: statistics are per field")
+    if len(set(names)) != len(names):
+        raise bad_request(f"[{where}] [fields] names a field twice")
+    return fields
 
 
 def _augment(raw: Any, where: str) -> Augment:

@@ -21,6 +21,14 @@ def test_rule_with_parameters():
     )
 
 
+def test_rule_with_several_weighted_fields():
+    spec = parse_rule("papers=title^2|abstract,window_size=50,combine=rrf").spec
+    assert spec.fields == (("title", 2.0), ("abstract", 1.0)) and spec.field == "title"
+    assert (spec.window_size, spec.combine) == (50, "rrf")
+    assert parse_rule("p=body^3").spec.fields == (("body", 3.0),)
+    assert parse_rule("p=body").spec.fields == (("body", 1.0),)
+
+
 def test_first_matching_rule_wins_and_every_index_must_match():
     rules = parse_rules(["# comment", "", "logs-*=message", "*=body  # catch-all"])
     assert match(rules, "logs-2024").field == "message"
@@ -48,6 +56,12 @@ def test_load_rules_from_file(tmp_path):
         "x=body,augment=1",
         "x=body,mode=nope",
         "x=body,foo=1",
+        "x=body,fields=a",
+        "x=a|a",
+        "x=a|b*",
+        "x=a^x|b",
+        "x=a||b",
+        "x=body,combine=sum",
     ],
 )
 def test_bad_rules_name_the_line(line):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bmx_rerank.errors import SearchError
-from bmx_rerank.rerank.plan import find_match_text, plain_match_text, plan_search, score_sorted
+from bmx_rerank.rerank.plan import plan_search, score_sorted
+from bmx_rerank.rerank.query import Combine, Text
 from bmx_rerank.rerank.spec import parse_spec
 from bmx_rerank.rerank.widen import widen
 
@@ -56,9 +57,10 @@ def test_bad_from_is_a_400():
 
 
 def test_missing_query_is_a_400():
-    with pytest.raises(SearchError) as info:
-        plan_search({"query": {"term": {"k": "v"}}, "ext": {"bmx": {"field": "body"}}}, {})
-    assert "needs [query]" in info.value.reason
+    for query in ({"bool": {"filter": [{"term": {"k": "v"}}]}}, {"match_all": {}}, None):
+        with pytest.raises(SearchError) as info:
+            plan_search({"query": query, "ext": {"bmx": {"field": "body"}}}, {})
+        assert "needs [query]" in info.value.reason
 
 
 def test_query_only_in_ext_becomes_a_match_first_stage():
@@ -92,26 +94,32 @@ def test_score_sorts_are_fine():
     assert not score_sorted([{"_score": "asc"}]) and not score_sorted(["_score", "date"])
 
 
-def test_policy_applies_only_to_plain_match_queries():
+def test_policy_applies_to_text_queries_on_its_field_whatever_filters_surround_them():
     policy = parse_spec({"field": "body", "window_size": 30})
     plan = plan_search({"query": {"match": {"body": "t1"}}}, {}, policy)
     assert plan.spec is policy and plan.query_text == "t1" and plan.body["size"] == 30
-    plan = plan_search({"query": {"multi_match": {"query": "t2", "fields": ["title", "body^2"]}}}, {}, policy)
-    assert plan.spec is policy and plan.query_text == "t2"
-    for other in (
-        {"query": {"match": {"title": "t1"}}},
-        {"query": {"bool": {"must": [{"match": {"body": "t1"}}]}}},
-        {"query": {"match": {"body": "t1"}}, "sort": ["date"]},
-        None,
-    ):
+    filtered = {"bool": {"must": [{"match": {"body": "t2"}}], "filter": [{"term": {"k": 1}}]}}
+    plan = plan_search({"query": filtered, "post_filter": {"term": {"j": 2}}}, {}, policy)
+    assert plan.spec is not None and plan.query_text == "t2"
+    assert plan.body["query"] == filtered and plan.body["post_filter"] == {"term": {"j": 2}}
+    for other in ({"query": {"match": {"title": "t1"}}}, {"query": {"term": {"k": "v"}}}, None):
         plan = plan_search(other, {}, policy)
-        assert plan.spec is None and plan.body == other and plan.skipped is None
+        assert plan.spec is None and plan.body == other and plan.skipped is None, "not the policy's"
 
 
-def test_find_match_text_looks_into_bool():
-    query = {"bool": {"filter": [{"term": {"k": 1}}], "must": [{"match": {"body": "deep"}}]}}
-    assert plain_match_text(query, "body") is None
-    assert find_match_text(query, "body") == "deep"
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"query": {"match": {"body": "t1"}}, "sort": ["date"]}, "sort"),
+        ({"query": {"match": {"body": {"query": "t1", "fuzziness": "AUTO"}}}}, "fuzzy"),
+        ({"query": {"multi_match": {"query": "t2", "fields": ["title", "body^2"]}}}, "field"),
+        ({"query": {"function_score": {"query": {"match": {"body": "t1"}}}}}, "function_score"),
+    ],
+)
+def test_policy_declines_out_loud_what_it_cannot_rerank_on_its_field(body, reason):
+    policy = parse_spec({"field": "body", "window_size": 30})
+    plan = plan_search(body, {}, policy)
+    assert plan.spec is None and plan.body == body and plan.skipped == reason
 
 
 def test_widen_adds_augmented_matches_and_keeps_filters_outside():
@@ -120,7 +128,7 @@ def test_widen_adds_augmented_matches_and_keeps_filters_outside():
     assert out == {
         "bool": {
             "filter": [{"term": {"k": 1}}],
-            "should": [{"bool": {"must": [{"match": {"body": "a"}}]}}, {"match": {"body": {"query": "b c"}}}],
+            "should": [query, {"match": {"body": {"query": "b c"}}}],
             "minimum_should_match": 1,
         }
     }
@@ -165,3 +173,123 @@ def test_a_policy_never_answers_for_paging_the_cluster_owns(paging):
     with pytest.raises(SearchError) as info:
         plan_search({**body, "ext": {"bmx": {"field": "body"}}}, {})
     assert info.value.status == 400
+
+
+EXT = {"field": "body", "window_size": 20}
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"knn": {"field": "v", "query_vector": [1.0], "k": 5, "num_candidates": 10}}, "knn"),
+        ({"rescore": {"query": {"rescore_query": {"match": {"body": "x"}}}}}, "rescore"),
+        ({"rank": {"rrf": {}}}, "rank"),
+        ({"sub_searches": [{"query": {"match": {"body": "x"}}}]}, "sub_searches"),
+        ({"indices_boost": [{"a": 2}]}, "indices_boost"),
+        ({"min_score": 1.5}, "min_score"),
+        ({"collapse": {"field": "k"}}, "collapse"),
+    ],
+)
+def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, reason):
+    body = {"query": {"match": {"body": "a"}}, **extra, "ext": {"bmx": EXT}}
+    plan = plan_search(body, {})
+    assert plan.spec is None and plan.skipped == reason
+    assert plan.body == {"query": {"match": {"body": "a"}}, **extra}, "forwarded as sent, ext.bmx removed"
+    combined = plan_search({**body, "ext": {"bmx": {**EXT, "combine": "rrf"}}}, {})
+    if reason == "collapse":
+        assert combined.skipped == "collapse", "a group's hit is picked by the cluster's score"
+    else:
+        assert combined.spec is not None and combined.spec.combine == "rrf"
+        assert combined.scoring == Text("body", "a") and combined.body[reason] == extra[reason]
+
+
+def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text():
+    knn = {"field": "v", "query_vector": [1.0], "k": 5, "num_candidates": 10}
+    ext = {**EXT, "query": "a b", "combine": "linear", "weight": 0.2, "augment": {"queries": ["c"]}}
+    plan = plan_search({"knn": knn, "ext": {"bmx": ext}}, {})
+    assert plan.spec is not None and plan.scoring == Text("body", "a b")
+    assert "query" not in plan.body, "no match is added beside knn: the hybrid first stage stays as sent"
+    assert plan.body["knn"] == knn and plan.body["size"] == 20
+
+
+def test_combine_leaves_clauses_bmx_cannot_score_to_the_first_stage():
+    query = {"bool": {"should": [{"match": {"body": "a"}}, {"knn": {"v": {"vector": [1], "k": 3}}}]}}
+    assert plan_search({"query": query, "ext": {"bmx": EXT}}, {}).skipped == "knn"
+    plan = plan_search({"query": query, "ext": {"bmx": {**EXT, "combine": "linear"}}}, {})
+    assert plan.spec is not None and plan.scoring == Text("body", "a") and plan.body["query"] == query
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ({"match": {"body": {"query": "a", "fuzziness": "AUTO"}}}, "fuzzy"),
+        ({"query_string": {"query": "body:a OR b", "default_field": "body"}}, "query_string"),
+        ({"function_score": {"query": {"match": {"body": "a"}}}}, "function_score"),
+        ({"bool": {"must": [{"match": {"body": "a"}}, {"match": {"title": "b"}}]}}, "field"),
+    ],
+)
+def test_query_shapes_bmx_cannot_score_are_declined_not_400(query, reason):
+    plan = plan_search({"query": query, "ext": {"bmx": EXT}}, {})
+    assert plan.spec is None and plan.skipped == reason and plan.body == {"query": query}
+
+
+def test_ext_query_names_the_text_and_replaces_the_query_scoring():
+    query = {"function_score": {"query": {"match": {"body": "a"}}}}
+    plan = plan_search({"query": query, "ext": {"bmx": {**EXT, "query": "z"}}}, {})
+    assert plan.spec is not None and plan.scoring == Text("body", "z") and plan.body["query"] == query
+
+
+def test_bool_with_filters_scores_its_text_and_keeps_the_filters_in_the_first_stage():
+    query = {"bool": {"must": {"match_phrase": {"body": "a b"}}, "filter": [{"term": {"k": 1}}]}}
+    plan = plan_search({"query": query, "post_filter": {"term": {"j": 1}}, "ext": {"bmx": EXT}}, {})
+    assert plan.scoring == Text("body", "a b") and plan.query_text == "a b"
+    assert plan.body["query"] == query and plan.body["post_filter"] == {"term": {"j": 1}}
+
+
+def test_several_fields_are_declined_until_execution_scores_trees():
+    mm = {"multi_match": {"query": "q", "fields": ["title^2", "body"], "type": "most_fields"}}
+    ext = {"fields": ["title", "body"], "window_size": 20}
+    assert plan_search({"query": mm, "ext": {"bmx": ext}}, {}).skipped == "scoring_tree"
+    boosted = {"match": {"body": {"query": "q", "boost": 2}}}
+    assert plan_search({"query": boosted, "ext": {"bmx": EXT}}, {}).skipped == "scoring_tree"
+    single = plan_search({"query": {"match": {"title": "q"}}, "ext": {"bmx": ext}}, {})
+    assert single.spec is not None and single.spec.field == "title", "one leaf: scored on its own field"
+
+
+def test_several_fields_plan_their_tree_once_execution_scores_trees(monkeypatch):
+    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+    mm = {"multi_match": {"query": "q", "fields": ["title^2", "body"], "type": "most_fields"}}
+    ext = {"fields": ["title^3", "body"], "window_size": 20}
+    plan = plan_search({"query": mm, "ext": {"bmx": ext}}, {})
+    assert plan.scoring == Combine("sum", (Text("title", "q", 6.0), Text("body", "q")))
+    plan = plan_search({"ext": {"bmx": {**ext, "query": "z"}}}, {})
+    assert plan.scoring == Combine("max", (Text("title", "z", 3.0), Text("body", "z")))
+    assert plan.body["query"] == {"multi_match": {"query": "z", "fields": ["title", "body"]}}
+    policy = parse_spec({"fields": ["title", "body"]})
+    plan = plan_search({"query": {"bool": {"should": mm, "filter": {"term": {"k": 1}}}}}, {}, policy)
+    assert plan.spec is policy and plan.scoring == Combine(
+        "sum", (Text("title", "q", 2.0), Text("body", "q"))
+    )
+
+
+def test_widening_never_drops_a_document_the_original_returned():
+    # bool with filter and should: the should is optional (minimum_should_match 0), every filtered
+    # document matches; taking the should out on its own would make it required.
+    query = {"bool": {"filter": [{"term": {"k": 1}}], "should": [{"match": {"body": "a"}}]}}
+    out = widen(query, "body", ["b"])
+    assert out["bool"]["should"][0] == query, "the original query kept whole"
+    assert out["bool"]["filter"] == [{"term": {"k": 1}}] and out["bool"]["minimum_should_match"] == 1
+    pure = {"bool": {"filter": [{"term": {"k": 1}}]}}
+    assert widen(pure, "body", ["b"])["bool"]["should"][0] == pure, "a pure filter still returns all it did"
+    assert widen(None, ["title", "body"], ["b"]) == {
+        "bool": {
+            "should": [{"multi_match": {"query": "b", "fields": ["title", "body"]}}],
+            "minimum_should_match": 1,
+        }
+    }
+
+
+def test_combination_reading_the_first_stage_score_is_not_widened():
+    ext = {**EXT, "augment": {"queries": ["x"]}, "combine": "linear"}
+    plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": ext}}, {})
+    assert plan.body["query"] == {"match": {"body": "a"}}

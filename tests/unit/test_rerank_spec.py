@@ -52,6 +52,19 @@ def test_normalize_null_means_none_and_weights_default_to_one():
     assert spec.augment.weights == (1.0, 1.0)
 
 
+def test_fields_and_hybrid_combination():
+    spec = parse_spec({"fields": ["title^2", "text"], "combine": "linear", "weight": 0.3})
+    assert spec.field == "title" and spec.fields == (("title", 2.0), ("text", 1.0))
+    assert spec.field_names == ("title", "text")
+    assert (spec.combine, spec.weight, spec.rank_constant) == ("linear", 0.3, 60)
+    assert spec.marker()["fields"] == ["title", "text"] and spec.marker()["combine"] == "linear"
+    spec = parse_spec({"field": "text", "fields": ["title", "text"], "combine": "rrf", "rank_constant": 10})
+    assert spec.field == "text" and spec.rank_constant == 10
+    plain = parse_spec({"field": "text"})
+    assert plain.fields == (("text", 1.0),) and plain.combine is None and plain.weight == 0.5
+    assert "fields" not in plain.marker() and "combine" not in plain.marker()
+
+
 def test_widen_default_comes_from_the_server():
     assert parse_spec({"field": "f"}, widen_default=False).widen is False
 
@@ -96,6 +109,17 @@ def test_widen_default_comes_from_the_server():
             ">= 0",
         ),
         ("body", "x_content_parse_exception", "expected an object"),
+        ({"fields": "title"}, "x_content_parse_exception", "[fields] expected an array of strings"),
+        ({"fields": []}, "illegal_argument_exception", "[fields] must name 1 to"),
+        ({"fields": ["a", "a^2"]}, "illegal_argument_exception", "names a field twice"),
+        ({"fields": ["a*"]}, "illegal_argument_exception", "not patterns"),
+        ({"fields": ["a^x"]}, "illegal_argument_exception", "NAME^BOOST"),
+        ({"field": "c", "fields": ["a", "b"]}, "illegal_argument_exception", "must be one of [fields]"),
+        ({"field": "f", "combine": "sum"}, "illegal_argument_exception", "[combine] must be one of"),
+        ({"field": "f", "weight": 1.5}, "illegal_argument_exception", "[weight] must lie in [0, 1]"),
+        ({"field": "f", "weight": "x"}, "x_content_parse_exception", "[weight] expected a number"),
+        ({"field": "f", "rank_constant": 0}, "illegal_argument_exception", "[rank_constant] must lie in"),
+        ({"field": "f", "rank_constant": 1.5}, "x_content_parse_exception", "[rank_constant] expected an"),
     ],
 )
 def test_invalid_values_are_400s_in_elasticsearch_shape(raw, kind, needle):

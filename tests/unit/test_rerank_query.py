@@ -1,0 +1,206 @@
+"""Query understanding: every search shape becomes its scoring tree, or declines with its own reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from bmx_rerank.rerank.query import (
+    Combine,
+    Declined,
+    Text,
+    fields,
+    on_fields,
+    parse_field,
+    restrict,
+    understand,
+    weigh,
+)
+
+T, C = Text, Combine
+
+
+@pytest.mark.parametrize(
+    ("query", "tree"),
+    [
+        ({"match": {"text": "a b"}}, T("text", "a b")),
+        (
+            {"match": {"text": {"query": "a b", "operator": "and", "minimum_should_match": 2}}},
+            T("text", "a b"),
+        ),
+        ({"match": {"text": {"query": "a", "boost": 3}}}, T("text", "a", 3.0)),
+        ({"match": {"year": 2020}}, T("year", "2020")),
+        ({"match": {"text": {"query": "a", "fuzziness": 0}}}, T("text", "a")),
+        ({"match_phrase": {"text": {"query": "a b", "slop": 2}}}, T("text", "a b")),
+        (
+            {"multi_match": {"query": "q", "fields": ["title^2", "text"], "tie_breaker": 0.3}},
+            C("max", (T("title", "q", 2.0), T("text", "q")), 0.3),
+        ),
+        (
+            {"multi_match": {"query": "q", "fields": ["title^2", "text"], "type": "most_fields", "boost": 2}},
+            C("sum", (T("title", "q", 2.0), T("text", "q")), 0.0, 2.0),
+        ),
+        (
+            {"multi_match": {"query": "q", "fields": ["title", "text"], "type": "phrase"}},
+            C("max", (T("title", "q"), T("text", "q"))),
+        ),
+        (
+            {"multi_match": {"query": "q", "fields": ["title", "text^3"], "type": "cross_fields"}},
+            C("sum", (T("title", "q"), T("text", "q", 3.0))),
+        ),
+        (
+            {"combined_fields": {"query": "q", "fields": ["title", "text"]}},
+            C("sum", (T("title", "q"), T("text", "q"))),
+        ),
+        ({"multi_match": {"query": "q", "fields": "text"}}, T("text", "q")),
+        (
+            {
+                "query_string": {
+                    "query": "covid-19 vaccine",
+                    "fields": ["title^2", "text"],
+                    "tie_breaker": 0.5,
+                }
+            },
+            C("max", (T("title", "covid-19 vaccine", 2.0), T("text", "covid-19 vaccine")), 0.5),
+        ),
+        ({"query_string": {"query": "a b", "default_field": "text"}}, T("text", "a b")),
+        (
+            {"simple_query_string": {"query": "a b", "fields": ["title", "text"]}},
+            C("sum", (T("title", "a b"), T("text", "a b"))),
+        ),
+        ({"simple_query_string": {"query": "a +b", "fields": ["text"], "flags": "NONE"}}, T("text", "a +b")),
+        (
+            {
+                "bool": {
+                    "must": [{"match": {"text": "a"}}],
+                    "should": {"match_phrase": {"title": "b"}},
+                    "filter": [{"range": {"year": {"gte": 2000}}}, {"nested": {"path": "x", "query": {}}}],
+                    "must_not": {"function_score": {}},
+                    "minimum_should_match": 1,
+                    "boost": 2,
+                }
+            },
+            C("sum", (T("text", "a"), T("title", "b")), 0.0, 2.0),
+        ),
+        ({"bool": {"must": {"match": {"text": "a"}}, "filter": {"term": {"k": 1}}}}, T("text", "a")),
+        (
+            {
+                "bool": {
+                    "must": [{"match_all": {}}, {"match": {"text": {"query": "a", "boost": 2}}}],
+                    "boost": 3,
+                }
+            },
+            T("text", "a", 6.0),
+        ),
+        ({"bool": {"filter": [{"match": {"text": "a"}}]}}, None),
+        ({"match_all": {}}, None),
+        (
+            {
+                "dis_max": {
+                    "queries": [{"match": {"title": "a"}}, {"match": {"text": "a"}}],
+                    "tie_breaker": 0.7,
+                    "boost": 1.5,
+                }
+            },
+            C("max", (T("title", "a"), T("text", "a")), 0.7, 1.5),
+        ),
+        (
+            {"dis_max": {"queries": [{"bool": {"filter": {"term": {"k": 1}}}}, {"match": {"text": "a"}}]}},
+            T("text", "a"),
+        ),
+    ],
+)
+def test_shapes_become_their_scoring_tree(query, tree):
+    assert understand(query) == tree
+
+
+@pytest.mark.parametrize(
+    ("query", "reason"),
+    [
+        ({"match": {"text": {"query": "a", "fuzziness": "AUTO"}}}, "fuzzy"),
+        ({"multi_match": {"query": "a", "fields": ["text"], "fuzziness": 1}}, "fuzzy"),
+        ({"match": {"text": {"query": "a", "analyzer": "whitespace"}}}, "analyzer"),
+        ({"match_phrase_prefix": {"text": "a b"}}, "match_phrase_prefix"),
+        ({"match_bool_prefix": {"text": "a b"}}, "match_bool_prefix"),
+        ({"multi_match": {"query": "a", "fields": ["text"], "type": "phrase_prefix"}}, "match_phrase_prefix"),
+        ({"multi_match": {"query": "a", "fields": ["text"], "type": "bool_prefix"}}, "match_bool_prefix"),
+        ({"multi_match": {"query": "a"}}, "default_field"),
+        ({"query_string": {"query": "a"}}, "default_field"),
+        ({"simple_query_string": {"query": "a"}}, "default_field"),
+        ({"multi_match": {"query": "a", "fields": ["ti*", "text"]}}, "field_pattern"),
+        ({"query_string": {"query": "title:a", "fields": ["text"]}}, "query_string"),
+        ({"query_string": {"query": "a AND b", "fields": ["text"]}}, "query_string"),
+        ({"query_string": {"query": "a~2", "fields": ["text"]}}, "query_string"),
+        ({"query_string": {"query": "-a b", "fields": ["text"]}}, "query_string"),
+        ({"query_string": {"query": "a*", "fields": ["text"]}}, "query_string"),
+        ({"simple_query_string": {"query": "a | b", "fields": ["text"]}}, "simple_query_string"),
+        ({"simple_query_string": {"query": '"a b"', "fields": ["text"]}}, "simple_query_string"),
+        ({"simple_query_string": {"query": "a -b", "fields": ["text"]}}, "simple_query_string"),
+        ({"term": {"k": "v"}}, "term"),
+        ({"terms": {"k": ["v"]}}, "terms"),
+        ({"range": {"year": {"gte": 1}}}, "range"),
+        ({"prefix": {"text": "ab"}}, "prefix"),
+        ({"wildcard": {"text": "a*"}}, "wildcard"),
+        ({"regexp": {"text": "a.*"}}, "regexp"),
+        ({"fuzzy": {"text": "a"}}, "fuzzy"),
+        ({"constant_score": {"filter": {"match": {"text": "a"}}}}, "constant_score"),
+        ({"function_score": {"query": {"match": {"text": "a"}}}}, "function_score"),
+        ({"script_score": {"query": {"match": {"text": "a"}}, "script": {"source": "1"}}}, "script_score"),
+        ({"nested": {"path": "c", "query": {"match": {"c.text": "a"}}}}, "nested"),
+        ({"has_child": {"type": "c", "query": {"match_all": {}}}}, "has_child"),
+        ({"boosting": {"positive": {"match": {"text": "a"}}, "negative": {"term": {"k": 1}}}}, "boosting"),
+        ({"knn": {"vec": {"vector": [1, 2], "k": 3}}}, "knn"),
+        ({"hybrid": {"queries": [{"match": {"text": "a"}}]}}, "hybrid"),
+        ({"bool": {"should": [{"match": {"text": "a"}}, {"term": {"k": 1}}]}}, "term"),
+        ({"dis_max": {"queries": [{"match_all": {}}, {"match": {"text": "a"}}]}}, "match_all"),
+        ({"match": {"text": "a"}, "term": {"k": 1}}, "malformed"),
+        ({"match": {"text": {"query": "a", "boost": "x"}}}, "malformed"),
+        ({"multi_match": {"query": "a", "fields": ["text"], "type": "nope"}}, "malformed"),
+    ],
+)
+def test_shapes_bmx_cannot_reproduce_decline_with_their_own_reason(query, reason):
+    with pytest.raises(Declined) as info:
+        understand(query)
+    assert info.value.reason == reason
+
+
+def test_lenient_leaves_what_it_cannot_score_to_the_first_stage():
+    query = {
+        "bool": {
+            "should": [
+                {"match": {"text": "a"}},
+                {"knn": {"v": {}}},
+                {"match": {"t": {"query": "b", "fuzziness": 2}}},
+            ]
+        }
+    }
+    assert understand(query, lenient=True) == T("text", "a")
+    assert understand({"knn": {"v": {}}}, lenient=True) is None
+    with pytest.raises(Declined):
+        understand({"match": "not an object"}, lenient=True)
+
+
+def test_restrict_declines_other_fields_or_drops_them_when_lenient():
+    tree = C("max", (T("title", "q", 2.0), T("text", "q")), 0.3)
+    assert restrict(tree, ["title", "text"]) == tree
+    with pytest.raises(Declined) as info:
+        restrict(tree, ["text"])
+    assert info.value.reason == "field"
+    assert restrict(tree, ["text"], lenient=True) == T("text", "q")
+    assert restrict(tree, ["other"], lenient=True) is None
+
+
+def test_field_weights_multiply_every_leaf_on_their_field():
+    tree = C("sum", (T("title", "q", 2.0), C("max", (T("title", "r"), T("text", "r")), 0.1, 3.0)))
+    assert weigh(tree, {"title": 0.5}) == C(
+        "sum", (T("title", "q", 1.0), C("max", (T("title", "r", 0.5), T("text", "r")), 0.1, 3.0))
+    )
+    assert fields(tree) == ["title", "text"]
+
+
+def test_on_fields_and_parse_field():
+    assert on_fields("q", [("text", 1.0)]) == T("text", "q")
+    assert on_fields("q", [("title", 2.0), ("text", 1.0)]) == C("max", (T("title", "q", 2.0), T("text", "q")))
+    assert parse_field("title^2.5") == ("title", 2.5) and parse_field("text") == ("text", 1.0)
+    for bad in ("^2", "title^", "title^x", "title^-1"):
+        with pytest.raises(ValueError):
+            parse_field(bad)
