@@ -89,6 +89,16 @@ READ = (
     "bool",
 )
 READ += ("dis_max",)
+# Query types declined by name in a scoring position (docs/proxy.md lists them); any other is
+# `unknown_query`. Inside `filter`/`must_not` every query is fine: it only decides matching.
+KNOWN = frozenset(
+    """term terms terms_set range exists ids prefix wildcard regexp fuzzy constant_score function_score
+    script_score script nested has_child has_parent parent_id boosting knn hybrid neural neural_sparse
+    semantic sparse_vector text_expansion weighted_tokens more_like_this intervals span_term span_near
+    span_or span_not span_first span_multi span_containing span_within field_masking_span geo_distance
+    geo_bounding_box geo_polygon geo_shape shape distance_feature rank_feature pinned rule percolate
+    wrapper match_phrase_prefix match_bool_prefix""".split()
+)
 PREFIX_TYPES = {"phrase_prefix": "match_phrase_prefix", "bool_prefix": "match_bool_prefix"}
 # query_string / simple_query_string are scored only when their text is plain words (the cluster's
 # parser then builds exactly a multi_match of their `type`); any operator or syntax declines.
@@ -183,8 +193,10 @@ class _Reader:
         if kind == "match_none":
             return None
         read = getattr(self, f"_{kind}", None) if kind in READ else None
-        if read is None:
-            self.decline(kind, f"[{kind}] scores in a way BMX does not reproduce")
+        if read is None:  # the reason names the query type, if it is one (never an arbitrary string)
+            self.decline(
+                kind if kind in KNOWN else "unknown_query", f"[{kind}] is not a text score BMX reproduces"
+            )
             return None
         if not isinstance(body, Mapping):
             raise Declined("malformed", f"[{kind}] expects an object")

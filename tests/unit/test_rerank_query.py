@@ -153,6 +153,7 @@ def test_shapes_become_their_scoring_tree(query, tree):
         ({"bool": {"should": [{"match": {"text": "a"}}, {"term": {"k": 1}}]}}, "term"),
         ({"dis_max": {"queries": [{"match_all": {}}, {"match": {"text": "a"}}]}}, "match_all"),
         ({"match": {"text": "a"}, "term": {"k": 1}}, "malformed"),
+        ({"no such query\r\nX-Evil: 1": {}}, "unknown_query"),
         ({"match": {"text": {"query": "a", "boost": "x"}}}, "malformed"),
         ({"multi_match": {"query": "a", "fields": ["text"], "type": "nope"}}, "malformed"),
     ],

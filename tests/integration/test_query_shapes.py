@@ -1,0 +1,192 @@
+"""Production query shapes through the proxy, on both engines, 3 shards: each is reranked (never with
+zero scores) or declined out loud, answering exactly the cluster's own hits with the reason header."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bmx_rerank.policy import parse_rules
+from bmx_rerank.rerank.plan import mentions
+from bmx_rerank.rerank.stats_source import FixedStats
+from tests.integration.conftest import EngineClient
+from tests.integration.test_proxy import ProxyThread, _build, _bulk
+
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
+MAPPINGS = {
+    "properties": {
+        "title": {"type": "text"},
+        "text": {"type": "text"},
+        "tag": {"type": "keyword"},
+        "n": {"type": "integer"},
+        "kids": {"type": "nested", "properties": {"text": {"type": "text"}}},
+    }
+}
+WINDOW = 60  # covers every document: the window is the whole corpus
+
+
+@pytest.fixture(scope="module")
+def shapes(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClient]]:
+    """40 documents with a title and a text in a 3-shard index; a proxy with a policy on `text`."""
+    index = f"bmxtest-shapes-{uuid.uuid4().hex[:10]}"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {"settings": {"number_of_shards": 3, "number_of_replicas": 0}, "mappings": MAPPINGS},
+    )
+    rng = random.Random(9)
+    docs = {
+        str(i): {
+            "title": " ".join(rng.choices(WORDS, k=rng.randint(1, 4))),
+            "text": " ".join(rng.choices(WORDS, k=rng.randint(3, 14))),
+            "tag": "even" if i % 2 == 0 else "odd",
+            "n": i,
+            "kids": [{"text": " ".join(rng.choices(WORDS, k=3))}],
+        }
+        for i in range(40)
+    }
+    _bulk(engine, index, docs)
+    stats = FixedStats({})
+    proxy = ProxyThread(engine.url, stats, policies=parse_rules([f"{index}=text,window_size={WINDOW}"]))
+    for field in ("text", "title"):
+        stats.table[(index, field)] = proxy.run(_build(engine.url, index, field))
+    try:
+        yield engine, index, EngineClient(engine.kind, proxy.url)
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
+
+
+MATCH = {"match": {"text": "alpha beta"}}
+EXT = {"field": "text", "window_size": WINDOW}
+
+# (request body without ext.bmx, reason): the cluster answers for every one of them.
+DECLINED = [
+    ({"query": {"match": {"text": {"query": "alpah betta", "fuzziness": "AUTO"}}}}, "fuzzy"),
+    ({"query": {"match_phrase_prefix": {"text": "alpha be"}}}, "match_phrase_prefix"),
+    (
+        {"query": {"query_string": {"query": "text:alpha OR title:beta", "default_field": "text"}}},
+        "query_string",
+    ),
+    (
+        {"query": {"simple_query_string": {"query": "alpha | beta*", "fields": ["text"]}}},
+        "simple_query_string",
+    ),
+    ({"query": {"function_score": {"query": MATCH, "field_value_factor": {"field": "n"}}}}, "function_score"),
+    ({"query": {"constant_score": {"filter": MATCH, "boost": 2}}}, "constant_score"),
+    (
+        {"query": {"script_score": {"query": MATCH, "script": {"source": "_score * 2 + doc['n'].value"}}}},
+        "script_score",
+    ),
+    ({"query": {"nested": {"path": "kids", "query": {"match": {"kids.text": "alpha"}}}}}, "nested"),
+    ({"query": {"bool": {"must": [MATCH, {"term": {"tag": "odd"}}]}}}, "term"),
+    ({"query": {"bool": {"should": [MATCH, {"match": {"title": "gamma"}}]}}}, "field"),
+    ({"query": {"match": {"text": {"query": "alpha", "analyzer": "whitespace"}}}}, "analyzer"),
+    (
+        {
+            "query": MATCH,
+            "rescore": {"window_size": 10, "query": {"rescore_query": {"match": {"title": "beta"}}}},
+        },
+        "rescore",
+    ),
+    ({"query": MATCH, "indices_boost": [{"bmxtest-shapes-*": 2.0}]}, "indices_boost"),
+    ({"query": MATCH, "min_score": 0.5}, "min_score"),
+    ({"query": MATCH, "collapse": {"field": "tag"}}, "collapse"),
+    ({"query": MATCH, "sort": [{"n": "asc"}]}, "sort"),
+    ({"query": MATCH, "knn": {"field": "v", "query_vector": [1.0, 0.0], "k": 3, "num_candidates": 5}}, "knn"),
+]
+
+
+def _same_answer(got: Any, direct: Any) -> None:
+    assert got.status == direct.status, (got.body, direct.body)
+    if got.status == 200:
+        pairs = [(h["_id"], h["_score"]) for h in got.body["hits"]["hits"]]
+        assert pairs == [(h["_id"], h["_score"]) for h in direct.body["hits"]["hits"]]
+        assert "_bmx" not in got.body
+
+
+@pytest.mark.parametrize(("body", "reason"), DECLINED, ids=[r for _, r in DECLINED])
+@pytest.mark.parametrize("how", ["ext", "policy"])
+def test_declined_shapes_answer_the_clusters_own_hits_with_the_reason(shapes, body, reason, how):
+    engine, index, proxy = shapes
+    sent = {**body, "size": 10, **({"ext": {"bmx": EXT}} if how == "ext" else {})}
+    got = proxy.call("POST", f"/{index}/_search", sent)
+    direct = engine.call("POST", f"/{index}/_search", {**body, "size": 10})
+    if how == "policy" and not mentions(body.get("query"), ["text"]):
+        assert "X-BMX-Rerank" not in got.headers, "a search on other fields is not the policy's"
+    else:
+        assert got.headers.get("X-BMX-Rerank") == f"skipped; reason={reason}"
+    _same_answer(got, direct)
+
+
+def test_a_search_the_policy_is_not_about_passes_unmarked(shapes):
+    engine, index, proxy = shapes
+    for query in ({"term": {"tag": "odd"}}, {"match": {"title": "alpha"}}):
+        got = proxy.call("POST", f"/{index}/_search", {"query": query})
+        assert "X-BMX-Rerank" not in got.headers
+        _same_answer(got, engine.call("POST", f"/{index}/_search", {"query": query}))
+
+
+def _reranked(proxy: EngineClient, index: str, body: dict) -> dict[str, float]:
+    got = proxy.call("POST", f"/{index}/_search", {**body, "size": WINDOW})
+    assert got.status == 200 and got.headers.get("X-BMX-Rerank") == "bmx", got.body
+    hits = got.body["hits"]["hits"]
+    assert hits and all(h["_score"] > 0 for h in hits), "a reranked answer never scores a match 0"
+    return {h["_id"]: h["_score"] for h in hits}
+
+
+# Shapes that score the same text on `text` as MATCH: their BMX scores are MATCH's, on the hits they keep.
+SAME_AS_MATCH = [
+    {"query": {"bool": {"must": [MATCH], "filter": [{"term": {"tag": "odd"}}]}}},
+    {
+        "query": {"bool": {"must": MATCH, "must_not": {"range": {"n": {"lt": 5}}}}},
+        "post_filter": {"term": {"tag": "even"}},
+    },
+    {
+        "query": {
+            "bool": {"should": [MATCH], "filter": {"range": {"n": {"gte": 10}}}, "minimum_should_match": 1}
+        }
+    },
+    {"query": {"multi_match": {"query": "alpha beta", "fields": ["text"]}}},
+    {"query": {"query_string": {"query": "alpha beta", "default_field": "text"}}},
+    {"query": {"simple_query_string": {"query": "alpha beta", "fields": ["text"]}}},
+    {"query": {"dis_max": {"queries": [MATCH]}}},
+]
+
+
+@pytest.mark.parametrize("body", SAME_AS_MATCH, ids=range(len(SAME_AS_MATCH)))
+@pytest.mark.parametrize("how", ["ext", "policy"])
+def test_text_shapes_are_reranked_with_the_scores_of_their_text(shapes, body, how):
+    engine, index, proxy = shapes
+    plain = _reranked(proxy, index, {"query": MATCH})
+    sent = {**body, **({"ext": {"bmx": EXT}} if how == "ext" else {})}
+    got = _reranked(proxy, index, sent)
+    direct = engine.ok("POST", f"/{index}/_search", {**body, "size": WINDOW})
+    assert set(got) == {h["_id"] for h in direct["hits"]["hits"]}, "filters kept: the cluster's own hits"
+    assert got == pytest.approx({i: plain[i] for i in got}, rel=1e-9)
+
+
+def test_a_phrase_is_matched_by_the_cluster_and_scored_on_its_terms(shapes):
+    engine, index, proxy = shapes
+    phrase = {"query": {"match_phrase": {"text": "alpha beta"}}}
+    got = _reranked(proxy, index, {**phrase, "ext": {"bmx": EXT}})
+    direct = engine.ok("POST", f"/{index}/_search", {**phrase, "size": WINDOW})
+    assert set(got) == {h["_id"] for h in direct["hits"]["hits"]}
+    plain = _reranked(proxy, index, {"query": MATCH})
+    assert got == pytest.approx({i: plain[i] for i in got}, rel=1e-9)
+
+
+def test_widening_keeps_every_hit_of_a_filter_and_should_query(shapes):
+    engine, index, proxy = shapes
+    query = {"bool": {"filter": [{"term": {"tag": "odd"}}], "should": [{"match": {"text": "omega"}}]}}
+    ext = {**EXT, "augment": {"queries": ["sigma"], "weights": [0.5]}}
+    got = proxy.call("POST", f"/{index}/_search", {"query": query, "size": WINDOW, "ext": {"bmx": ext}})
+    direct = engine.ok("POST", f"/{index}/_search", {"query": query, "size": WINDOW})
+    assert got.status == 200 and got.headers["X-BMX-Rerank"] == "bmx"
+    got_ids = {h["_id"] for h in got.body["hits"]["hits"]}
+    assert {h["_id"] for h in direct["hits"]["hits"]} <= got_ids, "widening never drops an original hit"
+    assert len(got_ids) == 20 and all(int(i) % 2 == 1 for i in got_ids), "nor lets a filtered one in"
