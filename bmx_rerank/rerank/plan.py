@@ -45,9 +45,11 @@ OTHER_SCORING = ("knn", "sub_searches", "rank", "retriever", "rescore", "indices
 ALWAYS_DECLINED = ("collapse",)
 RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage besides `query`
 
-# Execution scores a single `Text` leaf on `spec.field` until it scores whole trees (several fields,
-# boosts, sum/max): until then planning declines other trees (`reason=scoring_tree`) rather than have
-# them scored wrong. The execution side sets this to True when `pipeline` scores `Plan.scoring`.
+# Execution scores a single `Text` leaf on `spec.field`, replacing the cluster's score, until it scores
+# whole trees (several fields, boosts, sum/max) and combines (`linear`, `rrf`): until then planning
+# declines other trees (`reason=scoring_tree`) and combinations (`reason=combine`) rather than have them
+# scored wrong. The execution side sets this to True when `pipeline` scores `Plan.scoring` and `pack`
+# applies `spec.combine`.
 EXECUTES_TREES = False
 
 
@@ -94,6 +96,8 @@ def plan_search(
             "to take it from, nor [ext.bmx.query]"
         )
     if not EXECUTES_TREES:
+        if spec.combine in ("linear", "rrf"):
+            return declined("combine")
         if not isinstance(scoring, Text) or scoring.boost != 1.0:
             return declined("scoring_tree")
         if scoring.field != spec.field:

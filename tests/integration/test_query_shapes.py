@@ -3,6 +3,7 @@ zero scores) or declined out loud, answering exactly the cluster's own hits with
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Iterator
@@ -33,10 +34,18 @@ WINDOW = 60  # covers every document: the window is the whole corpus
 def shapes(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClient]]:
     """40 documents with a title and a text in a 3-shard index; a proxy with a policy on `text`."""
     index = f"bmxtest-shapes-{uuid.uuid4().hex[:10]}"
+    mappings = {"properties": {**MAPPINGS["properties"]}}
+    if engine.kind == "elasticsearch":  # top-level knn is Elasticsearch's
+        mappings["properties"]["v"] = {
+            "type": "dense_vector",
+            "dims": 2,
+            "index": True,
+            "similarity": "cosine",
+        }
     engine.ok(
         "PUT",
         f"/{index}",
-        {"settings": {"number_of_shards": 3, "number_of_replicas": 0}, "mappings": MAPPINGS},
+        {"settings": {"number_of_shards": 3, "number_of_replicas": 0}, "mappings": mappings},
     )
     rng = random.Random(9)
     docs = {
@@ -46,6 +55,7 @@ def shapes(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClie
             "tag": "even" if i % 2 == 0 else "odd",
             "n": i,
             "kids": [{"text": " ".join(rng.choices(WORDS, k=3))}],
+            **({"v": [math.cos(i), math.sin(i)]} if engine.kind == "elasticsearch" else {}),
         }
         for i in range(40)
     }
@@ -190,3 +200,46 @@ def test_widening_keeps_every_hit_of_a_filter_and_should_query(shapes):
     got_ids = {h["_id"] for h in got.body["hits"]["hits"]}
     assert {h["_id"] for h in direct["hits"]["hits"]} <= got_ids, "widening never drops an original hit"
     assert len(got_ids) == 20 and all(int(i) % 2 == 1 for i in got_ids), "nor lets a filtered one in"
+
+
+KNN = {"field": "v", "query_vector": [1.0, 0.0], "k": 5, "num_candidates": 40}
+# The requests of issue 9's table, as a new user sends them: (body, through a policy?).
+ISSUE_TABLE = [
+    ({"query": {"bool": {"must": [MATCH], "filter": [{"term": {"tag": "odd"}}]}}}, True),
+    ({"query": {"match": {"text": {"query": "alpah beta", "fuzziness": "AUTO"}}}}, False),
+    ({"query": {"multi_match": {"query": "alpha beta", "fields": ["text^2", "title"]}}}, True),
+    ({"query": {"multi_match": {"query": "alpha beta", "fields": ["text^2", "title"]}}}, False),
+    ({"query": {"match_phrase": {"text": "alpha beta"}}}, False),
+    ({"query": {"query_string": {"query": "alpha beta", "default_field": "text"}}}, False),
+    ({"query": {"query_string": {"query": "text:alpha AND beta", "default_field": "text"}}}, False),
+    ({"query": {"simple_query_string": {"query": "alpha beta", "fields": ["text"]}}}, False),
+    ({"query": {"combined_fields": {"query": "alpha beta", "fields": ["text", "title"]}}}, False),
+    ({"query": {"combined_fields": {"query": "alpha beta", "fields": ["text"]}}}, False),
+    ({"query": {"dis_max": {"queries": [MATCH, {"match": {"title": "beta"}}], "tie_breaker": 0.2}}}, False),
+    ({"query": {"function_score": {"query": MATCH, "field_value_factor": {"field": "n"}}}}, False),
+    ({"query": {"constant_score": {"filter": MATCH}}}, False),
+    ({"query": {"nested": {"path": "kids", "query": {"match": {"kids.text": "alpha"}}}}}, False),
+    ({"query": MATCH, "knn": KNN}, False),
+    ({"query": MATCH, "knn": KNN, "ext": {"bmx": {**EXT, "combine": "rrf"}}}, False),
+    ({"query": MATCH, "rescore": {"query": {"rescore_query": {"match": {"title": "beta"}}}}}, False),
+    ({"query": MATCH, "rank": {"rrf": {}}}, False),
+    ({"query": MATCH, "indices_boost": [{"bmxtest-shapes-*": 2.0}]}, False),
+]
+
+
+@pytest.mark.parametrize(("body", "policy"), ISSUE_TABLE, ids=range(len(ISSUE_TABLE)))
+def test_no_request_of_the_issue_table_is_a_zero_score_rerank_or_a_silent_loss(shapes, body, policy):
+    engine, index, proxy = shapes
+    ext = {} if policy or "ext" in body else {"ext": {"bmx": {**EXT, "fields": ["text", "title"]}}}
+    got = proxy.call("POST", f"/{index}/_search", {**body, **ext, "size": 10})
+    marker = got.headers.get("X-BMX-Rerank", "")
+    direct = engine.call(
+        "POST", f"/{index}/_search", {**{k: v for k, v in body.items() if k != "ext"}, "size": 10}
+    )
+    if marker.startswith("skipped; reason=") or direct.status != 200:  # declined, or the cluster's error
+        _same_answer(got, direct)
+        return
+    assert got.status == 200 and marker == "bmx", (marker, got.body)
+    hits = got.body["hits"]["hits"]
+    assert hits and all(h["_score"] > 0 for h in hits), "reranked, so every hit scored"
+    assert got.body["_bmx"]["reranked"] is True

@@ -188,9 +188,11 @@ EXT = {"field": "body", "window_size": 20}
         ({"indices_boost": [{"a": 2}]}, "indices_boost"),
         ({"min_score": 1.5}, "min_score"),
         ({"collapse": {"field": "k"}}, "collapse"),
+        ({"retriever": {"standard": {"query": {"match": {"body": "a"}}}}}, "retriever"),
     ],
 )
-def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, reason):
+def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, reason, monkeypatch):
+    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
     body = {"query": {"match": {"body": "a"}}, **extra, "ext": {"bmx": EXT}}
     plan = plan_search(body, {})
     assert plan.spec is None and plan.skipped == reason
@@ -203,7 +205,8 @@ def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, 
         assert combined.scoring == Text("body", "a") and combined.body[reason] == extra[reason]
 
 
-def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text():
+def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text(monkeypatch):
+    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
     knn = {"field": "v", "query_vector": [1.0], "k": 5, "num_candidates": 10}
     ext = {**EXT, "query": "a b", "combine": "linear", "weight": 0.2, "augment": {"queries": ["c"]}}
     plan = plan_search({"knn": knn, "ext": {"bmx": ext}}, {})
@@ -212,7 +215,8 @@ def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text()
     assert plan.body["knn"] == knn and plan.body["size"] == 20
 
 
-def test_combine_leaves_clauses_bmx_cannot_score_to_the_first_stage():
+def test_combine_leaves_clauses_bmx_cannot_score_to_the_first_stage(monkeypatch):
+    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
     query = {"bool": {"should": [{"match": {"body": "a"}}, {"knn": {"v": {"vector": [1], "k": 3}}}]}}
     assert plan_search({"query": query, "ext": {"bmx": EXT}}, {}).skipped == "knn"
     plan = plan_search({"query": query, "ext": {"bmx": {**EXT, "combine": "linear"}}}, {})
@@ -246,7 +250,11 @@ def test_bool_with_filters_scores_its_text_and_keeps_the_filters_in_the_first_st
     assert plan.body["query"] == query and plan.body["post_filter"] == {"term": {"j": 1}}
 
 
-def test_several_fields_are_declined_until_execution_scores_trees():
+def test_several_fields_and_combinations_are_declined_until_execution_scores_trees():
+    combined = {"query": {"match": {"body": "a"}}, "ext": {"bmx": {**EXT, "combine": "rrf"}}}
+    assert plan_search(combined, {}).skipped == "combine"
+    replaced = {"query": {"match": {"body": "a"}}, "ext": {"bmx": {**EXT, "combine": "replace"}}}
+    assert plan_search(replaced, {}).spec is not None
     mm = {"multi_match": {"query": "q", "fields": ["title^2", "body"], "type": "most_fields"}}
     ext = {"fields": ["title", "body"], "window_size": 20}
     assert plan_search({"query": mm, "ext": {"bmx": ext}}, {}).skipped == "scoring_tree"
@@ -289,7 +297,8 @@ def test_widening_never_drops_a_document_the_original_returned():
     }
 
 
-def test_combination_reading_the_first_stage_score_is_not_widened():
+def test_combination_reading_the_first_stage_score_is_not_widened(monkeypatch):
+    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
     ext = {**EXT, "augment": {"queries": ["x"]}, "combine": "linear"}
     plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": ext}}, {})
     assert plan.body["query"] == {"match": {"body": "a"}}
