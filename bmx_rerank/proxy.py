@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import json
 import logging
+import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -28,6 +29,7 @@ from yarl import URL
 
 from bmx_rerank.errors import SearchError, UpstreamError, bad_request, timed_out, unreachable
 from bmx_rerank.metrics import Metrics
+from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank import filter_path
@@ -65,13 +67,17 @@ STATE: web.AppKey[dict[str, Any]] = web.AppKey("bmx", dict)
 
 @dataclass
 class ProxyConfig:
-    upstream: str
+    upstream: str | Sequence[str]  # one node URL, a comma-separated list, or a list (see bmx_rerank.nodes)
     policies: Sequence[Rule] = ()
     on_rerank_error: str = "fallback"
     timeout: float = 60.0  # first stage and sidecar calls, seconds
     connect_timeout: float = 10.0
     cache_size: int = 100_000
     widen: bool = True
+    upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
+    upstream_cert: str | None = None  # client certificate (PEM) for https nodes
+    upstream_key: str | None = None
+    upstream_verify: bool = True
 
 
 def split_upstream(url: str) -> tuple[str, str | None]:
@@ -91,31 +97,35 @@ def make_app(
     config: ProxyConfig, stats: Callable[[aiohttp.ClientSession, str], StatsSource]
 ) -> web.Application:
     """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
-    base, auth = split_upstream(config.upstream)
-    if auth is not None:
-        # Lent to requests without credentials, they would let every client read as that user.
-        raise ValueError(
-            "the upstream URL must not carry credentials: the proxy passes on each client's own "
-            "(Authorization and other authentication headers), so nobody reads more through it than directly"
-        )
+    # Credentials in a node URL are refused: lent to requests without any, they would let every client
+    # read as that user.
+    pool = NodePool(parse_nodes([config.upstream] if isinstance(config.upstream, str) else config.upstream))
+    tls = client_ssl(config.upstream_ca, config.upstream_cert, config.upstream_key, config.upstream_verify)
+    base = pool.base
     app = web.Application()
     metrics = Metrics()
-    state: dict[str, Any] = {"config": config, "base": base, "metrics": metrics}
+    state: dict[str, Any] = {"config": config, "base": base, "nodes": pool.nodes, "metrics": metrics}
     app[STATE] = state
 
     async def lifecycle(app: web.Application):
         # Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
         # JSON calls (analysis, term vectors, statistics) want ordinary decoded answers.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
-        session = aiohttp.ClientSession(
-            auto_decompress=False, connector=aiohttp.TCPConnector(limit=256), timeout=timeout
+        # Both fail over between the nodes; call sites build URLs on `base` (see bmx_rerank.nodes).
+        session = FailoverSession(
+            aiohttp.ClientSession(
+                auto_decompress=False, connector=aiohttp.TCPConnector(limit=256, ssl=tls), timeout=timeout
+            ),
+            pool,
         )
-        sidecar = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), timeout=timeout)
+        sidecar = FailoverSession(
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64, ssl=tls), timeout=timeout), pool
+        )
         state["session"] = session
         state["reranker"] = Reranker(
-            sidecar,
+            sidecar,  # type: ignore[arg-type]  # the ClientSession calls the reranker makes
             base,
-            stats(sidecar, base),
+            stats(sidecar, base),  # type: ignore[arg-type]
             metrics,
             cache=TermVectorCache(config.cache_size),
             timeout=config.timeout,
@@ -134,7 +144,11 @@ def make_app(
 
 async def _health(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    body = {"status": "ok", "upstream": state["base"], "on_rerank_error": state["config"].on_rerank_error}
+    body = {
+        "status": "ok",
+        "upstream": list(state["nodes"]),
+        "on_rerank_error": state["config"].on_rerank_error,
+    }
     return web.json_response(body)
 
 
@@ -253,7 +267,7 @@ async def _forward(
 ) -> web.StreamResponse:
     """Send the request upstream and stream the answer back byte for byte."""
     state = request.app[STATE]
-    session: aiohttp.ClientSession = state["session"]
+    session: FailoverSession = state["session"]
     hdrs = headers if headers is not None else _client_headers(request)
     if isinstance(data, (bytes, bytearray)):
         hdrs.popall("Content-Length", None)
@@ -427,7 +441,7 @@ async def _call(
 ) -> tuple[int, CIMultiDict[str], bytes]:
     """One buffered upstream call with the client's headers (identity encoding), for the rerank path."""
     state = request.app[STATE]
-    session: aiohttp.ClientSession = state["session"]
+    session: FailoverSession = state["session"]
     hdrs = _json_headers(request)
     start = time.perf_counter()
     try:
@@ -577,15 +591,16 @@ class JsonLines(logging.Formatter):
 
 
 async def start_server(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, str]:
-    """Run `app` in this event loop (port 0: an ephemeral port); returns the runner and the base URL.
+    """Run `app` in this event loop (port 0: an ephemeral port); returns the runner and the base URL
+    (https with `ssl_context`, see `nodes.server_ssl`).
 
     Request bodies are not decompressed by the server, so compressed bodies pass through untouched."""
     runner = web.AppRunner(app, auto_decompress=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     sock = site._server.sockets[0]  # type: ignore[union-attr]
     bound_host, bound_port = sock.getsockname()[:2]
-    return runner, f"http://{bound_host}:{bound_port}"
+    return runner, f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}"

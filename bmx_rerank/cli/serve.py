@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
+from pathlib import Path
+from typing import Any
 
 import click
 from aiohttp import web
 
+from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
-from bmx_rerank.proxy import JsonLines, ProxyConfig, make_app, split_upstream
+from bmx_rerank.proxy import JsonLines, ProxyConfig, make_app
+from bmx_rerank.stats.store import DEFAULT_STORE
+
+ENV_PREFIX = "BMX_RERANK"  # every option also from BMX_RERANK_<OPTION>, e.g. BMX_RERANK_UPSTREAM
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -20,16 +27,90 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def statistics_source(check_interval: float):
+def statistics_source(check_interval: float, store: str = DEFAULT_STORE):
     """The cluster-backed statistics cache (bmx_rerank.stats.cache), built per session at startup."""
     from bmx_rerank.stats.cache import StatsCache
 
-    return lambda session, base_url: StatsCache(session, base_url, check_interval=check_interval)
+    return lambda session, base_url: StatsCache(session, base_url, check_interval=check_interval, store=store)
 
 
-@click.command("serve")
-@click.option("--upstream", required=True, help="Cluster URL, e.g. http://127.0.0.1:9200.")
-@click.option("--listen", default="127.0.0.1:9400", show_default=True, help="HOST:PORT to listen on.")
+def read_config(path: str) -> dict[str, Any]:
+    """A config file's settings: TOML (`.toml`) or YAML (anything else), a flat table of option names
+    (`upstream = ["https://a:9200", "https://b:9200"]`, `upstream-ca = "ca.pem"`); `-` or `_` alike."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        if path.endswith(".toml"):
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # the parsers' own errors say where
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--config") from exc
+    if not isinstance(data, dict):
+        raise click.BadParameter(f"{path}: expected a table of option names", param_hint="--config")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Eager: the file's settings become the defaults, so the command line and BMX_RERANK_* win."""
+    if not value:
+        return
+    names: dict[str, click.Option] = {}  # `policy` and `policies` alike: a flag's name or the parameter's
+    for p in ctx.command.params:
+        if isinstance(p, click.Option) and p.name and p.name != "config":
+            names[p.name] = p
+            names.update({o.lstrip("-").replace("-", "_"): p for o in p.opts})
+    settings: dict[str, Any] = {}
+    for key, setting in read_config(value).items():
+        option = names.get(key)
+        if option is None:
+            raise click.BadParameter(f"{value}: unknown setting {key!r}", param_hint="--config")
+        if option.multiple and isinstance(setting, str):
+            setting = [setting]
+        settings[str(option.name)] = setting
+    ctx.default_map = {**(ctx.default_map or {}), **settings}
+
+
+@click.command("serve", context_settings={"auto_envvar_prefix": ENV_PREFIX, "show_default": True})
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False),
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config,
+    help="TOML or YAML file of option values; the command line and BMX_RERANK_* variables win.",
+)
+@click.option(
+    "--upstream",
+    multiple=True,
+    required=True,
+    help="Node URL, e.g. https://es1:9200; repeat or comma-separate several: round robin, with failover "
+    "when a node cannot be reached. In BMX_RERANK_UPSTREAM: space- or comma-separated.",
+)
+@click.option(
+    "--upstream-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle (PEM) for https."
+)
+@click.option(
+    "--upstream-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Client certificate (PEM) for https.",
+)
+@click.option("--upstream-key", type=click.Path(exists=True, dir_okay=False), help="Its private key (PEM).")
+@click.option(
+    "--upstream-verify/--no-upstream-verify", default=True, help="Check the nodes' TLS certificates."
+)
+@click.option("--listen", default="127.0.0.1:9400", help="HOST:PORT to listen on.")
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Serve HTTPS with this certificate (PEM).",
+)
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Its private key (PEM).")
 @click.option(
     "--policy",
     "policies",
@@ -57,10 +138,17 @@ def statistics_source(check_interval: float):
 @click.option(
     "--stats-check-interval", default=5.0, show_default=True, help="Seconds between staleness checks."
 )
+@click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option("--log-level", default="info", show_default=True)
 def command(
-    upstream: str,
+    upstream: tuple[str, ...],
+    upstream_ca: str | None,
+    upstream_cert: str | None,
+    upstream_key: str | None,
+    upstream_verify: bool,
     listen: str,
+    tls_cert: str | None,
+    tls_key: str | None,
     policies: tuple[str, ...],
     policy_file: str | None,
     on_rerank_error: str,
@@ -69,9 +157,14 @@ def command(
     cache_size: int,
     widen: bool,
     stats_check_interval: float,
+    stats_index: str,
     log_level: str,
 ) -> None:
-    """Run the rerank proxy: point clients at --listen instead of the cluster."""
+    """Run the rerank proxy: point clients at --listen instead of the cluster.
+
+    Every option may also come from the environment, BMX_RERANK_<OPTION> (BMX_RERANK_UPSTREAM,
+    BMX_RERANK_UPSTREAM_CA, BMX_RERANK_POLICIES, ...), or from --config; the command line wins, then
+    the environment, then the file."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines())
     logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
@@ -82,8 +175,17 @@ def command(
     except PolicyError as exc:
         raise click.BadParameter(str(exc), param_hint="--policy") from exc
     host, port = parse_listen(listen)
+    try:
+        nodes = parse_nodes(upstream)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--upstream") from exc
+    listener = listener_ssl(tls_cert, tls_key)
     config = ProxyConfig(
-        upstream=upstream,
+        upstream=nodes,
+        upstream_ca=upstream_ca,
+        upstream_cert=upstream_cert,
+        upstream_key=upstream_key,
+        upstream_verify=upstream_verify,
         policies=rules,
         on_rerank_error=on_rerank_error,
         timeout=timeout,
@@ -92,10 +194,29 @@ def command(
         widen=widen,
     )
     try:
-        app = make_app(config, statistics_source(stats_check_interval))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--upstream") from exc
-    logging.getLogger("bmx_rerank.proxy").info(
-        "serving", extra={"fields": {"listen": f"{host}:{port}", "upstream": split_upstream(upstream)[0]}}
+        app = make_app(config, statistics_source(stats_check_interval, stats_index))
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: a bad CA bundle or key pair
+        raise click.BadParameter(str(exc), param_hint="--upstream-ca/--upstream-cert/--upstream-key") from exc
+    fields = {"listen": f"{'https' if listener else 'http'}://{host}:{port}", "upstream": list(nodes)}
+    logging.getLogger("bmx_rerank.proxy").info("serving", extra={"fields": fields})
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        ssl_context=listener,
+        print=None,
+        auto_decompress=False,
+        access_log=None,
     )
-    web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None)
+
+
+def listener_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The listener's TLS context from --tls-cert/--tls-key, or None for plain HTTP."""
+    if not cert:
+        if key:
+            raise click.BadParameter("--tls-key needs --tls-cert", param_hint="--tls-key")
+        return None
+    try:
+        return server_ssl(cert, key)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot load the certificate: {exc}", param_hint="--tls-cert") from exc
