@@ -553,6 +553,9 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         )
         for i, item in zip(sides, results, strict=True):
             responses[i] = item
+        for i, (_, p) in enumerate(plans):  # declined out loud: an item has no header of its own
+            if p.skipped and isinstance(responses[i], dict) and "hits" in responses[i]:
+                responses[i]["_bmx"] = {"reranked": False, "skipped": p.skipped}
     except BaseException:
         for side in sides.values():
             side.cancel()

@@ -113,7 +113,7 @@ def understand(query: Any, *, lenient: bool = False) -> Node | None:
     and `must_not`) are not in the tree: they stay with the first stage, untouched. A clause that scores
     in a way BMX cannot reproduce raises `Declined`, unless `lenient` (the caller combines BMX with the
     first stage's own score, which carries that clause): it is then left out of the tree."""
-    return _Reader(lenient).node(query, in_max=False)
+    return _Reader(lenient).node(query, in_max=False, required=True, top=True)
 
 
 def on_fields(text: str, fields: Sequence[tuple[str, float]], how: How = "max") -> Node:
@@ -182,7 +182,9 @@ class _Reader:
         if not self.lenient:
             raise Declined(reason, detail)
 
-    def node(self, query: Any, *, in_max: bool) -> Node | None:
+    def node(self, query: Any, *, in_max: bool, required: bool = False, top: bool = False) -> Node | None:
+        """`required`: every hit of the whole query matches this clause (the query, and the `must`
+        clauses of a required `bool`), so a constant it scores is the same shift for every hit."""
         if not isinstance(query, Mapping) or len(query) != 1:
             raise Declined("malformed", "a query is an object with one key: the cluster answers for it")
         kind, body = next(iter(query.items()))
@@ -190,7 +192,11 @@ class _Reader:
             if in_max:  # a constant inside a max is not a shift: it may win the max
                 self.decline("match_all", "match_all inside dis_max or best_fields")
             return None  # adds the same constant to every hit of a sum: left out
-        if kind == "match_none":
+        if kind == "match_none" or _scores_zero(kind, body):
+            return None  # only decides matching
+        if _scores_constant(kind, body):
+            if top or not required or in_max:  # only the hits it matches get it, or nothing else scores
+                self.decline(kind, f"[{kind}] adds a constant to the hits it matches")
             return None
         read = getattr(self, f"_{kind}", None) if kind in READ else None
         if read is None:  # the reason names the query type, if it is one (never an arbitrary string)
@@ -200,6 +206,8 @@ class _Reader:
             return None
         if not isinstance(body, Mapping):
             raise Declined("malformed", f"[{kind}] expects an object")
+        if kind == "bool":
+            return self._bool(body, required=required and not in_max)
         return read(body)
 
     def _match(self, body: Mapping[str, Any], kind: str = "match") -> Node | None:
@@ -246,12 +254,12 @@ class _Reader:
         # The cluster sums every term on every field: per field, that is most_fields.
         return self._on_fields(body, body.get("fields"), "sum")
 
-    def _bool(self, body: Mapping[str, Any]) -> Node | None:
+    def _bool(self, body: Mapping[str, Any], required: bool = False) -> Node | None:
         parts = [
             node
             for clause in ("must", "should")  # filter and must_not only decide matching
             for item in _items(body.get(clause))
-            if (node := self.node(item, in_max=False)) is not None
+            if (node := self.node(item, in_max=False, required=required and clause == "must")) is not None
         ]
         return _fold("sum", parts, 0.0, _boost(body))
 
@@ -286,6 +294,23 @@ class _Reader:
             self.decline("analyzer", "the query names its own analyzer")
             return False
         return True
+
+
+def _scores_zero(kind: str, body: Any) -> bool:
+    """A join that gives its hits score 0: `nested` and `has_child` with `score_mode: none` (has_child's
+    default)."""
+    if not isinstance(body, Mapping):
+        return False
+    if kind == "nested":
+        return body.get("score_mode") == "none"
+    return kind == "has_child" and body.get("score_mode", "none") == "none"
+
+
+def _scores_constant(kind: str, body: Any) -> bool:
+    """A query that gives every hit it matches its boost: `constant_score`, `has_parent` without `score`."""
+    if not isinstance(body, Mapping):
+        return False
+    return kind == "constant_score" or (kind == "has_parent" and body.get("score") is not True)
 
 
 def _items(value: Any) -> list[Any]:

@@ -534,6 +534,8 @@ async def test_msearch_reranks_marked_items_only(proxy, client):
         {"size": 2},
         {"index": "missing"},
         {"ext": {"bmx": {"field": "body", "query": "t3"}}},
+        {},
+        {"query": {"match": {"body": {"query": "t3", "fuzziness": 1}}}, "ext": {"bmx": {"field": "body"}}},
     ]
     data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
     async with client.post(
@@ -541,12 +543,13 @@ async def test_msearch_reranks_marked_items_only(proxy, client):
     ) as resp:
         assert resp.status == 200
         body = await resp.json()
-    first, second, third = body["responses"]
+    first, second, third, fourth = body["responses"]
+    assert fourth["_bmx"] == {"reranked": False, "skipped": "fuzzy"}, "a declined item says so"
     assert first["_bmx"]["reranked"] is True and first["hits"]["hits"][0]["_id"] == TOP_T3
     assert len(first["hits"]["hits"]) == 2
     assert "_bmx" not in second and [h["_id"] for h in second["hits"]["hits"]] == ["1", "2"]
     assert third["status"] == 404
-    assert fake.searches[-3]["size"] == 5 and "ext" not in fake.searches[-3]
+    assert fake.searches[-4]["size"] == 5 and "ext" not in fake.searches[-4]
 
 
 async def test_msearch_without_ext_is_forwarded_unchanged(proxy, client):

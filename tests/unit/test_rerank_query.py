@@ -95,6 +95,45 @@ T, C = Text, Combine
         ({"match_all": {}}, None),
         (
             {
+                "bool": {
+                    "must": [{"match": {"text": "a"}}, {"constant_score": {"filter": {"term": {"k": 1}}}}]
+                }
+            },
+            T("text", "a"),
+        ),
+        (
+            {
+                "bool": {
+                    "must": {"has_parent": {"parent_type": "p", "query": {"match_all": {}}}},
+                    "should": {"match": {"text": "a"}},
+                }
+            },
+            T("text", "a"),
+        ),
+        (
+            {
+                "bool": {
+                    "should": [
+                        {"match": {"text": "a"}},
+                        {"nested": {"path": "c", "score_mode": "none", "query": {"match": {"c.t": "x"}}}},
+                    ]
+                }
+            },
+            T("text", "a"),
+        ),
+        (
+            {
+                "dis_max": {
+                    "queries": [
+                        {"has_child": {"type": "c", "query": {"match": {"t": "x"}}}},
+                        {"match": {"text": "a"}},
+                    ]
+                }
+            },
+            T("text", "a"),
+        ),
+        (
+            {
                 "dis_max": {
                     "queries": [{"match": {"title": "a"}}, {"match": {"text": "a"}}],
                     "tie_breaker": 0.7,
@@ -146,7 +185,42 @@ def test_shapes_become_their_scoring_tree(query, tree):
         ({"function_score": {"query": {"match": {"text": "a"}}}}, "function_score"),
         ({"script_score": {"query": {"match": {"text": "a"}}, "script": {"source": "1"}}}, "script_score"),
         ({"nested": {"path": "c", "query": {"match": {"c.text": "a"}}}}, "nested"),
-        ({"has_child": {"type": "c", "query": {"match_all": {}}}}, "has_child"),
+        ({"has_child": {"type": "c", "score_mode": "max", "query": {"match_all": {}}}}, "has_child"),
+        ({"has_parent": {"parent_type": "p", "score": True, "query": {"match_all": {}}}}, "has_parent"),
+        (
+            {
+                "bool": {
+                    "should": [{"match": {"text": "a"}}, {"constant_score": {"filter": {"term": {"k": 1}}}}]
+                }
+            },
+            "constant_score",
+        ),
+        (
+            {
+                "dis_max": {
+                    "queries": [{"match": {"text": "a"}}, {"constant_score": {"filter": {"term": {"k": 1}}}}]
+                }
+            },
+            "constant_score",
+        ),
+        (  # required inside the inner bool, not for every hit of the query: not a shift
+            {
+                "bool": {
+                    "should": [
+                        {"match": {"text": "a"}},
+                        {
+                            "bool": {
+                                "must": [
+                                    {"constant_score": {"filter": {"term": {"k": 1}}}},
+                                    {"match": {"text": "b"}},
+                                ]
+                            }
+                        },
+                    ]
+                }
+            },
+            "constant_score",
+        ),
         ({"boosting": {"positive": {"match": {"text": "a"}}, "negative": {"term": {"k": 1}}}}, "boosting"),
         ({"knn": {"vec": {"vector": [1, 2], "k": 3}}}, "knn"),
         ({"hybrid": {"queries": [{"match": {"text": "a"}}]}}, "hybrid"),
