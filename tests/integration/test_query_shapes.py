@@ -165,6 +165,25 @@ SAME_AS_MATCH = [
     {"query": {"query_string": {"query": "alpha beta", "default_field": "text"}}},
     {"query": {"simple_query_string": {"query": "alpha beta", "fields": ["text"]}}},
     {"query": {"dis_max": {"queries": [MATCH]}}},
+    {
+        "query": {
+            "bool": {"must": [MATCH, {"constant_score": {"filter": {"term": {"tag": "odd"}}, "boost": 3}}]}
+        }
+    },
+    {
+        "query": {
+            "bool": {
+                "must": MATCH,
+                "should": {
+                    "nested": {
+                        "path": "kids",
+                        "score_mode": "none",
+                        "query": {"match": {"kids.text": "beta"}},
+                    }
+                },
+            }
+        }
+    },
 ]
 
 
