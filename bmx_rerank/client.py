@@ -99,7 +99,7 @@ class _Core:
         reranker = self._ready()
         side = reranker.start(index, plan, self.headers)
         try:
-            response = await first_stage(index, plan.body, plan.params)
+            response = await first_stage(index, side.body, side.params)
             return (await reranker.finish(side, _plain(response), self.headers)).body
         except BaseException:
             side.cancel()

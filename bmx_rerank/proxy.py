@@ -422,8 +422,8 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
     fwd = forwardable_headers(_client_headers(request))
     side = reranker.start(index, plan, fwd)
     try:
-        url = URL(state["base"] + request.path, encoded=False).with_query(plan.params)
-        status, headers, payload = await _call(request, url, orjson.dumps(plan.body), "search")
+        url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
+        status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
         data = _loads(payload) if status < 300 else _Unparsable
         if status >= 300 or not isinstance(data, dict):
             side.cancel()
@@ -534,8 +534,10 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
     }
     try:
         out = b"".join(
-            orjson.dumps(h) + b"\n" + orjson.dumps(p.body or {}) + b"\n"
-            for h, (_, p) in zip(lines[0::2], plans, strict=True)
+            (orjson.dumps(sides[i].msearch_header(h)) + b"\n" + orjson.dumps(sides[i].body or {}) + b"\n")
+            if i in sides
+            else orjson.dumps(h) + b"\n" + orjson.dumps(p.body or {}) + b"\n"
+            for i, (h, (_, p)) in enumerate(zip(lines[0::2], plans, strict=True))
         )
         # As for a single search: the window needs what a filter_path may drop; it applies at the end.
         query = dict(request.query)

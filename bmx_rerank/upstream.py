@@ -206,11 +206,28 @@ async def mtermvectors(
 
     Works whether or not the mapping stores term vectors (the cluster re-analyzes the source).
     `realtime=False` reads the refreshed index, the same view a search's hits come from."""
+    found = await mtermvectors_fields(
+        session, base_url, docs, [field_name], headers, timeout, attempts, realtime
+    )
+    return [by_field[field_name] for by_field in found]
+
+
+async def mtermvectors_fields(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    docs: Sequence[DocRef],
+    fields: Sequence[str],
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    realtime: bool | None = None,
+) -> list[dict[str, DocTerms]]:
+    """Like `mtermvectors`, for several fields in one call: per document, its terms in each field."""
     if not docs:
         return []
     specs = []
     for ref in docs:
-        spec: dict[str, Any] = {"_index": ref.index, "_id": ref.id, "fields": [field_name]}
+        spec: dict[str, Any] = {"_index": ref.index, "_id": ref.id, "fields": list(fields)}
         if ref.routing is not None:
             spec["routing"] = ref.routing
         specs.append({**spec, **TERM_VECTOR_PARAMETERS})
@@ -218,7 +235,9 @@ async def mtermvectors(
     answer = await request_json_retrying(
         session, "POST", f"{base_url}/_mtermvectors{query}", {"docs": specs}, headers, timeout, attempts
     )
-    return [_doc_terms(ref, doc, field_name) for ref, doc in zip(docs, answer["docs"], strict=True)]
+    return [
+        {f: _doc_terms(ref, doc, f) for f in fields} for ref, doc in zip(docs, answer["docs"], strict=True)
+    ]
 
 
 def _doc_terms(ref: DocRef, doc: Mapping[str, Any], field_name: str) -> DocTerms:

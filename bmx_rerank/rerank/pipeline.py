@@ -7,13 +7,15 @@ are fetched in one `_mtermvectors`; then `rescore` and `pack`."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
@@ -21,39 +23,85 @@ from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
-from bmx_rerank.rerank.rescore import rescore
+from bmx_rerank.rerank.query import Node, Text, fields, leaves
+from bmx_rerank.rerank.rescore import leaf_queries, score_tree
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import DocTerms, analyze, mtermvectors, search_analyzer
+from bmx_rerank.upstream import DocTerms, analyze, mtermvectors_fields, search_analyzer
 
 log = logging.getLogger("bmx_rerank.proxy")
 
 ON_ERROR = ("fallback", "fail")
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
+Pair = tuple[str, str]  # (field, text): one text analysed with one field's search analyzer
 
 
 @dataclass
 class SideCalls:
-    """Calls started before the first stage returns; awaited (or cancelled) once it has."""
+    """Calls started before the first stage returns; awaited (or cancelled) once it has.
+
+    `body` and `params` are the first-stage request to send for the window (see `window_request`)."""
 
     index_expr: str
     plan: Plan
-    tokens: asyncio.Task[list[list[str]]] | None
-    stats: asyncio.Task[StatsView]
+    tokens: asyncio.Task[dict[Pair, list[str]]] | None
+    stats: dict[str, asyncio.Task[StatsView]]
+    body: dict[str, Any] | None = None
+    params: dict[str, str] = field(default_factory=dict)
+
+    def tasks(self) -> list[asyncio.Task[Any]]:
+        return [t for t in (self.tokens, *self.stats.values()) if t is not None]
 
     def cancel(self) -> None:
-        for task in (self.tokens, self.stats):
-            if task is not None and not task.done():
+        for task in self.tasks():
+            if not task.done():
                 task.cancel()
-            elif task is not None and not task.cancelled():
+            elif not task.cancelled():
                 task.exception()  # retrieved, so asyncio does not warn about it
+
+    def msearch_header(self, header: Mapping[str, Any]) -> dict[str, Any]:
+        """An `_msearch` item header with the window's preference (the caller's own, if it set one)."""
+        return {**header, "preference": header.get("preference", self.params["preference"])}
 
 
 @dataclass
 class Outcome:
     body: dict[str, Any]
-    kind: str  # "bmx" | "bm25" | "fallback"
+    kind: str  # "bmx" | "bm25" | "fallback" | "skipped; reason=..."
+
+
+class Declined(Exception):
+    """The window cannot be reranked honestly: the cluster's own answer goes back, with the reason."""
+
+    def __init__(self, reason: str, marker: Mapping[str, Any]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.marker = dict(marker)
+
+
+def scoring_tree(plan: Plan) -> Node:
+    """What the plan scores: its tree, or (plans without one) its text on the spec's field."""
+    assert plan.spec is not None
+    return plan.scoring if plan.scoring is not None else Text(plan.spec.field, plan.query_text)
+
+
+def window_request(index_expr: str, plan: Plan) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """The first-stage body and query parameters for the window.
+
+    - `preference`: the caller's if given, else one derived from the index and the window request
+      (which is the same for every page of one query: it asks for 0..window_size): pages 0, 10, 20 are
+      served by the same shard copies, so they neither repeat nor skip hits.
+    - `version: true`: the term vectors of a hit are used only if their `_version` is the hit's (see
+      `Reranker._term_vectors`); the field is removed from the answer unless the caller asked for it."""
+    params = dict(plan.params)
+    body = None if plan.body is None else {**plan.body, "version": True}
+    if "preference" not in params:
+        digest = hashlib.sha256(
+            orjson.dumps([index_expr, plan.body, sorted(params.items())], option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
+        params["preference"] = f"bmx-{digest[:16]}"
+    return body, params
 
 
 class Reranker:
@@ -82,15 +130,18 @@ class Reranker:
         self._analyzers: dict[tuple[str, str], tuple[float, str | None]] = {}
 
     def start(self, index_expr: str, plan: Plan, headers: Mapping[str, str]) -> SideCalls:
-        """Start analysis and the statistics lookup, to overlap with the first stage."""
+        """Start analysis and the statistics lookups (one per field, in parallel), to overlap with the
+        first stage; the returned calls also carry the first-stage request to send."""
         assert plan.spec is not None
         tokens = None
         if _single_index(index_expr):
             tokens = asyncio.ensure_future(self._tokens(index_expr, plan, headers))
-        stats = asyncio.ensure_future(
-            self._timed("stats", self.stats.get(index_expr, plan.spec.field, headers))
-        )
-        return SideCalls(index_expr, plan, tokens, stats)
+        stats = {
+            f: asyncio.ensure_future(self._timed("stats", self.stats.get(index_expr, f, headers)))
+            for f in fields(scoring_tree(plan))
+        }
+        body, params = window_request(index_expr, plan)
+        return SideCalls(index_expr, plan, tokens, stats, body, params)
 
     async def finish(
         self, side: SideCalls, response: Mapping[str, Any], headers: Mapping[str, str]
@@ -105,6 +156,12 @@ class Reranker:
         except asyncio.CancelledError:
             side.cancel()
             raise
+        except Declined as declined:
+            side.cancel()
+            self.metrics.reranks.labels("declined").inc()
+            marker = {**declined.marker, "reranked": False, "skipped": declined.reason}
+            body = fallback(response, plan, marker)
+            return Outcome(filter_path.apply(body, plan.filter_path), f"skipped; reason={declined.reason}")
         except Exception as exc:  # any failure of the rerank itself: the policy decides
             side.cancel()
             error = exc if isinstance(exc, SearchError) else None
@@ -128,35 +185,48 @@ class Reranker:
         plan = side.plan
         spec = plan.spec
         assert spec is not None
+        tree = scoring_tree(plan)
+        names = fields(tree)
+        base = {**spec.marker(), "fields": names, "combine": getattr(spec, "combine", None) or "replace"}
         hits = response.get("hits", {}).get("hits", [])
         if not hits:
             side.cancel()
-            marker = {"reranked": True, **spec.marker(), "estimated": None, "stale": None, "candidates": 0}
-            return fallback(response, plan, marker)
+            marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
+            return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
         tokens = await self._tokens_after(side, hits, headers)
-        refs_docs = self._term_vectors(hits, spec.field, headers)
-        docs, view = await asyncio.gather(refs_docs, self._complete(side.stats, tokens))
-        weights = [1.0, *spec.augment.weights]
-        scored = rescore(view.corpus, docs, tokens, weights, spec.scoring_request())
+        terms, views = await asyncio.gather(
+            self._term_vectors(hits, names, headers),
+            asyncio.gather(*(self._complete(side.stats[f], _field_tokens(tokens, f)) for f in names)),
+        )
+        alive = [i for i, t in enumerate(terms) if t is not None]
         marker = {
             "reranked": True,
-            **spec.marker(),
-            "estimated": bool(view.estimated),
-            "stale": bool(view.stale),
-            "built_at": view.built_at,
+            **base,
+            "estimated": any(v.estimated for v in views),
+            "stale": any(v.stale for v in views),
+            "built_at": min((v.built_at for v in views if v.built_at), default=None),
             "candidates": len(hits),
+            "dropped": len(hits) - len(alive),
         }
-        return pack(response, scored, plan, marker)
+        if not alive:
+            raise Declined("window_gone", marker)
+        docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
+        corpus = {f: v.corpus for f, v in zip(names, views, strict=True)}
+        weights = [1.0, *spec.augment.weights]
+        folded = score_tree(tree, corpus, docs, tokens, spec.augment.queries, weights, spec.scoring_request())
+        if not folded.matched.any() and (getattr(spec, "combine", None) or "replace") == "replace":
+            # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
+            raise Declined("no_text_match", {**marker, "unmatched": len(alive)})
+        return pack(response, [hits[i] for i in alive], folded, plan, marker)
 
-    async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[Sequence[str]]) -> StatsView:
+    async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[str]) -> StatsView:
         """The statistics view, completed for the query's terms (estimated mode fetches them lazily)."""
         view = await stats
-        vocabulary = list(dict.fromkeys(t for query in tokens for t in query))
-        return await self._timed("stats_terms", view.for_terms(vocabulary))
+        return await self._timed("stats_terms", view.for_terms(list(dict.fromkeys(tokens))))
 
     async def _tokens_after(
         self, side: SideCalls, hits: Sequence[Mapping[str, Any]], headers
-    ) -> list[list[str]]:
+    ) -> dict[Pair, list[str]]:
         """Analysed tokens; for a pattern/alias over several indices, analysed on the first hit's index."""
         if side.tokens is not None:
             try:
@@ -166,12 +236,18 @@ class Reranker:
                     raise
         return await self._tokens(hits[0]["_index"], side.plan, headers)
 
-    async def _tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> list[list[str]]:
+    async def _tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> dict[Pair, list[str]]:
+        """Every leaf's text and every augmentation, analysed with the search analyzer of its field."""
         assert plan.spec is not None
-        field = plan.spec.field
-        analyzer = await self._search_analyzer(index, field, headers)
-        texts = [plan.query_text, *plan.spec.augment.queries]
-        return list(await asyncio.gather(*(self._analyze(index, field, t, headers, analyzer) for t in texts)))
+        tree = scoring_tree(plan)
+        names = fields(tree)
+        analyzers = await asyncio.gather(*(self._search_analyzer(index, f, headers) for f in names))
+        by_field = dict(zip(names, analyzers, strict=True))
+        pairs = list(
+            dict.fromkeys(p for leaf in leaves(tree) for p in leaf_queries(leaf, plan.spec.augment.queries))
+        )
+        found = await asyncio.gather(*(self._analyze(index, f, t, headers, by_field[f]) for f, t in pairs))
+        return dict(zip(pairs, found, strict=True))
 
     async def _search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
         """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
@@ -214,32 +290,46 @@ class Reranker:
         )
 
     async def _term_vectors(
-        self, hits: Sequence[Mapping[str, Any]], field: str, headers: Mapping[str, str]
-    ) -> list[DocTerms]:
+        self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]
+    ) -> list[dict[str, DocTerms] | None]:
+        """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
+        `_mtermvectors` for all fields.
+
+        A hit is dropped when its document is gone (deleted between the first stage and this call) or
+        changed (its term vectors carry another `_version` than the hit: updated, and refreshed, in
+        between). A changed document's terms are not cached: they are not the hit's version, and
+        `_mtermvectors` does not say which `_seq_no` they are (the next search's hit will)."""
         refs = doc_refs(hits)
         who = caller(headers)
-        keys = [cache_key(h, field, who) for h in hits]
-        found: list[DocTerms | None] = [self.cache.get(k) for k in keys]
-        missing = [i for i, d in enumerate(found) if d is None]
-        self.metrics.cache.labels("hit").inc(len(hits) - len(missing))
-        self.metrics.cache.labels("miss").inc(len(missing))
+        found: list[dict[str, DocTerms]] = []
+        for hit in hits:
+            cached = {f: self.cache.get(cache_key(hit, f, who)) for f in names}
+            found.append({f: d for f, d in cached.items() if d is not None})
+        missing = [i for i, d in enumerate(found) if len(d) < len(names)]
+        self.metrics.cache.labels("hit").inc(sum(len(d) for d in found))
+        self.metrics.cache.labels("miss").inc(len(hits) * len(names) - sum(len(d) for d in found))
+        gone: set[int] = set()
         if missing:
             fetched = await self._timed(
                 "termvectors",
-                mtermvectors(
+                mtermvectors_fields(
                     self.session,
                     self.base_url,
                     [refs[i] for i in missing],
-                    field,
+                    names,
                     headers,
                     self.timeout,
                     realtime=False,  # the refreshed view the hits (and their _seq_no) come from
                 ),
             )
-            for i, terms in zip(missing, fetched, strict=True):
-                found[i] = terms
-                self.cache.put(keys[i], terms)
-        return [d for d in found if d is not None]
+            for i, by_field in zip(missing, fetched, strict=True):
+                if not _same_version(hits[i], by_field.values()):
+                    gone.add(i)
+                    continue
+                for f, terms in by_field.items():
+                    found[i].setdefault(f, terms)
+                    self.cache.put(cache_key(hits[i], f, who), terms)
+        return [None if i in gone else d for i, d in enumerate(found)]
 
     async def _timed(self, call: str, awaitable: Awaitable[Any]) -> Any:
         start = time.perf_counter()
@@ -252,3 +342,15 @@ class Reranker:
 def _single_index(index_expr: str) -> bool:
     """An expression `_analyze` accepts before we know which indices the hits come from."""
     return bool(index_expr) and not any(c in index_expr for c in "*,") and not index_expr.startswith("_")
+
+
+def _field_tokens(tokens: Mapping[Pair, Sequence[str]], name: str) -> list[str]:
+    """Every token analysed on field `name` (the terms its statistics must hold)."""
+    return [t for (f, _), toks in tokens.items() if f == name for t in toks]
+
+
+def _same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
+    """The term vectors are of the hit's document as the hit shows it: found, and of its `_version`
+    (when the hit carries one)."""
+    version = hit.get("_version")
+    return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)

@@ -1,15 +1,18 @@
 """Scoring a window: analyzed query tokens, candidate term vectors and corpus statistics in, BMX out.
 
-Glue between the proxy's data (strings, term-frequency maps) and the scoring core's arrays."""
+Glue between the proxy's data (strings, term-frequency maps) and the scoring core's arrays: `rescore`
+scores one text on one field, `score_tree` every leaf of a scoring tree on its own field, folded as
+the query combines them (see `rerank.query`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from bmx_rerank.rerank.candidates import candidate_features
+from bmx_rerank.rerank.query import Node, Text
 from bmx_rerank.scoring import Query, Request, score_terms
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocTerms
@@ -55,3 +58,55 @@ def rescore(
     )
     assert len(labels) == parts.shape[1], "live-token labels must line up with the scoring core's columns"
     return Scored(parts.sum(axis=1), parts, labels)
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A scoring tree scored over a window: each node's scores (its boost applied) and its parts.
+
+    A `Text` node keeps the per-token breakdown of its field's score (`leaf`, before the boost); a
+    `Combine` node the folded scores of its parts, in the query's order."""
+
+    node: Node
+    scores: np.ndarray  # (n,)
+    matched: np.ndarray  # (n,) bool: some query token of this subtree is in the document's field
+    children: tuple[Folded, ...] = ()
+    leaf: Scored | None = None
+
+
+def leaf_queries(leaf: Text, augmented: Sequence[str]) -> list[tuple[str, str]]:
+    """The (field, text) pairs one leaf scores: its own text, then each augmented query on its field.
+
+    WQA with several fields: every leaf merges the augmentations into its query, analysed and scored
+    on the leaf's own field (with the leaf's statistics), as if the augmented queries had been written
+    next to the leaf's text."""
+    return [(leaf.field, leaf.text), *((leaf.field, q) for q in augmented)]
+
+
+def score_tree(
+    node: Node,
+    corpus: Mapping[str, CorpusStats],
+    docs: Mapping[str, Sequence[DocTerms]],
+    tokens: Mapping[tuple[str, str], Sequence[str]],
+    augmented: Sequence[str],
+    weights: Sequence[float],
+    request: Request,
+) -> Folded:
+    """Score every leaf on its field (its analysed text and the augmentations, weighted) and fold the
+    leaves as the tree says: boosts multiply, `sum` adds, `max` takes the best plus `tie_breaker`
+    times the others (as Lucene's DisjunctionMaxQuery)."""
+    if isinstance(node, Text):
+        lists = [list(tokens[pair]) for pair in leaf_queries(node, augmented)]
+        scored = rescore(corpus[node.field], docs[node.field], lists, weights, request)
+        matched = (scored.parts > 0).any(axis=1)
+        return Folded(node, scored.scores * node.boost, matched, leaf=scored)
+    parts = tuple(score_tree(p, corpus, docs, tokens, augmented, weights, request) for p in node.parts)
+    n = len(next(iter(docs.values()))) if docs else 0
+    stack = np.array([p.scores for p in parts]).reshape(len(parts), n)
+    if node.how == "sum":
+        total = stack.sum(axis=0)
+    else:
+        best = stack.max(axis=0) if len(parts) else np.zeros(n)
+        total = best + node.tie_breaker * (stack.sum(axis=0) - best)
+    matched = np.array([p.matched for p in parts]).reshape(len(parts), n).any(axis=0)
+    return Folded(node, total * node.boost, matched, parts)

@@ -11,7 +11,8 @@ from bmx_rerank import scoring
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, candidate_features, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
-from bmx_rerank.rerank.rescore import rescore
+from bmx_rerank.rerank.query import Text
+from bmx_rerank.rerank.rescore import Folded, rescore, score_tree
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, DocTerms
 
@@ -41,6 +42,17 @@ def window(ids):
     }
 
 
+def fold(ids, query: str) -> Folded:
+    """A one-leaf tree (query on field f) scored over the documents `ids`."""
+    tokens = {("f", query): query.split()}
+    docs = {"f": [terms(i) for i in ids]}
+    return score_tree(Text("f", query), {"f": CORPUS}, docs, tokens, [], [1.0], scoring.Request())
+
+
+def hits_of(response):
+    return response["hits"]["hits"]
+
+
 def brute(ids, tokens, **kw):
     vocab = sorted(set(tokens))
     stats = CORPUS.term_stats(vocab)
@@ -62,9 +74,9 @@ def test_pack_orders_slices_and_keeps_the_rest():
     plan = plan_search(
         {"from": 1, "size": 2, "ext": {"bmx": {"field": "f", "query": "t0 t3", "window_size": 5}}}, {}
     )
-    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3"]], [1.0], scoring.Request())
+    scored = fold(ids, "t0 t3")
     response = window(ids)
-    out = pack(response, scored, plan, {"reranked": True})
+    out = pack(response, hits_of(response), scored, plan, {"reranked": True})
     expected = [ids[i] for i in np.argsort(-scored.scores, kind="stable")]
     assert [h["_id"] for h in out["hits"]["hits"]] == expected[1:3]
     assert out["hits"]["max_score"] == pytest.approx(scored.scores.max())
@@ -75,7 +87,7 @@ def test_pack_orders_slices_and_keeps_the_rest():
     assert out["aggregations"] == response["aggregations"]
     assert all("_seq_no" not in h and "_primary_term" not in h for h in out["hits"]["hits"])
     assert all("_source" in h for h in out["hits"]["hits"])
-    assert out["_bmx"] == {"reranked": True}
+    assert out["_bmx"] == {"reranked": True, "unmatched": 1}, "d holds neither t0 nor t3"
     assert len(response["hits"]["hits"]) == 5, "the upstream answer is not mutated"
 
 
@@ -83,8 +95,9 @@ def test_min_score_and_explain():
     ids = list(DOCS)
     ext = {"field": "f", "query": "t0 t3", "window_size": 5, "min_score": 0.5, "explain": True}
     plan = plan_search({"size": 5, "ext": {"bmx": ext}}, {})
-    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3"]], [1.0], scoring.Request())
-    out = pack(window(ids), scored, plan, {})
+    scored = fold(ids, "t0 t3")
+    response = window(ids)
+    out = pack(response, hits_of(response), scored, plan, {})
     kept = [h["_id"] for h in out["hits"]["hits"]]
     assert kept == [ids[i] for i in ranking(scored.scores, 0.5)]
     assert "d" not in kept, "d has neither token: score 0 < min_score"
@@ -97,15 +110,15 @@ def test_min_score_and_explain():
 
 def test_min_score_above_everything_gives_no_hits_and_null_max_score():
     plan = plan_search({"ext": {"bmx": {"field": "f", "query": "t0", "min_score": 1e9}}}, {})
-    scored = rescore(CORPUS, [terms("a")], [["t0"]], [1.0], scoring.Request())
-    out = pack(window(["a"]), scored, plan, {})
+    response = window(["a"])
+    out = pack(response, hits_of(response), fold(["a"], "t0"), plan, {})
     assert out["hits"]["hits"] == [] and out["hits"]["max_score"] is None
 
 
 def test_seq_no_kept_when_asked():
     plan = plan_search({"seq_no_primary_term": True, "ext": {"bmx": {"field": "f", "query": "t0"}}}, {})
-    scored = rescore(CORPUS, [terms("a")], [["t0"]], [1.0], scoring.Request())
-    assert pack(window(["a"]), scored, plan, {})["hits"]["hits"][0]["_seq_no"] == 0
+    response = window(["a"])
+    assert pack(response, hits_of(response), fold(["a"], "t0"), plan, {})["hits"]["hits"][0]["_seq_no"] == 0
 
 
 def test_fallback_pages_in_upstream_order():
