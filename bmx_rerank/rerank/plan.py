@@ -45,12 +45,10 @@ OTHER_SCORING = ("knn", "sub_searches", "rank", "retriever", "rescore", "indices
 ALWAYS_DECLINED = ("collapse",)
 RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage besides `query`
 
-# Execution scores a single `Text` leaf on `spec.field`, replacing the cluster's score, until it scores
-# whole trees (several fields, boosts, sum/max) and combines (`linear`, `rrf`): until then planning
-# declines other trees (`reason=scoring_tree`) and combinations (`reason=combine`) rather than have them
-# scored wrong. The execution side sets this to True when `pipeline` scores `Plan.scoring` and `pack`
-# applies `spec.combine`.
-EXECUTES_TREES = False
+# Execution (`pipeline`) scores whole trees (every leaf on its field, boosts, sum/max) and `pack` applies
+# `spec.combine`. False would make planning decline trees other than one unboosted leaf
+# (`reason=scoring_tree`) and combinations (`reason=combine`).
+EXECUTES_TREES = True
 
 
 def plan_search(

@@ -250,22 +250,9 @@ def test_bool_with_filters_scores_its_text_and_keeps_the_filters_in_the_first_st
     assert plan.body["query"] == query and plan.body["post_filter"] == {"term": {"j": 1}}
 
 
-def test_several_fields_and_combinations_are_declined_until_execution_scores_trees():
+def test_several_fields_plan_their_tree():
     combined = {"query": {"match": {"body": "a"}}, "ext": {"bmx": {**EXT, "combine": "rrf"}}}
-    assert plan_search(combined, {}).skipped == "combine"
-    replaced = {"query": {"match": {"body": "a"}}, "ext": {"bmx": {**EXT, "combine": "replace"}}}
-    assert plan_search(replaced, {}).spec is not None
-    mm = {"multi_match": {"query": "q", "fields": ["title^2", "body"], "type": "most_fields"}}
-    ext = {"fields": ["title", "body"], "window_size": 20}
-    assert plan_search({"query": mm, "ext": {"bmx": ext}}, {}).skipped == "scoring_tree"
-    boosted = {"match": {"body": {"query": "q", "boost": 2}}}
-    assert plan_search({"query": boosted, "ext": {"bmx": EXT}}, {}).skipped == "scoring_tree"
-    single = plan_search({"query": {"match": {"title": "q"}}, "ext": {"bmx": ext}}, {})
-    assert single.spec is not None and single.spec.field == "title", "one leaf: scored on its own field"
-
-
-def test_several_fields_plan_their_tree_once_execution_scores_trees(monkeypatch):
-    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+    assert plan_search(combined, {}).spec is not None, "combinations are executed"
     mm = {"multi_match": {"query": "q", "fields": ["title^2", "body"], "type": "most_fields"}}
     ext = {"fields": ["title^3", "body"], "window_size": 20}
     plan = plan_search({"query": mm, "ext": {"bmx": ext}}, {})
