@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
@@ -75,6 +76,7 @@ class _Core:
         self.cache_size = cache_size
         self.session: aiohttp.ClientSession | None = None
         self.reranker: Reranker | None = None
+        self.applied: AppliedConfigs | None = None
 
     def _ready(self) -> Reranker:
         if self.reranker is None:
@@ -88,15 +90,22 @@ class _Core:
                 timeout=self.timeout,
                 on_error=self.on_rerank_error,
             )
+            self.applied = AppliedConfigs(self.session, self.url, timeout=self.timeout)
         return self.reranker
 
     async def search(
         self, first_stage: FirstStage, index: str, body: dict[str, Any] | None, params: Mapping[str, str]
     ) -> Any:
-        plan = plan_search(body, params, match_policy(self.policies, index))
+        policy = match_policy(self.policies, index)
+        if policy is None:
+            self._ready()
+            assert self.applied is not None
+            policy = await self.applied.policy(index, body, self.headers)
+        plan = plan_search(body, params, policy)
         if plan.spec is None:
             return await first_stage(index, plan.body, plan.params)
         reranker = self._ready()
+        plan = await reranker.prepare(plan)
         side = reranker.start(index, plan, self.headers)
         try:
             response = await first_stage(index, side.body, side.params)
@@ -108,7 +117,7 @@ class _Core:
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
-        self.session = self.reranker = None
+        self.session = self.reranker = self.applied = None
 
 
 def _plain(response: Any) -> dict[str, Any]:

@@ -10,7 +10,8 @@ cannot rerank is forwarded as sent, marked with the reason. One rule per line, i
                                               papers=title^2|abstract,window_size=100
 
 FIELDS is one field, or several separated by `|`, each with an optional `^weight` (as `ext.bmx.fields`).
-Keys are those of `ext.bmx` except `query`, `augment`, `field` and `fields`. Blank lines and `#` comments are ignored.
+Keys are those of `ext.bmx` except `query`, `field` and `fields`; `augment` names a provider
+(`augment=prf`, `augment=llm`). Blank lines and `#` comments are ignored.
 The first rule whose pattern matches wins; a comma-separated index expression matches a rule only when
 every part does (each part is an index name, alias or pattern, compared with shell-style wildcards)."""
 
@@ -25,7 +26,7 @@ from typing import Any
 from bmx_rerank.errors import SearchError
 from bmx_rerank.rerank.spec import RerankSpec, parse_spec
 
-NOT_IN_POLICY = ("query", "augment", "field", "fields")
+NOT_IN_POLICY = ("query", "field", "fields")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ def parse_rule(line: str, *, widen_default: bool = True) -> Rule:
             where = "the FIELDS part" if key.startswith("field") else "the request"
             raise PolicyError(f"policy {line!r}: [{key}] comes from {where}, not from a key")
         raw[key] = _value(value.strip())
+    if raw.get("augment") == "given":
+        raise PolicyError(f"policy {line!r}: [augment] in a policy names a provider (prf, llm)")
     try:
         return Rule(pattern.strip(), parse_spec(raw, widen_default=widen_default, where="policy"))
     except SearchError as exc:

@@ -27,6 +27,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from bmx_rerank.applied import DEFAULT_TTL, AppliedConfigs
 from bmx_rerank.errors import SearchError, UpstreamError, bad_request, timed_out, unreachable
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
@@ -78,6 +79,7 @@ class ProxyConfig:
     upstream_cert: str | None = None  # client certificate (PEM) for https nodes
     upstream_key: str | None = None
     upstream_verify: bool = True
+    applied_ttl: float = DEFAULT_TTL  # seconds an index's applied configuration is remembered (0: ignore)
 
 
 def split_upstream(url: str) -> tuple[str, str | None]:
@@ -130,6 +132,13 @@ def make_app(
             cache=TermVectorCache(config.cache_size),
             timeout=config.timeout,
             on_error=config.on_rerank_error,
+        )
+        state["applied"] = AppliedConfigs(
+            sidecar,  # type: ignore[arg-type]
+            base,
+            ttl=config.applied_ttl,
+            widen_default=config.widen,
+            timeout=config.timeout,
         )
         yield
         await session.close()
@@ -383,6 +392,8 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
     if body is _Unparsable or (body is not None and not isinstance(body, dict)):
         return await _forward(request, raw or None)
     policy = match_policy(config.policies, index) if index else None
+    if policy is None:
+        policy = await state["applied"].policy(index, body, forwardable_headers(_client_headers(request)))
     params = {k: v for k, v in request.query.items()}
     plan = plan_search(body, params, policy, widen_default=config.widen, skip=_unreadable_format(request))
     if plan.spec is None:
@@ -420,6 +431,7 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
     reranker: Reranker = state["reranker"]
     start = time.perf_counter()
     fwd = forwardable_headers(_client_headers(request))
+    plan = await reranker.prepare(plan)
     side = reranker.start(index, plan, fwd)
     try:
         url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
@@ -521,6 +533,10 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
     for header, body in zip(lines[0::2], lines[1::2], strict=True):
         item_index = _item_index(header, index)
         policy = match_policy(config.policies, item_index) if item_index else None
+        if policy is None:
+            policy = await state["applied"].policy(
+                item_index, body, forwardable_headers(_client_headers(request))
+            )
         plan = plan_search(body, {}, policy, widen_default=config.widen, skip=skip)
         if plan.spec is not None and item_index is None:
             raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
@@ -529,6 +545,7 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         return await _forward(request, raw)
     reranker: Reranker = state["reranker"]
     fwd = forwardable_headers(_client_headers(request))
+    plans = [(ix, await reranker.prepare(p)) for ix, p in plans]
     sides: dict[int, SideCalls] = {
         i: reranker.start(ix, p, fwd) for i, (ix, p) in enumerate(plans) if p.spec is not None and ix
     }

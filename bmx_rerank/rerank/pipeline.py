@@ -11,7 +11,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -20,12 +20,14 @@ import orjson
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path
+from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Node, Text, fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries, score_tree
 from bmx_rerank.rerank.stats_source import StatsSource
+from bmx_rerank.rerank.widen import widen
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import DocTerms, analyze, mtermvectors_fields, search_analyzer
 
@@ -117,6 +119,7 @@ class Reranker:
         cache: TermVectorCache | None = None,
         timeout: float | None = 30.0,
         on_error: str = "fallback",
+        llm: LLMProvider | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -128,6 +131,21 @@ class Reranker:
         self.timeout = timeout
         self.on_error = on_error
         self._analyzers: dict[tuple[str, str], tuple[float, str | None]] = {}
+        if llm is None and (llm_config := LLMConfig.from_env()) is not None:
+            llm = LLMProvider(llm_config)
+        self.llm = llm
+
+    async def prepare(self, plan: Plan) -> Plan:
+        """The plan with the augmentations a provider finds before the first stage (`llm`), widened."""
+        spec = plan.spec
+        if spec is None or spec.augment.provider != "llm" or plan.body is None:
+            return plan
+        augment = await resolve_llm(spec.augment, plan.query_text, self.llm)
+        body = dict(plan.body)
+        # As plan_search widens given queries: not when a combination reads the first stage's score.
+        if spec.widen and augment.queries and spec.combine in (None, "replace") and "query" in body:
+            body["query"] = widen(body["query"], spec.field_names, augment.queries)
+        return replace(plan, spec=replace(spec, augment=augment), body=body)
 
     def start(self, index_expr: str, plan: Plan, headers: Mapping[str, str]) -> SideCalls:
         """Start analysis and the statistics lookups (one per field, in parallel), to overlap with the
@@ -212,12 +230,32 @@ class Reranker:
             raise Declined("window_gone", marker)
         docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
         corpus = {f: v.corpus for f, v in zip(names, views, strict=True)}
-        weights = [1.0, *spec.augment.weights]
-        folded = score_tree(tree, corpus, docs, tokens, spec.augment.queries, weights, spec.scoring_request())
+        augmented, weights = list(spec.augment.queries), [1.0, *spec.augment.weights]
+        if spec.augment.provider == "prf":
+            augmented, weights, tokens = await self._feedback(tree, views, corpus, docs, tokens, spec)
+        folded = score_tree(tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
         if not folded.matched.any() and (getattr(spec, "combine", None) or "replace") == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise Declined("no_text_match", {**marker, "unmatched": len(alive)})
         return pack(response, [hits[i] for i in alive], folded, plan, marker)
+
+    async def _feedback(self, tree, views, corpus, docs, tokens, spec) -> tuple[list, list, dict]:
+        """PRF: expansion terms from the window's best documents under the original query (see
+        `augment`), from the term vectors already fetched; each term a one-token augmentation, scored on
+        every field as it is (terms are indexed tokens already: no analysis). `corpus` is completed for
+        the new terms in place (a no-op with exact statistics)."""
+        first = score_tree(tree, corpus, docs, tokens, [], [1.0], spec.scoring_request())
+        original = {t for toks in tokens.values() for t in toks}
+        found: dict[str, float] = {}
+        for f, view in zip(list(corpus), views, strict=True):
+            candidates = list(dict.fromkeys(t for d in docs[f] for t in d.tf))
+            view = await self._timed("stats_terms", view.for_terms(candidates))
+            corpus[f] = view.corpus
+            for term, weight in feedback_terms(view.corpus, docs[f], first.scores, original, spec.augment):
+                found[term] = max(found.get(term, 0.0), weight)
+        picked = sorted(found, key=lambda t: -found[t])[: spec.augment.terms]
+        tokens = {**tokens, **{(f, t): [t] for f in corpus for t in picked}}
+        return picked, [1.0, *(found[t] for t in picked)], tokens
 
     async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[str]) -> StatsView:
         """The statistics view, completed for the query's terms (estimated mode fetches them lazily)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.rerank.augment import Augment, parse_augment
 from bmx_rerank.rerank.query import parse_field
 from bmx_rerank.scoring import MODES, NORMALIZATIONS, WQA_MODES, Request
 
@@ -41,14 +42,6 @@ KEYS = (
     "widen",
     "explain",
 )
-
-
-@dataclass(frozen=True)
-class Augment:
-    """Augmented queries (WQA) and their weights."""
-
-    queries: tuple[str, ...] = ()
-    weights: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +90,8 @@ class RerankSpec:
             "field": self.field,
             "window_size": self.window_size,
             "normalize": self.normalize,
-            "wqa_mode": self.wqa_mode if self.augment.queries else None,
+            "wqa_mode": self.wqa_mode if self.augment.queries or self.augment.provider != "given" else None,
+            **({"augment": self.augment.marker()} if self.augment.marker() else {}),
             **({"fields": list(self.field_names)} if len(self.fields) > 1 else {}),
             **({"combine": self.combine} if self.combine else {}),
         }
@@ -149,7 +143,7 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
         if name in raw:
             values[name] = _boolean(raw, name, where)
     if raw.get("augment") is not None:
-        values["augment"] = _augment(raw["augment"], where)
+        values["augment"] = parse_augment(raw["augment"], where)
     spec = replace(spec, **values)
     try:
         spec.scoring_request()
@@ -175,30 +169,6 @@ def _fields(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]
     if len(set(names)) != len(names):
         raise bad_request(f"[{where}] [fields] names a field twice")
     return fields
-
-
-def _augment(raw: Any, where: str) -> Augment:
-    if not isinstance(raw, Mapping):
-        raise _parse_error(f"[{where}] [augment] expected an object, got {_kind(raw)}")
-    unknown = [k for k in raw if k not in ("queries", "weights")]
-    if unknown:
-        raise _parse_error(f"[{where}.augment] unknown field [{unknown[0]}]")
-    queries = raw.get("queries", [])
-    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-        raise _parse_error(f"[{where}] [augment.queries] expected an array of strings")
-    weights = raw.get("weights")
-    if weights is None:
-        weights = [1.0] * len(queries)
-    if not isinstance(weights, list) or not all(_is_number(w) for w in weights):
-        raise _parse_error(f"[{where}] [augment.weights] expected an array of numbers")
-    if len(weights) != len(queries):
-        raise bad_request(
-            f"[{where}] [augment.weights] must have one weight per query: "
-            f"{len(weights)} weights for {len(queries)} queries"
-        )
-    if any(not math.isfinite(w) or w < 0 for w in weights):
-        raise bad_request(f"[{where}] [augment.weights] must be finite numbers >= 0")
-    return Augment(tuple(queries), tuple(float(w) for w in weights))
 
 
 def _string(raw: Mapping[str, Any], name: str, where: str, allow_empty: bool = False) -> str:
