@@ -1,0 +1,182 @@
+"""`bmx-rerank eval`: measure the engine's ranking and BMX configurations on your own judged queries,
+choose one by cross-validation, and (`--apply`) make it the index's configuration in the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import click
+import orjson
+
+from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
+
+
+def _headers(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, rest = value.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"expected 'Name: value', got {value!r}", param_hint="--header")
+        out[name.strip()] = rest.strip()
+    return out
+
+
+@click.command("eval")
+@click.argument("index")
+@click.option("--field", "field_name", required=True, help="The text field searched and reranked.")
+@click.option(
+    "--queries",
+    "queries_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Queries: BEIR queries.jsonl (_id, text) or id<TAB>text.",
+)
+@click.option(
+    "--qrels",
+    "qrels_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Judgments: BEIR qrels tsv (query-id corpus-id score) or TREC qrels (qid 0 docid grade).",
+)
+@click.option("--upstream", default="http://127.0.0.1:9200", show_default=True, help="Cluster URL.")
+@click.option(
+    "--header",
+    "header_values",
+    multiple=True,
+    metavar="'NAME: VALUE'",
+    help="A header for every call, e.g. 'Authorization: ApiKey ...' (repeatable).",
+)
+@click.option(
+    "--window",
+    "windows",
+    multiple=True,
+    type=int,
+    default=(100, 200),
+    show_default=True,
+    help="Rerank window sizes to try (repeatable; the first is used for the grid).",
+)
+@click.option(
+    "--alpha",
+    "alphas",
+    multiple=True,
+    type=float,
+    default=(0.5, 1.0, 1.5),
+    show_default=True,
+    help="BMX alpha values of the grid (repeatable).",
+)
+@click.option(
+    "--beta",
+    "betas",
+    multiple=True,
+    type=float,
+    default=(0.05, 0.2),
+    show_default=True,
+    help="BMX beta values of the grid (repeatable).",
+)
+@click.option("--prf/--no-prf", default=True, show_default=True, help="Try pseudo-relevance feedback.")
+@click.option(
+    "--llm-url", envvar="BMX_LLM_BASE_URL", help="OpenAI-compatible base URL: also try LLM augmentation."
+)
+@click.option("--llm-model", envvar="BMX_LLM_MODEL", default="gpt-4o-mini", show_default=True)
+@click.option("--folds", default=5, show_default=True, help="Cross-validation folds over queries.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the fold split and of --limit's sample.")
+@click.option("--limit", type=int, help="Evaluate a seeded sample of this many judged queries.")
+@click.option(
+    "--size", default=100, show_default=True, help="Hits measured per query (recall@100 wants 100)."
+)
+@click.option("--concurrency", default=4, show_default=True, help="Queries in flight at once.")
+@click.option(
+    "--keep-self/--drop-self",
+    default=False,
+    show_default=True,
+    help="BEIR drops a hit whose id is the query's own id.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
+@click.option(
+    "--apply",
+    "do_apply",
+    is_flag=True,
+    help="Store the chosen configuration as the index's configuration (proxies pick it up).",
+)
+def command(
+    index: str,
+    field_name: str,
+    queries_path: str,
+    qrels_path: str,
+    upstream: str,
+    header_values: tuple[str, ...],
+    windows: tuple[int, ...],
+    alphas: tuple[float, ...],
+    betas: tuple[float, ...],
+    prf: bool,
+    llm_url: str | None,
+    llm_model: str,
+    folds: int,
+    seed: int,
+    limit: int | None,
+    size: int,
+    concurrency: int,
+    keep_self: bool,
+    as_json: bool,
+    plot_path: str | None,
+    do_apply: bool,
+) -> None:
+    """Evaluate rankings of INDEX on judged queries: the engine's BM25 vs BMX, exact BM25, a grid, PRF, LLM."""
+    try:
+        from bmx_rerank.evaluation.configs import grid
+        from bmx_rerank.evaluation.report import plot, table
+        from bmx_rerank.evaluation.workflow import Task, apply, evaluate
+    except ImportError as exc:  # the evaluation extras are not installed
+        raise click.ClickException(f"{exc}: install them with pip install 'bmx-rerank[eval]'") from exc
+    from tqdm import tqdm
+
+    if llm_url:
+        os.environ["BMX_LLM_BASE_URL"] = llm_url  # the in-process proxy's reranker reads its LLM from there
+        os.environ["BMX_LLM_MODEL"] = llm_model
+    try:
+        queries = read_queries(queries_path)
+        qrels = read_qrels(qrels_path)
+    except DataError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    candidates = grid(field_name, windows=windows, alphas=alphas, betas=betas, prf=prf, llm=bool(llm_url))
+    task = Task(
+        upstream,
+        index,
+        field_name,
+        queries,
+        qrels,
+        candidates,
+        folds=folds,
+        seed=seed,
+        size=size,
+        limit=limit,
+        concurrency=concurrency,
+        drop_self=not keep_self,
+        headers=_headers(header_values),
+    )
+    total = len([q for q in qrels if q in queries]) if limit is None else min(limit, len(qrels))
+    bar = tqdm(total=total * len(candidates), unit="search", file=sys.stderr, disable=as_json or None)
+    try:
+        report = asyncio.run(evaluate(task, progress=bar.update))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the cluster's own errors, said plainly
+        reason = getattr(exc, "reason", None) or f"{exc.__class__.__name__}: {exc}"
+        raise click.ClickException(reason) from exc
+    finally:
+        bar.close()
+    if plot_path:
+        plot(report, plot_path)
+    if as_json:
+        click.echo(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(table(report))
+        if plot_path:
+            click.echo(f"plot: {plot_path}")
+    if do_apply:
+        doc = asyncio.run(apply(report, upstream, _headers(header_values)))
+        what = "pass through (the engine's ranking won)" if not doc["info"]["rerank"] else doc["info"]["bmx"]
+        click.echo(f"applied to {index}: {report.selection.chosen}: {what}", err=as_json)

@@ -1,0 +1,129 @@
+"""Showing an evaluation: a table for the terminal, JSON for machines, a PNG bar chart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bmx_rerank.evaluation.measure import MEASURES, PRIMARY, Comparison
+from bmx_rerank.evaluation.selection import Selection
+
+
+@dataclass
+class Row:
+    name: str
+    bmx: Mapping[str, Any] | None
+    means: dict[str, float]
+    vs_engine: Comparison
+    fallbacks: int = 0
+
+
+@dataclass
+class Report:
+    index: str
+    field: str
+    queries: int
+    folds: int
+    rows: list[Row]
+    selection: Selection
+    engine: str = "engine"
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, name: str) -> Row:
+        return next(r for r in self.rows if r.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        sel = self.selection
+        return {
+            "index": self.index,
+            "field": self.field,
+            "queries": self.queries,
+            "measure": PRIMARY,
+            "configurations": [
+                {
+                    "name": r.name,
+                    "ext_bmx": None if r.bmx is None else dict(r.bmx),
+                    **{k: round(v, 6) for k, v in r.means.items()},
+                    "vs_engine": asdict(r.vs_engine),
+                    "fallbacks": r.fallbacks,
+                }
+                for r in self.rows
+            ],
+            "selection": {
+                "chosen": sel.chosen,
+                "chosen_ext_bmx": None
+                if self.row(sel.chosen).bmx is None
+                else dict(self.row(sel.chosen).bmx),
+                "folds": self.folds,
+                "fold_choices": list(sel.fold_choices),
+                "cross_validated": round(sel.cv_score, 6),
+                "engine": round(sel.engine_score, 6),
+            },
+            "notes": self.notes,
+        }
+
+
+def table(report: Report) -> str:
+    """The terminal view: one line per configuration, then the cross-validated choice."""
+    names = list(MEASURES)
+    width = max(len(r.name) for r in report.rows) + 2
+    head = f"{'configuration':<{width}}" + "".join(f"{n:>9}" for n in names)
+    head += f"{'Δ nDCG@10':>11}{'win/loss/tie':>15}{'p':>8}"
+    lines = [
+        f"{report.index} [{report.field}]: {report.queries} judged queries",
+        head,
+        "-" * len(head),
+    ]
+    base = report.row(report.engine).means[PRIMARY]
+    sel = report.selection
+    for r in report.rows:
+        c = r.vs_engine
+        mark = " *" if r.name == sel.chosen else ""
+        line = f"{r.name:<{width}}" + "".join(f"{100 * r.means[n]:>9.2f}" for n in names)
+        if r.name == report.engine:
+            line += f"{'':>11}{'':>15}{'':>8}"
+        else:
+            wlt = f"{c.wins}/{c.losses}/{c.ties}"
+            line += f"{100 * (r.means[PRIMARY] - base):>+11.2f}{wlt:>15}{c.p_value:>8.3f}"
+        if r.fallbacks:
+            line += f"  ({r.fallbacks} fell back)"
+        lines.append(line + mark)
+    lines.append("")
+    lines.append(
+        f"chosen on all queries (*): {sel.chosen}; {report.folds}-fold cross-validated {PRIMARY}: "
+        f"{100 * sel.cv_score:.2f} vs engine {100 * sel.engine_score:.2f} "
+        f"({100 * (sel.cv_score - sel.engine_score):+.2f}); fold choices: {', '.join(sel.fold_choices)}"
+    )
+    lines.extend(report.notes)
+    return "\n".join(lines)
+
+
+def plot(report: Report, path: str | Path) -> Path:
+    """A bar chart of nDCG@10 per configuration, the engine's as a line, the chosen one highlighted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.rows
+    values = [100 * r.means[PRIMARY] for r in rows]
+    colors = ["#d62728" if r.name == report.selection.chosen else "#1f77b4" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    ax.barh([r.name for r in rows], values, color=colors)
+    ax.axvline(100 * report.selection.engine_score, color="black", linestyle="--", label="engine BM25")
+    ax.axvline(
+        100 * report.selection.cv_score, color="#d62728", linestyle=":", label="cross-validated choice"
+    )
+    ax.invert_yaxis()
+    low = min(values + [100 * report.selection.cv_score])
+    ax.set_xlim(max(0.0, low - 3), max(values) + 1)
+    ax.set_xlabel(f"{PRIMARY} x 100")
+    ax.set_title(f"{report.index} [{report.field}], {report.queries} queries")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

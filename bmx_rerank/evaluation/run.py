@@ -1,0 +1,95 @@
+"""Running configurations: every query asked the way a client would ask, through the real pipeline.
+
+The engine's own ranking is a plain `match` search straight to the cluster; every other configuration
+is the same search with its `ext.bmx`, sent through the proxy app running in this process, so what is
+measured is exactly what `bmx-rerank serve` serves (plan, widening, statistics, augmentation, paging).
+Applied configurations are ignored here (`applied_ttl=0`): each run says its own `ext.bmx`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from bmx_rerank.evaluation.configs import Candidate
+from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.upstream import request_json
+
+Run = dict[str, dict[str, float]]  # query id -> {doc id: score}, the shape ir-measures reads
+
+
+@dataclass
+class Runs:
+    """Per configuration: the ranking of each query, and how many reranks fell back (never silent)."""
+
+    runs: dict[str, Run] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+def search_body(field_name: str, text: str, size: int, bmx: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The search a client sends: a `match` on the field, `size` hits (at most the window when reranked)."""
+    body: dict[str, Any] = {"query": {"match": {field_name: text}}, "_source": False}
+    if bmx is None:
+        body["size"] = size
+    else:
+        body["size"] = min(size, int(bmx.get("window_size", 100)))
+        body["ext"] = {"bmx": dict(bmx)}
+    return body
+
+
+def ranking(answer: Mapping[str, Any], qid: str, drop_self: bool) -> dict[str, float]:
+    """Served order as scores (n, n-1, ...), so measuring keeps the served order exactly (no tie
+    reordering by id); a hit whose id is the query's is dropped under the BEIR protocol."""
+    ids = [str(h["_id"]) for h in answer.get("hits", {}).get("hits", [])]
+    if drop_self:
+        ids = [d for d in ids if d != qid]
+    return {d: float(len(ids) - i) for i, d in enumerate(ids)}
+
+
+async def run_all(
+    upstream: str,
+    index: str,
+    field_name: str,
+    queries: Mapping[str, str],
+    candidates: Sequence[Candidate],
+    *,
+    size: int = 100,
+    headers: Mapping[str, str] | None = None,
+    concurrency: int = 4,
+    drop_self: bool = True,
+    progress: Callable[[int], None] | None = None,
+    stats_factory: Callable[..., Any] | None = None,
+) -> Runs:
+    """Every query under every candidate; `progress(n)` after each n searches."""
+    from bmx_rerank.cli.serve import statistics_source
+
+    upstream = upstream.rstrip("/")
+    app = make_app(ProxyConfig(upstream=upstream, applied_ttl=0), stats_factory or statistics_source(60.0))
+    runner, proxy = await start_server(app)
+    out = Runs({c.name: {} for c in candidates}, {c.name: 0 for c in candidates})
+    gate = asyncio.Semaphore(concurrency)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def one(qid: str, text: str) -> None:
+                async with gate:
+                    # Candidates take turns per query so none always meets a cold term-vector cache.
+                    for c in candidates:
+                        url = f"{upstream if c.is_engine else proxy}/{index}/_search"
+                        answer = await request_json(
+                            session, "POST", url, search_body(field_name, text, size, c.bmx), headers
+                        )
+                        marker = answer.get("_bmx") or {}
+                        if marker.get("fallback"):
+                            out.fallbacks[c.name] += 1
+                        out.runs[c.name][qid] = ranking(answer, qid, drop_self)
+                        if progress is not None:
+                            progress(1)
+
+            await asyncio.gather(*(one(qid, text) for qid, text in queries.items()))
+    finally:
+        await runner.cleanup()
+    return out
