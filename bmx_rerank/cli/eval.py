@@ -94,6 +94,7 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     help="BEIR drops a hit whose id is the query's own id.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+@click.option("--save", "save_path", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG bar chart here.")
 @click.option(
     "--apply",
@@ -121,6 +122,7 @@ def command(
     concurrency: int,
     keep_self: bool,
     as_json: bool,
+    save_path: str | None,
     plot_path: str | None,
     do_apply: bool,
 ) -> None:
@@ -170,6 +172,9 @@ def command(
         bar.close()
     if plot_path:
         plot(report, plot_path)
+    if save_path:
+        with open(save_path, "wb") as fh:
+            fh.write(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
     if as_json:
         click.echo(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:
