@@ -262,3 +262,54 @@ def test_no_request_of_the_issue_table_is_a_zero_score_rerank_or_a_silent_loss(s
     hits = got.body["hits"]["hits"]
     assert hits and all(h["_score"] > 0 for h in hits), "reranked, so every hit scored"
     assert got.body["_bmx"]["reranked"] is True
+
+
+def test_the_validate_rewrite_benchmark_runs_small(engine):
+    """The small version of benchmarks/validate_rewrite.py, so the benchmark keeps working."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "validate_rewrite.py"
+    spec = importlib.util.spec_from_file_location("validate_rewrite", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    kind = "es" if engine.kind == "elasticsearch" else "os"
+    out = bench.main(["--engines", kind, f"--{kind}-url", engine.url, "--docs", "300", "--queries", "3"])
+    times = out[kind]["times"]
+    assert set(times) == {"search", "rewrite", "rewrite fuzzy", "rewrite fuzzy all"}
+    assert all(len(v) == 3 and min(v) > 0 for v in times.values())
+    assert 0 <= out[kind]["differ"] <= 3
+
+
+@pytest.mark.parametrize(
+    ("query", "same"),
+    [
+        (
+            {
+                "query_string": {
+                    "query": "alpha beta-gamma",
+                    "fields": ["title^2", "text"],
+                    "tie_breaker": 0.3,
+                }
+            },
+            {"multi_match": {"query": "alpha beta-gamma", "fields": ["title^2", "text"], "tie_breaker": 0.3}},
+        ),
+        (
+            {"query_string": {"query": "alpha beta", "fields": ["title", "text"], "type": "most_fields"}},
+            {"multi_match": {"query": "alpha beta", "fields": ["title", "text"], "type": "most_fields"}},
+        ),
+        (
+            {"simple_query_string": {"query": "alpha beta", "fields": ["title^2", "text"]}},
+            {"multi_match": {"query": "alpha beta", "fields": ["title^2", "text"], "type": "most_fields"}},
+        ),
+    ],
+)
+def test_plain_query_strings_score_as_the_multi_match_they_are_read_as(shapes, query, same):
+    """The reading of query.py checked against the cluster's own parser: same hits, same BM25 scores."""
+    engine, index, _ = shapes
+    got = engine.ok("POST", f"/{index}/_search", {"query": query, "size": WINDOW})["hits"]["hits"]
+    want = engine.ok("POST", f"/{index}/_search", {"query": same, "size": WINDOW})["hits"]["hits"]
+    assert got and {h["_id"]: h["_score"] for h in got} == pytest.approx(
+        {h["_id"]: h["_score"] for h in want}, rel=1e-6
+    )
