@@ -45,11 +45,6 @@ OTHER_SCORING = ("knn", "sub_searches", "rank", "retriever", "rescore", "indices
 ALWAYS_DECLINED = ("collapse",)
 RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage besides `query`
 
-# Execution (`pipeline`) scores whole trees (every leaf on its field, boosts, sum/max) and `pack` applies
-# `spec.combine`. False would make planning decline trees other than one unboosted leaf
-# (`reason=scoring_tree`) and combinations (`reason=combine`).
-EXECUTES_TREES = True
-
 
 def plan_search(
     body: Mapping[str, Any] | None,
@@ -93,13 +88,6 @@ def plan_search(
             f"[bmx] needs [query]: the request has no text query on [{', '.join(spec.field_names)}] "
             "to take it from, nor [ext.bmx.query]"
         )
-    if not EXECUTES_TREES:
-        if spec.combine in ("linear", "rrf"):
-            return declined("combine")
-        if not isinstance(scoring, Text) or scoring.boost != 1.0:
-            return declined("scoring_tree")
-        if scoring.field != spec.field:
-            spec = replace(spec, field=scoring.field)
     try:
         from_ = _int_param(params, source, "from", 0)
         size = _int_param(params, source, "size", DEFAULT_SIZE)

@@ -191,8 +191,7 @@ EXT = {"field": "body", "window_size": 20}
         ({"retriever": {"standard": {"query": {"match": {"body": "a"}}}}}, "retriever"),
     ],
 )
-def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, reason, monkeypatch):
-    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, reason):
     body = {"query": {"match": {"body": "a"}}, **extra, "ext": {"bmx": EXT}}
     plan = plan_search(body, {})
     assert plan.spec is None and plan.skipped == reason
@@ -205,8 +204,7 @@ def test_other_scoring_is_declined_unless_the_caller_says_how_to_combine(extra, 
         assert combined.scoring == Text("body", "a") and combined.body[reason] == extra[reason]
 
 
-def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text(monkeypatch):
-    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text():
     knn = {"field": "v", "query_vector": [1.0], "k": 5, "num_candidates": 10}
     ext = {**EXT, "query": "a b", "combine": "linear", "weight": 0.2, "augment": {"queries": ["c"]}}
     plan = plan_search({"knn": knn, "ext": {"bmx": ext}}, {})
@@ -215,8 +213,7 @@ def test_knn_only_with_combine_keeps_its_first_stage_and_scores_the_given_text(m
     assert plan.body["knn"] == knn and plan.body["size"] == 20
 
 
-def test_combine_leaves_clauses_bmx_cannot_score_to_the_first_stage(monkeypatch):
-    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+def test_combine_leaves_clauses_bmx_cannot_score_to_the_first_stage():
     query = {"bool": {"should": [{"match": {"body": "a"}}, {"knn": {"v": {"vector": [1], "k": 3}}}]}}
     assert plan_search({"query": query, "ext": {"bmx": EXT}}, {}).skipped == "knn"
     plan = plan_search({"query": query, "ext": {"bmx": {**EXT, "combine": "linear"}}}, {})
@@ -284,8 +281,7 @@ def test_widening_never_drops_a_document_the_original_returned():
     }
 
 
-def test_combination_reading_the_first_stage_score_is_not_widened(monkeypatch):
-    monkeypatch.setattr("bmx_rerank.rerank.plan.EXECUTES_TREES", True)
+def test_combination_reading_the_first_stage_score_is_not_widened():
     ext = {**EXT, "augment": {"queries": ["x"]}, "combine": "linear"}
     plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": ext}}, {})
     assert plan.body["query"] == {"match": {"body": "a"}}
