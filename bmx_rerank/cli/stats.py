@@ -28,7 +28,13 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Options every stats command shares."""
     opts = [
         click.argument("index"),
-        click.option("--field", required=True, help="Analyzed text field the statistics describe."),
+        click.option(
+            "--field",
+            "fields",
+            required=True,
+            multiple=True,
+            help="Analyzed text field the statistics describe; repeat it for several (one snapshot each).",
+        ),
         click.option(
             "--upstream",
             envvar="BMX_UPSTREAM",
@@ -87,9 +93,10 @@ def command() -> None:
 @command.command()
 @_options
 @_sweep_options
-def build(index: str, field: str, **opts: Any) -> None:
-    """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index."""
-    for info in _sweep(stats_build.build_snapshots, index, field, opts):
+def build(index: str, fields: tuple[str, ...], **opts: Any) -> None:
+    """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index
+    and field."""
+    for info in (i for f in _distinct(fields) for i in _sweep(stats_build.build_snapshots, index, f, opts)):
         click.echo(
             f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
@@ -101,11 +108,17 @@ def build(index: str, field: str, **opts: Any) -> None:
 @_options
 @_sweep_options
 @click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
-def refresh(index: str, field: str, rebuild: bool, **opts: Any) -> None:
-    """Bring the snapshots of INDEX up to date (incremental when only appends happened)."""
-    for out in _sweep(stats_build.refresh, index, field, opts, force_rebuild=rebuild):
-        snap = out.snapshot.snapshot if out.snapshot else "-"
-        click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+def refresh(index: str, fields: tuple[str, ...], rebuild: bool, **opts: Any) -> None:
+    """Bring the snapshots of INDEX up to date, per field (incremental when only appends happened)."""
+    for field in _distinct(fields):
+        for out in _sweep(stats_build.refresh, index, field, opts, force_rebuild=rebuild):
+            snap = out.snapshot.snapshot if out.snapshot else "-"
+            click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+
+
+def _distinct(fields: tuple[str, ...]) -> list[str]:
+    """The fields named, each once, in order (`--field text --field text` builds once)."""
+    return list(dict.fromkeys(fields))
 
 
 def _sweep(
@@ -138,7 +151,7 @@ def _sweep(
 @click.option("--terms", default="", help="Comma-separated terms to report df and raw entropy of.")
 def show(
     index: str,
-    field: str,
+    fields: tuple[str, ...],
     upstream: str,
     user: str | None,
     password: str | None,
@@ -147,14 +160,22 @@ def show(
     as_json: bool,
     terms: str,
 ) -> None:
-    """What is stored for INDEX and how fresh it is (statistics summed over the indices it names)."""
+    """What is stored for INDEX and how fresh it is (statistics summed over the indices it names), per
+    field; `--json` prints one object per field, one per line."""
     base, headers = connection(upstream, user, password, header)
     wanted = [t for t in (x.strip() for x in terms.split(",")) if t]
 
-    async def go(session: aiohttp.ClientSession) -> dict[str, Any]:
-        return await stats_build.describe(session, base, index, field, headers, wanted, store=store)
+    async def go(session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+        return [
+            await stats_build.describe(session, base, index, f, headers, wanted, store=store)
+            for f in _distinct(fields)
+        ]
 
-    report = _run(go)
+    for field, report in zip(_distinct(fields), _run(go), strict=True):
+        _print_report(index, field, report, as_json)
+
+
+def _print_report(index: str, field: str, report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(report).decode())
         return

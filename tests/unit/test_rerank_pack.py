@@ -9,9 +9,9 @@ import pytest
 
 from bmx_rerank import scoring
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, candidate_features, doc_refs
-from bmx_rerank.rerank.pack import fallback, pack, ranking
+from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
-from bmx_rerank.rerank.query import Text
+from bmx_rerank.rerank.query import Combine, Text
 from bmx_rerank.rerank.rescore import Folded, rescore, score_tree
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, DocTerms
@@ -177,3 +177,57 @@ def test_candidates_and_cache():
     assert cache.get(("u", "i", "x", 1, 1, "f")) is None, "missing documents are not cached"
     feats = candidate_features([terms("b")], ["t3", "t9"])
     assert feats.tf.tolist() == [[2.0, 0.0]] and feats.length.tolist() == [5.0]
+
+
+def test_minmax_and_the_three_combinations():
+    first = np.array([3.0, 2.0, 1.0, 0.5])
+    text = np.array([0.0, 4.0, 2.0, 0.0])
+    matched = np.array([False, True, True, False])
+    np.testing.assert_allclose(minmax(first), [1.0, 0.6, 0.2, 0.0])
+    np.testing.assert_array_equal(minmax(np.array([2.0, 2.0])), [0.0, 0.0])
+    final, keys = combine(first, text, matched, "linear", 0.25, 60)
+    np.testing.assert_allclose(final, 0.25 * minmax(first) + 0.75 * minmax(text))
+    final, _ = combine(first, text, matched, "rrf", 0.5, 10)
+    # first-stage ranks 1..4; text ranks: hit 1 first, hit 2 second; hits 0 and 3 absent
+    np.testing.assert_allclose(final, [1 / 11, 1 / 12 + 1 / 11, 1 / 13 + 1 / 12, 1 / 14])
+    final, keys = combine(first, text, matched, "replace", 0.5, 60)
+    np.testing.assert_array_equal(final, [0.0, 4.0, 2.0, 0.0])
+    assert [int(i) for i in np.argsort(-keys, kind="stable")] == [1, 2, 0, 3], "unmatched below, in order"
+    with pytest.raises(ValueError):
+        combine(first, text, matched, "sum", 0.5, 60)
+
+
+def test_several_fields_fold_as_the_tree_says():
+    ids = list(DOCS)
+    docs = {"f": [terms(i) for i in ids], "g": [terms(i) for i in reversed(ids)]}
+    tokens = {("f", "t0"): ["t0"], ("g", "t3"): ["t3"]}
+    req = scoring.Request()
+    one = {
+        f: score_tree(Text(f, q), {"f": CORPUS, "g": CORPUS}, docs, tokens, [], [1.0], req).scores
+        for f, q in (("f", "t0"), ("g", "t3"))
+    }
+    parts = (Text("f", "t0", 2.0), Text("g", "t3"))
+    for how, tie, want in (
+        ("sum", 0.0, 2 * one["f"] + one["g"]),
+        ("max", 0.5, np.maximum(2 * one["f"], one["g"]) + 0.5 * np.minimum(2 * one["f"], one["g"])),
+    ):
+        tree = Combine(how, parts, tie_breaker=tie, boost=3.0)
+        folded = score_tree(tree, {"f": CORPUS, "g": CORPUS}, docs, tokens, [], [1.0], req)
+        np.testing.assert_allclose(folded.scores, 3 * want, rtol=1e-12)
+        np.testing.assert_array_equal(folded.matched, (one["f"] > 0) | (one["g"] > 0))
+
+
+def test_pack_linear_and_rrf_over_the_window():
+    ids = list(DOCS)
+    response = window(ids)
+    for n, hit in enumerate(response["hits"]["hits"]):
+        hit["_score"] = 10.0 - n
+    folded = fold(ids, "t0 t3")
+    for how in ("linear", "rrf"):
+        ext = {"field": "f", "query": "t0 t3", "window_size": 5, "combine": how, "explain": True}
+        plan = plan_search({"size": 5, "ext": {"bmx": ext}}, {})
+        out = pack(response, hits_of(response), folded, plan, {})
+        want, _ = combine(np.arange(10.0, 5.0, -1), folded.scores, folded.matched, how, 0.5, 60)
+        got = {h["_id"]: h["_score"] for h in out["hits"]["hits"]}
+        assert got == pytest.approx(dict(zip(ids, want, strict=True)))
+        assert out["hits"]["hits"][0]["_bmx_explanation"]["details"][0]["description"] == "first-stage _score"

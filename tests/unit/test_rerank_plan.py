@@ -285,3 +285,19 @@ def test_combination_reading_the_first_stage_score_is_not_widened():
     ext = {**EXT, "augment": {"queries": ["x"]}, "combine": "linear"}
     plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": ext}}, {})
     assert plan.body["query"] == {"match": {"body": "a"}}
+
+
+def test_one_preference_per_window_the_callers_kept():
+    from bmx_rerank.rerank.pipeline import window_request
+
+    body = {"query": {"match": {"body": "a b"}}, "ext": {"bmx": {**EXT, "window_size": 30}}}
+    pages = [plan_search({**body, "from": f, "size": 10}, {}) for f in (0, 10, 20)]
+    requests = [window_request("idx", p) for p in pages]
+    assert len({params["preference"] for _, params in requests}) == 1, "every page: the same copies"
+    assert requests[0][1]["preference"].startswith("bmx-") and requests[0][0]["version"] is True
+    other = window_request("idx", plan_search({**body, "query": {"match": {"body": "c"}}}, {}))
+    assert other[1]["preference"] != requests[0][1]["preference"]
+    assert window_request("other", pages[0])[1]["preference"] != requests[0][1]["preference"]
+    mine = window_request("idx", plan_search(body, {"preference": "_local"}))
+    assert mine[1]["preference"] == "_local"
+    assert "version" not in pages[0].body, "the plan itself is left as it is"
