@@ -12,7 +12,52 @@ from bmx_rerank import demo
 from bmx_rerank.errors import SearchError
 
 
-async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool) -> None:
+async def evaluation_step(
+    session: aiohttp.ClientSession, upstream: str, shown: str, headers: dict[str, str], n_queries: int
+) -> None:
+    """Engine BM25 vs the configuration `bmx-rerank eval` chooses, nDCG@10, on shared SciFact queries."""
+    from bmx_rerank.evaluation.beir import FIELD, load_beir, shared_dataset
+
+    root = shared_dataset("scifact")
+    if root is None:
+        click.echo("evaluation: skipped (no shared BEIR SciFact here; set BMX_BEIR_DIR to its folder)")
+        return
+    from bmx_rerank.evaluation.configs import grid
+    from bmx_rerank.evaluation.data import read_qrels, read_queries
+    from bmx_rerank.evaluation.workflow import Task, evaluate
+
+    index = "bmx-demo-scifact"
+    n = await load_beir(session, upstream, index, root)
+    click.echo(f"evaluation: SciFact ({n} documents in {index}), {n_queries} judged test queries")
+    task = Task(
+        shown,
+        index,
+        FIELD,
+        read_queries(root / "queries.jsonl"),
+        read_qrels(root / "qrels" / "test.tsv"),
+        grid(FIELD, windows=(100,), alphas=(), betas=()),
+        limit=n_queries,
+        headers=headers,
+    )
+    report = await evaluate(task)
+    sel = report.selection
+    engine = report.row("engine").means["nDCG@10"]
+    click.echo(
+        "\n".join(
+            f"  {r.name:<10} nDCG@10 {100 * r.means['nDCG@10']:6.2f}  ({100 * (r.means['nDCG@10'] - engine):+.2f})"
+            for r in report.rows
+        )
+    )
+    click.echo(
+        f"  chosen by 5-fold cross-validation: {sel.chosen}; on held-out queries nDCG@10 "
+        f"{100 * sel.cv_score:.2f} vs the engine's BM25 {100 * sel.engine_score:.2f}\n"
+        f"  (your own data: bmx-rerank eval INDEX --field F --queries Q --qrels QRELS [--apply])\n"
+    )
+
+
+async def run(
+    upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool, eval_queries: int = 0
+) -> None:
     from bmx_rerank.cli.serve import statistics_source
     from bmx_rerank.proxy import ProxyConfig, make_app, split_upstream, start_server
     from bmx_rerank.stats.build import build_snapshots
@@ -37,6 +82,8 @@ async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, s
                 )
                 columns = [("Elasticsearch BM25 (direct)", bm25), ("BMX (through bmx-rerank)", bmx)]
                 click.echo(demo.side_by_side(query, columns) + "\n")
+            if eval_queries > 0:
+                await evaluation_step(session, upstream, shown, client_headers, eval_queries)
             if serve:
                 click.echo(f"serving on {proxy_url}; Ctrl-C stops")
                 await asyncio.Event().wait()
@@ -62,8 +109,20 @@ async def run(upstream: str, queries: tuple[str, ...], size: int, window: int, s
 @click.option("--size", default=5, show_default=True, help="Hits shown per ranking.")
 @click.option("--window", default=100, show_default=True, help="Candidates the proxy reranks.")
 @click.option("--serve", is_flag=True, help="Keep the proxy running afterwards.")
+@click.option(
+    "--eval-queries",
+    default=100,
+    show_default=True,
+    help="SciFact test queries of the evaluation step (0 skips it; needs the shared BEIR data).",
+)
 def command(
-    upstream: str | None, kind: str, queries: tuple[str, ...], size: int, window: int, serve: bool
+    upstream: str | None,
+    kind: str,
+    queries: tuple[str, ...],
+    size: int,
+    window: int,
+    serve: bool,
+    eval_queries: int,
 ) -> None:
     """Load the sample corpus, build statistics, and show BM25 next to BMX for a few queries."""
     from bmx_rerank.testing import engine as eng
@@ -79,7 +138,7 @@ def command(
             )
             upstream = eng.start(request, eng.default_reporter).url
             click.echo(f"engine: {kind} at {upstream} (stop it with `bmx-rerank engine stop {kind}`)")
-        asyncio.run(run(upstream.rstrip("/"), queries, size, window, serve))
+        asyncio.run(run(upstream.rstrip("/"), queries, size, window, serve, eval_queries))
     except (eng.EngineError, SearchError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

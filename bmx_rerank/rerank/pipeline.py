@@ -233,6 +233,7 @@ class Reranker:
         augmented, weights = list(spec.augment.queries), [1.0, *spec.augment.weights]
         if spec.augment.provider == "prf":
             augmented, weights, tokens = await self._feedback(tree, views, corpus, docs, tokens, spec)
+            marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
         folded = score_tree(tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
         if not folded.matched.any() and (getattr(spec, "combine", None) or "replace") == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.

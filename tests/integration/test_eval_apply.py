@@ -185,3 +185,22 @@ def test_the_client_wrapper_uses_the_applied_configuration(subset):
     with BMXClient(_official(engine.kind, engine.url)) as client:
         plain = client.search(index=index, body=_plain())
         assert "_bmx" not in dict(getattr(plain, "body", plain))
+
+
+def test_prf_expands_from_the_window_without_widening(subset):
+    engine, index, _, _ = subset
+    proxy = ProxyThread(engine.url, statistics_source(60.0), applied_ttl=0)
+    try:
+        body = {"size": 10, "query": {"match": {"text": "vitamin D deficiency"}}}
+        plain = _search(proxy.url, index, {**body, "ext": {"bmx": {"field": "text"}}})
+        prf = {"field": "text", "augment": {"provider": "prf", "docs": 5, "terms": 4, "weight": 0.5}}
+        got = _search(proxy.url, index, {**body, "ext": {"bmx": prf}})
+    finally:
+        proxy.close()
+    terms = got["_bmx"]["augment"]["terms"]
+    assert got["_bmx"]["reranked"] is True and got["_bmx"]["augment"]["provider"] == "prf"
+    assert 0 < len(terms) <= 4 and not {"vitamin", "d", "deficiency"} & set(terms)
+    # Same window (no widening): the same candidates, scored with the expansion terms on top.
+    assert got["hits"]["total"] == plain["hits"]["total"]
+    scores = {h["_id"]: h["_score"] for h in plain["hits"]["hits"]}
+    assert any(h["_score"] > scores.get(h["_id"], 0.0) for h in got["hits"]["hits"])

@@ -1,0 +1,73 @@
+"""A BEIR collection in an index: `title + " " + text` of each document in one text field, with exact
+statistics built, as the paper's protocol reads it (used by the demo's evaluation and the benchmarks)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.upstream import request_json
+
+FIELD = "text"
+
+
+def shared_dataset(name: str) -> Path | None:
+    """Where a shared BEIR dataset lies: $BMX_BEIR_DIR/NAME, else ../shared/data/beir/NAME beside a
+    checkout (or the working directory); None when absent (the datasets are not shipped)."""
+    roots = [os.environ.get("BMX_BEIR_DIR")]
+    roots += [
+        str(p / "shared" / "data" / "beir") for p in (Path(__file__).resolve().parents[3], Path.cwd().parent)
+    ]
+    for root in roots:
+        if root and (Path(root) / name / "corpus.jsonl").is_file():
+            return Path(root) / name
+    return None
+
+
+async def load_beir(
+    session: aiohttp.ClientSession,
+    upstream: str,
+    index: str,
+    root: Path,
+    *,
+    analyzer: str = "standard",
+    shards: int = 1,
+    headers: Mapping[str, str] | None = None,
+) -> int:
+    """(Re)create `index` with the collection under `root` unless it already holds all of it, build its
+    statistics; returns the number of documents."""
+    docs = [orjson.loads(line) for line in (root / "corpus.jsonl").read_bytes().splitlines() if line.strip()]
+    async with session.head(f"{upstream}/{index}", headers=headers) as exists:
+        present = exists.status == 200
+    if present:
+        count = await request_json(session, "GET", f"{upstream}/{index}/_count", None, headers)
+        if count["count"] == len(docs):
+            await build_snapshots(session, upstream, index, FIELD, headers or {})
+            return len(docs)
+        await request_json(session, "DELETE", f"{upstream}/{index}", None, headers)
+    mapping = {
+        "settings": {"number_of_shards": shards, "number_of_replicas": 0},
+        "mappings": {"properties": {FIELD: {"type": "text", "analyzer": analyzer}}},
+    }
+    await request_json(session, "PUT", f"{upstream}/{index}", mapping, headers)
+    for start in range(0, len(docs), 2000):
+        lines = []
+        for d in docs[start : start + 2000]:
+            lines.append(orjson.dumps({"index": {"_index": index, "_id": d["_id"]}}))
+            lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
+        async with session.post(
+            f"{upstream}/_bulk",
+            data=b"\n".join(lines) + b"\n",
+            headers={**(headers or {}), "Content-Type": "application/x-ndjson"},
+        ) as resp:
+            answer = orjson.loads(await resp.read())
+            if resp.status != 200 or answer.get("errors"):
+                raise RuntimeError(f"bulk indexing into {index} failed (HTTP {resp.status})")
+    await request_json(session, "POST", f"{upstream}/{index}/_refresh", None, headers)
+    await build_snapshots(session, upstream, index, FIELD, headers or {})
+    return len(docs)
