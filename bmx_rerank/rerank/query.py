@@ -68,8 +68,10 @@ class Declined(Exception):
         self.detail = detail
 
 
-# What a query type scores like. Anything else in a scoring position declines with its own name as the
-# reason (`term`, `function_score`, `nested`, `knn`, ...): its score is not a text score BMX reproduces.
+# The query types read into the tree; the others in a scoring position decline (see `KNOWN`).
+READ = frozenset(
+    "match match_phrase multi_match combined_fields query_string simple_query_string bool dis_max".split()
+)
 MULTI_MATCH_TYPES = {
     "best_fields": "max",
     "phrase": "max",  # each field's phrase scored on its terms, the best field plus tie_breaker x the rest
@@ -79,16 +81,6 @@ MULTI_MATCH_TYPES = {
     "cross_fields": "sum",
     "combined_fields": "sum",
 }
-READ = (
-    "match",
-    "match_phrase",
-    "multi_match",
-    "combined_fields",
-    "query_string",
-    "simple_query_string",
-    "bool",
-)
-READ += ("dis_max",)
 # Query types declined by name in a scoring position (docs/proxy.md lists them); any other is
 # `unknown_query`. Inside `filter`/`must_not` every query is fine: it only decides matching.
 KNOWN = frozenset(

@@ -246,7 +246,25 @@ ISSUE_TABLE = [
 ]
 
 
-@pytest.mark.parametrize(("body", "policy"), ISSUE_TABLE, ids=range(len(ISSUE_TABLE)))
+COMBINED = {**EXT, "query": "alpha beta"}
+# Hybrid first stages with a combination asked for: reranked with every hit scored, or the cluster's error.
+HYBRID = [
+    ({"knn": KNN, "ext": {"bmx": {**COMBINED, "combine": "linear", "weight": 0.3}}}, False),
+    ({"knn": KNN, "ext": {"bmx": {**COMBINED, "combine": "rrf"}}}, False),
+    ({"retriever": {"standard": {"query": MATCH}}, "ext": {"bmx": {**COMBINED, "combine": "rrf"}}}, False),
+    (
+        {
+            "query": MATCH,
+            "rescore": {"query": {"rescore_query": MATCH}},
+            "ext": {"bmx": {**EXT, "combine": "linear"}},
+        },
+        False,
+    ),
+    ({"query": MATCH, "min_score": 0.5, "ext": {"bmx": {**EXT, "combine": "rrf"}}}, False),
+]
+
+
+@pytest.mark.parametrize(("body", "policy"), ISSUE_TABLE + HYBRID, ids=range(len(ISSUE_TABLE + HYBRID)))
 def test_no_request_of_the_issue_table_is_a_zero_score_rerank_or_a_silent_loss(shapes, body, policy):
     engine, index, proxy = shapes
     ext = {} if policy or "ext" in body else {"ext": {"bmx": {**EXT, "fields": ["text", "title"]}}}
