@@ -103,7 +103,12 @@ class _Core:
             policy = await self.applied.policy(index, body, self.headers)
         plan = plan_search(body, params, policy)
         if plan.spec is None:
-            return await first_stage(index, plan.body, plan.params)
+            response = await first_stage(index, plan.body, plan.params)
+            if plan.skipped is None:
+                return response
+            answer = _plain(response)  # declined out loud: the cluster's answer, marked with the reason
+            answer["_bmx"] = {"reranked": False, "skipped": plan.skipped}
+            return answer
         reranker = self._ready()
         plan = await reranker.prepare(plan)
         side = reranker.start(index, plan, self.headers)

@@ -331,3 +331,20 @@ def test_plain_query_strings_score_as_the_multi_match_they_are_read_as(shapes, q
     assert got and {h["_id"]: h["_score"] for h in got} == pytest.approx(
         {h["_id"]: h["_score"] for h in want}, rel=1e-6
     )
+
+
+def test_the_client_wrapper_marks_a_declined_search(shapes):
+    """No header in a library call: the reason is in the `_bmx` marker, the hits are the cluster's."""
+    from bmx_rerank.client import BMXClient
+    from tests.integration.test_client import _official
+
+    engine, index, _ = shapes
+    body = {"query": {"match": {"text": {"query": "alpah", "fuzziness": "AUTO"}}}, "size": 5}
+    client = _official(engine.kind, engine.url, asynchronous=False)
+    with BMXClient(client) as bmx:
+        answer = bmx.search(index=index, body={**body, "ext": {"bmx": EXT}})
+    direct = engine.ok("POST", f"/{index}/_search", body)
+    assert answer["_bmx"] == {"reranked": False, "skipped": "fuzzy"}
+    assert [(h["_id"], h["_score"]) for h in answer["hits"]["hits"]] == [
+        (h["_id"], h["_score"]) for h in direct["hits"]["hits"]
+    ]
