@@ -81,6 +81,13 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--llm-model", envvar="BMX_LLM_MODEL", default="gpt-4o-mini", show_default=True)
 @click.option("--folds", default=5, show_default=True, help="Cross-validation folds over queries.")
+@click.option(
+    "--significance",
+    default=0.1,
+    show_default=True,
+    help="A configuration replaces the engine's ranking only with a one-sided paired t-test p below this "
+    "(on the queries it is chosen on); 1 takes any higher mean.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the fold split and of --limit's sample.")
 @click.option("--limit", type=int, help="Evaluate a seeded sample of this many judged queries.")
 @click.option(
@@ -116,6 +123,7 @@ def command(
     llm_url: str | None,
     llm_model: str,
     folds: int,
+    significance: float,
     seed: int,
     limit: int | None,
     size: int,
@@ -153,6 +161,7 @@ def command(
         candidates,
         folds=folds,
         seed=seed,
+        significance=significance,
         size=size,
         limit=limit,
         concurrency=concurrency,

@@ -30,6 +30,7 @@ class Report:
     selection: Selection
     engine: str = "engine"
     notes: list[str] = field(default_factory=list)
+    per_query: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # name -> qid -> nDCG@10
 
     def row(self, name: str) -> Row:
         return next(r for r in self.rows if r.name == name)
@@ -58,10 +59,14 @@ class Report:
                 else dict(self.row(sel.chosen).bmx),
                 "folds": self.folds,
                 "fold_choices": list(sel.fold_choices),
+                "significance": sel.significance,
                 "cross_validated": round(sel.cv_score, 6),
                 "engine": round(sel.engine_score, 6),
             },
             "notes": self.notes,
+            "per_query": {
+                name: {q: round(v, 6) for q, v in values.items()} for name, values in self.per_query.items()
+            },
         }
 
 
@@ -92,7 +97,8 @@ def table(report: Report) -> str:
         lines.append(line + mark)
     lines.append("")
     lines.append(
-        f"chosen on all queries (*): {sel.chosen}; {report.folds}-fold cross-validated {PRIMARY}: "
+        f"chosen (*; the engine unless a configuration beats it with one-sided paired p < {sel.significance:g}): "
+        f"{sel.chosen}; {report.folds}-fold cross-validated {PRIMARY}: "
         f"{100 * sel.cv_score:.2f} vs engine {100 * sel.engine_score:.2f} "
         f"({100 * (sel.cv_score - sel.engine_score):+.2f}); fold choices: {', '.join(sel.fold_choices)}"
     )

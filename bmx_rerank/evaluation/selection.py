@@ -1,10 +1,12 @@
 """Honest selection: choose the configuration on some queries, report it on others (k-fold CV).
 
-Queries are shuffled once (seeded) and cut into k folds. For each fold the configuration with the best
-mean nDCG@10 on the other folds is chosen and measured on that fold alone; the held-out numbers of all
-folds together are what to expect on new queries. Ties go to the earlier configuration in the list,
-the engine first: a rerank must beat the engine's own ranking to be chosen at all. What `--apply`
-stores is the configuration that is best on all queries (the same rule, the most data)."""
+Queries are shuffled once (seeded) and cut into k folds. For each fold a configuration is chosen on the
+other folds and measured on that fold alone; the held-out numbers of all folds together are what to
+expect on new queries. The rule, on the queries it may look at: the engine's own ranking, unless some
+configuration beats it there with a one-sided paired t-test p-value below `significance` (default 0.1);
+then the best mean nDCG@10 among those that do (ties to the earlier one in the list). A rerank has to
+earn its place: a gain the queries cannot tell from noise keeps the engine's ranking. What `--apply`
+stores is the same rule on all queries."""
 
 from __future__ import annotations
 
@@ -13,15 +15,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
+
+DEFAULT_SIGNIFICANCE = 0.1
 
 
 @dataclass(frozen=True)
 class Selection:
-    chosen: str  # best on all queries: what --apply stores
+    chosen: str  # the rule on all queries: what --apply stores
     cv_score: float  # mean held-out nDCG@10 of the per-fold choices
     engine_score: float  # the engine's mean over the same queries
     fold_choices: tuple[str, ...]
     per_query: dict[str, float]  # held-out nDCG@10 of the fold's choice, per query
+    significance: float = DEFAULT_SIGNIFICANCE
 
 
 def folds(queries: Sequence[str], k: int, seed: int = 0) -> list[list[str]]:
@@ -31,31 +37,65 @@ def folds(queries: Sequence[str], k: int, seed: int = 0) -> list[list[str]]:
     return [order[i::k] for i in range(k)]
 
 
-def best(scores: Mapping[str, Mapping[str, float]], names: Sequence[str], queries: Sequence[str]) -> str:
-    """The name with the highest mean over `queries`; the first such in `names` on a tie."""
-    means = [float(np.mean([scores[n][q] for q in queries])) for n in names]
-    top = max(means)
-    return names[next(i for i, m in enumerate(means) if m >= top - 1e-12)]
+def better_than(ours: Sequence[float], engine: Sequence[float], significance: float) -> bool:
+    """Whether `ours` beats `engine` query by query: a higher mean and a one-sided paired t-test
+    p-value below `significance` (1 or more: any higher mean)."""
+    diff = np.asarray(ours, dtype=float) - np.asarray(engine, dtype=float)
+    if len(diff) == 0 or diff.mean() <= 1e-12:
+        return False
+    if significance >= 1.0:
+        return True
+    if len(diff) < 2:
+        return False
+    if np.allclose(diff, diff[0]):
+        return True  # the same gain on every query: no variance to test, and no doubt either
+    return float(stats.ttest_rel(ours, engine, alternative="greater").pvalue) < significance
+
+
+def best(
+    scores: Mapping[str, Mapping[str, float]],
+    names: Sequence[str],
+    queries: Sequence[str],
+    engine: str,
+    significance: float = DEFAULT_SIGNIFICANCE,
+) -> str:
+    """The rule: the best mean among configurations beating the engine on `queries`, else the engine."""
+    base = [scores[engine][q] for q in queries]
+    winner, top = engine, float(np.mean(base))
+    for name in names:
+        if name == engine:
+            continue
+        values = [scores[name][q] for q in queries]
+        mean = float(np.mean(values))
+        if mean > top + 1e-12 and better_than(values, base, significance):
+            winner, top = name, mean
+    return winner
 
 
 def cross_validate(
-    scores: Mapping[str, Mapping[str, float]], names: Sequence[str], engine: str, k: int = 5, seed: int = 0
+    scores: Mapping[str, Mapping[str, float]],
+    names: Sequence[str],
+    engine: str,
+    k: int = 5,
+    seed: int = 0,
+    significance: float = DEFAULT_SIGNIFICANCE,
 ) -> Selection:
-    """`scores[name][qid]`: the primary measure per configuration and query; `names[0]` wins ties."""
+    """`scores[name][qid]`: the primary measure per configuration and query."""
     queries = sorted(scores[engine])
     parts = folds(queries, k, seed)
     held: dict[str, float] = {}
     choices = []
     for i, test in enumerate(parts):
         train = [q for j, part in enumerate(parts) if j != i for q in part]
-        choice = best(scores, names, train)
+        choice = best(scores, names, train, engine, significance)
         choices.append(choice)
         for q in test:
             held[q] = scores[choice][q]
     return Selection(
-        chosen=best(scores, names, queries),
+        chosen=best(scores, names, queries, engine, significance),
         cv_score=float(np.mean([held[q] for q in queries])),
         engine_score=float(np.mean([scores[engine][q] for q in queries])),
         fold_choices=tuple(choices),
         per_query=held,
+        significance=significance,
     )

@@ -14,7 +14,7 @@ from bmx_rerank.evaluation import measure
 from bmx_rerank.evaluation.configs import ENGINE, Candidate
 from bmx_rerank.evaluation.report import Report, Row
 from bmx_rerank.evaluation.run import run_all
-from bmx_rerank.evaluation.selection import cross_validate
+from bmx_rerank.evaluation.selection import DEFAULT_SIGNIFICANCE, cross_validate
 from bmx_rerank.stats.store import now_iso
 
 
@@ -33,6 +33,7 @@ class Task:
     concurrency: int = 4
     drop_self: bool = True
     headers: Mapping[str, str] | None = None
+    significance: float = DEFAULT_SIGNIFICANCE
 
 
 def judged(task: Task) -> dict[str, str]:
@@ -78,8 +79,8 @@ async def evaluate(
     ]
     names = [c.name for c in task.candidates]
     primary = {n: scores[n][measure.PRIMARY] for n in names}
-    selection = cross_validate(primary, names, ENGINE, task.folds, task.seed)
-    report = Report(task.index, task.field, len(ids), task.folds, rows, selection)
+    selection = cross_validate(primary, names, ENGINE, task.folds, task.seed, task.significance)
+    report = Report(task.index, task.field, len(ids), task.folds, rows, selection, per_query=primary)
     if any(r.fallbacks for r in rows):
         report.notes.append(
             "some reranks fell back to the engine's order (see the proxy log): fix that first"
@@ -100,6 +101,7 @@ async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None
         "engine": report.selection.engine_score,
         "folds": report.folds,
         "fold_choices": list(report.selection.fold_choices),
+        "significance": report.selection.significance,
         "configurations": {r.name: r.means for r in report.rows},
     }
     async with aiohttp.ClientSession() as session:

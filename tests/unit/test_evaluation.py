@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from bmx_rerank.evaluation import measure
@@ -54,12 +55,26 @@ def test_cross_validation_reports_held_out_numbers():
         # wins big on one query only: chosen where that query is in training, punished where held out
         "lucky": {q: (5.0 if q == "q3" else 0.4) for q in ids},
     }
-    sel = cross_validate(scores, [ENGINE, "good", "lucky"], ENGINE, k=5)
+    sel = cross_validate(scores, [ENGINE, "good", "lucky"], ENGINE, k=5, significance=1.0)
     assert sel.chosen == "lucky"  # best on all queries...
     assert sel.fold_choices.count("good") == 1  # ...but the fold holding q3 out chooses "good"
     assert sel.cv_score < (0.4 * 9 + 5.0) / 10  # the held-out number is below the in-sample one
     assert sel.engine_score == 0.5
     assert sorted(q for f in folds(ids, 5) for q in f) == sorted(ids)
+
+
+def test_a_gain_the_queries_cannot_tell_from_noise_keeps_the_engine():
+    ids = [f"q{i}" for i in range(40)]
+    rng = np.random.default_rng(3)
+    engine = {q: float(v) for q, v in zip(ids, rng.uniform(0.2, 0.8, 40), strict=True)}
+    noisy = {q: engine[q] + (0.3 if i % 2 else -0.28) for i, q in enumerate(ids)}  # +0.01 on average
+    steady = {q: engine[q] + (0.05 if i % 4 else -0.01) for i, q in enumerate(ids)}  # small, but every time
+    scores = {ENGINE: engine, "noisy": noisy, "steady": steady}
+    assert cross_validate(scores, [ENGINE, "noisy"], ENGINE, k=4).chosen == ENGINE
+    sel = cross_validate(scores, [ENGINE, "noisy", "steady"], ENGINE, k=4)
+    assert sel.chosen == "steady" and set(sel.fold_choices) == {"steady"}
+    assert sel.cv_score >= sel.engine_score
+    assert cross_validate(scores, [ENGINE, "noisy"], ENGINE, k=4, significance=1.0).chosen == "noisy"
 
 
 def test_ties_go_to_the_engine():
@@ -86,9 +101,8 @@ def test_search_bodies_and_served_order():
 
 def test_report_table_json_and_plot(tmp_path):
     ids = ["1", "2"]
-    sel = cross_validate(
-        {ENGINE: {"1": 0.5, "2": 0.5}, "bmx": {"1": 0.7, "2": 0.6}}, [ENGINE, "bmx"], ENGINE, 2
-    )
+    per = {ENGINE: {"1": 0.5, "2": 0.5}, "bmx": {"1": 0.7, "2": 0.6}}
+    sel = cross_validate(per, [ENGINE, "bmx"], ENGINE, 2, significance=1.0)
     means = {"nDCG@10": 0.5, "R@100": 0.8, "RR@10": 0.4}
     rows = [
         Row(ENGINE, None, means, measure.compare({"1": 0.5, "2": 0.5}, {"1": 0.5, "2": 0.5}, ids)),
@@ -99,9 +113,9 @@ def test_report_table_json_and_plot(tmp_path):
             measure.compare({"1": 0.7, "2": 0.6}, {"1": 0.5, "2": 0.5}, ids),
         ),
     ]
-    report = Report("ix", "f", 2, 2, rows, sel)
+    report = Report("ix", "f", 2, 2, rows, sel, per_query=per)
     text = table(report)
-    assert "bmx" in text and "+15.00" in text and "2/0/0" in text and "chosen on all queries (*): bmx" in text
+    assert "bmx" in text and "+15.00" in text and "2/0/0" in text and "p < 1): bmx" in text
     data = json.loads(json.dumps(report.to_json()))
     assert (
         data["selection"]["chosen_ext_bmx"] == {"field": "f"} and data["selection"]["cross_validated"] == 0.65
