@@ -61,9 +61,13 @@ def shapes(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClie
     }
     _bulk(engine, index, docs)
     stats = FixedStats({})
-    proxy = ProxyThread(engine.url, stats, policies=parse_rules([f"{index}=text,window_size={WINDOW}"]))
+    engine.ok("POST", "/_aliases", {"actions": [{"add": {"index": index, "alias": f"{index}-two"}}]})
+    rules = [f"{index}-two=title^2|text,window_size={WINDOW}", f"{index}=text,window_size={WINDOW}"]
+    proxy = ProxyThread(engine.url, stats, policies=parse_rules(rules))
     for field in ("text", "title"):
-        stats.table[(index, field)] = proxy.run(_build(engine.url, index, field))
+        stats.table[(index, field)] = stats.table[(f"{index}-two", field)] = proxy.run(
+            _build(engine.url, index, field)
+        )
     try:
         yield engine, index, EngineClient(engine.kind, proxy.url)
     finally:
@@ -348,3 +352,14 @@ def test_the_client_wrapper_marks_a_declined_search(shapes):
     assert [(h["_id"], h["_score"]) for h in answer["hits"]["hits"]] == [
         (h["_id"], h["_score"]) for h in direct["hits"]["hits"]
     ]
+
+
+def test_a_policy_on_two_weighted_fields_reranks_multi_field_queries_as_ext_bmx_does(shapes):
+    engine, index, proxy = shapes
+    query = {"multi_match": {"query": "alpha beta", "fields": ["title", "text"], "type": "most_fields"}}
+    by_policy = _reranked(proxy, f"{index}-two", {"query": query})
+    ext = {"ext": {"bmx": {"fields": ["title^2", "text"], "window_size": WINDOW}}}
+    by_ext = _reranked(proxy, index, {"query": query, **ext})
+    assert by_policy == pytest.approx(by_ext, rel=1e-12) and len(by_policy) > 10
+    text_only = _reranked(proxy, f"{index}-two", {"query": MATCH})
+    assert text_only == pytest.approx(_reranked(proxy, index, {"query": MATCH}), rel=1e-12)
