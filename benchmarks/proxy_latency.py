@@ -1,16 +1,26 @@
-"""Latency of a reranked search through the proxy next to the same search straight to the engine.
+"""Latency and throughput of reranked searches through the proxy next to what a user would do otherwise.
 
-For each engine: index SciFact (title + text, standard analyzer) into a fresh `bmxtest-proxy-bench-*`
-index, start the proxy in a child process (exact statistics from a sweep held in memory, as the
-statistics cache holds a loaded snapshot), then for each query send, one at a time and interleaved:
-  direct        match query, size 10, straight to the engine
-  direct w100   the same with size 100 (what the proxy's first stage asks for)
-  passthrough   the direct request through the proxy, no ext.bmx
-  rerank cold   ext.bmx window 100, size 10, term-vector cache empty for these documents
-  rerank warm   the same again (term vectors from the cache)
-Prints a Markdown table: p50 / p95 / mean in ms and the p50 ratio to `direct`.
+For each engine: index SciFact (title + text, standard analyzer, 1 shard) into a fresh
+`bmxtest-proxy-bench-*` index and start two proxies in child processes (exact statistics from one
+sweep, held in memory): a "warm" one with its caches, and a "first sight" one with every cache off
+(term vectors, lengths, analysis), so each of its reranks is the first sight of its window and query.
+Ways of asking, per window N (10, 100, 1000):
 
-    .venv/bin/python benchmarks/proxy_latency.py [--engines es,os] [--queries 200] [--docs 0]
+  plain size-10   a `match` query, size 10, straight to the engine
+  plain size-N    the same with size N (what a user re-sorting the top N would ask)
+  rescore N       size 10 with the engine's own `rescore` (window N, a `match` rescore query)
+  passthrough     the plain size-10 request through the proxy, no ext.bmx
+  rerank warm N   ext.bmx window N, size 10, after the same search once (caches warm)
+  rerank first N  the same through the first-sight proxy
+
+One client (this process, one keep-alive connection): every query is sent every way in turn,
+interleaved, so drift hits all rows alike. 8 and 32 clients: a closed loop of that many connections
+(asyncio, this process; the proxies and engines are other processes) for `--duration` seconds per
+row. p50/p95/p99 in ms and throughput (requests/s). Prints Markdown tables, writes the raw numbers
+as JSON and a plot (p50 at one client vs window, one line per way of asking, one panel per engine).
+
+    .venv/bin/python benchmarks/proxy_latency.py [--engines es,os] [--queries 120] [--windows 10,100,1000]
+        [--clients 1,8,32] [--duration 4] [--workers 1,2] [--loop uvloop] [--plot benchmarks/latency.png]
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = ROOT.parent / "shared" / "data" / "beir" / "scifact"
+SCIFACT = Path(os.environ.get("BMX_BEIR", "/work/shared/data/beir")) / "scifact"
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
+WARMUP = 20  # queries sent before measuring (not recorded), other than the measured ones
 
 
 class Http:
@@ -83,24 +95,75 @@ def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
     engine.ok("POST", f"/{index}/_refresh")
 
 
-def serve_child(upstream: str, index: str, port: int) -> None:
-    """The proxy process: exact statistics swept once, then served from memory."""
-    sys.path.insert(0, str(ROOT))
-    import aiohttp
-    from aiohttp import web
+# ---- the proxy, in child processes ------------------------------------------------------------------
 
-    from bmx_rerank.proxy import ProxyConfig, make_app
-    from bmx_rerank.rerank.stats_source import FixedStats
+
+def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int, loop: str) -> None:
+    """The proxy: exact statistics swept once, then served from memory by `workers` processes sharing
+    the port (SO_REUSEPORT), each with its own event loop of kind `loop`."""
+    sys.path.insert(0, str(ROOT))
+    import multiprocessing
+
+    import aiohttp
+
     from bmx_rerank.stats import build as stats_build
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
             return await stats_build.build(session, upstream, index, "body", {})
 
-    stats = FixedStats({(index, "body"): asyncio.run(sweep())})
-    app = make_app(ProxyConfig(upstream=upstream), lambda session, base: stats)
+    corpus = asyncio.run(sweep())
+    ctx = multiprocessing.get_context("fork")
+    procs = [
+        ctx.Process(target=_serve_worker, args=(upstream, index, port, caches, loop, corpus), daemon=True)
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
     print("ready", flush=True)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None)
+    for proc in procs:
+        proc.join()
+
+
+def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus) -> None:
+    from aiohttp import web
+
+    from bmx_rerank.proxy import ProxyConfig, make_app
+    from bmx_rerank.rerank.stats_source import FixedStats
+
+    stats = FixedStats({(index, "body"): corpus})
+    size = 100_000 if caches else 0
+    app = make_app(ProxyConfig(upstream=upstream, cache_size=size), lambda session, base: stats)
+    if not caches:
+        app.on_startup.append(_no_analysis_cache)
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    web.run_app(
+        app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None, reuse_port=True
+    )
+
+
+async def _no_analysis_cache(app) -> None:
+    from bmx_rerank.proxy import STATE
+
+    try:
+        from bmx_rerank.rerank.analysis_cache import AnalysisCache
+        from bmx_rerank.rerank.tf_probe import LengthCache
+    except ImportError:  # a version before these caches (the baseline)
+        return
+
+    async def later():  # the reranker is made by a cleanup context, which runs after on_startup
+        for _ in range(100):
+            reranker = app[STATE].get("reranker")
+            if reranker is not None:
+                reranker.analyses = AnalysisCache(0)
+                reranker.lengths = LengthCache(0)
+                return
+            await asyncio.sleep(0.01)
+
+    asyncio.ensure_future(later())
 
 
 def free_port() -> int:
@@ -111,61 +174,298 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def summary(samples: list[float]) -> tuple[float, float, float]:
+class Proxy:
+    def __init__(self, upstream: str, index: str, *, caches: bool, workers: int, loop: str) -> None:
+        self.port = free_port()
+        args = [upstream, index, str(self.port), "1" if caches else "0", str(workers), loop]
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, "--serve-child", *args], stdout=subprocess.PIPE, text=True
+        )
+        assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
+        self.url = f"http://127.0.0.1:{self.port}"
+        for _ in range(200):
+            try:
+                Http(self.url).call("GET", "/_bmx/health")
+                time.sleep(0.3)  # every worker up
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("proxy did not start")
+
+    def stop(self) -> None:
+        self.child.terminate()
+        self.child.wait(10)
+
+
+# ---- ways of asking -----------------------------------------------------------------------------------
+
+
+def plain(q: str, size: int) -> dict:
+    return {"query": {"match": {"body": q}}, "size": size}
+
+
+def rescore(q: str, window: int) -> dict:
+    rescore_query = {"match": {"body": {"query": q, "operator": "or"}}}
+    return {**plain(q, 10), "rescore": {"window_size": window, "query": {"rescore_query": rescore_query}}}
+
+
+def rerank(q: str, window: int) -> dict:
+    return {**plain(q, 10), "ext": {"bmx": {"field": "body", "window_size": window}}}
+
+
+def summary(samples: list[float]) -> dict:
     ordered = sorted(samples)
-    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
-    return pystats.median(ordered), p95, pystats.fmean(ordered)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
+
+    return {"n": len(ordered), "p50": pystats.median(ordered), "p95": pct(0.95), "p99": pct(0.99)}
 
 
-def run_engine(name: str, url: str, docs: list[dict], queries: list[str]) -> list[tuple]:
+Row = tuple[str, str, int, int]  # (engine, request, window, clients)
+
+
+def sequential(
+    engine: Http, warm: Http, first: Http, index: str, queries: list[str], windows: list[int]
+) -> dict[tuple[str, int], list[float]]:
+    """One client: every way of asking per query, interleaved."""
+    times: dict[tuple[str, int], list[float]] = {}
+    path = f"/{index}/_search"
+
+    def timed(kind: str, window: int, conn: Http, body: dict) -> dict:
+        start = time.perf_counter()
+        answer = conn.ok("POST", path, body)
+        times.setdefault((kind, window), []).append((time.perf_counter() - start) * 1000)
+        return answer
+
+    for q in queries:
+        timed("plain size-10", 0, engine, plain(q, 10))
+        timed("passthrough", 0, warm, plain(q, 10))
+        for n in windows:
+            timed("plain size-N", n, engine, plain(q, n))
+            timed("rescore N", n, engine, rescore(q, n))
+            warm.ok("POST", path, rerank(q, n))  # the first sight, for the warm proxy
+            answer = timed("rerank warm", n, warm, rerank(q, n))
+            assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+            answer = timed("rerank first", n, first, rerank(q, n))
+            assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+    return times
+
+
+async def closed_loop(url: str, path: str, bodies: list[bytes], clients: int, seconds: float) -> dict:
+    """`clients` connections, each sending its next request as soon as the last is answered."""
+    import aiohttp
+
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=clients, force_close=False)
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client(offset: int) -> None:
+            i = offset
+            while time.perf_counter() < stop:
+                body = bodies[i % len(bodies)]
+                i += clients
+                start = time.perf_counter()
+                async with session.post(url + path, data=body, headers=headers) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+                latencies.append((time.perf_counter() - start) * 1000)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        elapsed = time.perf_counter() - began
+    return {**summary(latencies), "rps": len(latencies) / elapsed}
+
+
+def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) -> list[dict]:
     engine = Http(url)
     index = f"bmxtest-proxy-bench-{uuid.uuid4().hex[:8]}"
     index_corpus(engine, index, docs)
-    port = free_port()
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve-child", url, index, str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    windows = [int(w) for w in args.windows.split(",")]
+    clients = [int(c) for c in args.clients.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
+    proxies = {
+        ("warm", 1): Proxy(url, index, caches=True, workers=1, loop=args.loop),
+        ("first", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop),
+    }
+    rows: list[dict] = []
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        proxy = None
-        for _ in range(100):
-            try:
-                proxy = Http(f"http://127.0.0.1:{port}")
-                proxy.call("GET", "/_bmx/health")
-                break
-            except OSError:
-                time.sleep(0.1)
-        assert proxy is not None
-        times: dict[str, list[float]] = {
-            k: [] for k in ("direct", "direct w100", "passthrough", "rerank cold", "rerank warm")
-        }
-
-        def timed(kind: str, conn: Http, body: dict) -> dict:
-            start = time.perf_counter()
-            answer = conn.ok("POST", f"/{index}/_search", body)
-            times[kind].append((time.perf_counter() - start) * 1000)
-            return answer
-
-        # warm-up: JIT, caches, connections (not recorded; other queries than the measured ones)
-        for q in queries[:20]:
-            engine.ok("POST", f"/{index}/_search", {"query": {"match": {"body": q}}, "size": 100})
-        for q in queries[20:]:
-            plain = {"query": {"match": {"body": q}}, "size": 10}
-            ext = {**plain, "ext": {"bmx": {"field": "body", "window_size": 100}}}
-            timed("direct", engine, plain)
-            timed("direct w100", engine, {**plain, "size": 100})
-            timed("passthrough", proxy, plain)
-            answer = timed("rerank cold", proxy, ext)
-            assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
-            timed("rerank warm", proxy, ext)
-        base = summary(times["direct"])[0]
-        return [(name, kind, len(v), *summary(v), summary(v)[0] / base) for kind, v in times.items()]
+        warm, first = Http(proxies["warm", 1].url), Http(proxies["first", 1].url)
+        for q in queries[:WARMUP]:  # JIT, caches, connections; other queries than the measured ones
+            for conn in (engine, warm, first):
+                conn.ok("POST", f"/{index}/_search", rerank(q, 100) if conn is not engine else plain(q, 100))
+        measured = queries[WARMUP:]
+        start = time.perf_counter()
+        times = sequential(engine, warm, first, index, measured, windows)
+        for (kind, window), samples in times.items():
+            s = summary(samples)
+            rows.append(
+                {
+                    "engine": name,
+                    "request": kind,
+                    "window": window,
+                    "clients": 1,
+                    "workers": 1,
+                    **s,
+                    "rps": 1000 / pystats.fmean(samples),
+                }
+            )
+        print(f"{name}: one client done in {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
+        if 2 in workers:
+            proxies["warm", 2] = Proxy(url, index, caches=True, workers=2, loop=args.loop)
+            Http(proxies["warm", 2].url)  # started; its caches fill in the first requests of each loop
+        path = f"/{index}/_search"
+        for c in [c for c in clients if c > 1]:
+            cells: list[tuple[str, int, str, Callable[[str], dict], int]] = [
+                ("plain size-10", 0, url, lambda q: plain(q, 10), 1),
+                ("passthrough", 0, proxies["warm", 1].url, lambda q: plain(q, 10), 1),
+            ]
+            if ("warm", 2) in proxies:
+                cells.append(("passthrough", 0, proxies["warm", 2].url, lambda q: plain(q, 10), 2))
+            for n in windows:
+                cells += [
+                    ("plain size-N", n, url, lambda q, n=n: plain(q, n), 1),
+                    ("rescore N", n, url, lambda q, n=n: rescore(q, n), 1),
+                    ("rerank warm", n, proxies["warm", 1].url, lambda q, n=n: rerank(q, n), 1),
+                    ("rerank first", n, proxies["first", 1].url, lambda q, n=n: rerank(q, n), 1),
+                ]
+                if ("warm", 2) in proxies:
+                    cells.append(("rerank warm", n, proxies["warm", 2].url, lambda q, n=n: rerank(q, n), 2))
+            for kind, window, target, make, nworkers in cells:
+                bodies = [json.dumps(make(q)).encode() for q in measured]
+                if kind == "rerank warm" and nworkers == 2:  # warm both workers' caches first
+                    asyncio.run(closed_loop(target, path, bodies, 4, 0.0 + len(bodies) * 0.02))
+                result = asyncio.run(closed_loop(target, path, bodies, c, args.duration))
+                rows.append(
+                    {
+                        "engine": name,
+                        "request": kind,
+                        "window": window,
+                        "clients": c,
+                        "workers": nworkers,
+                        **result,
+                    }
+                )
+            print(f"{name}: {c} clients done", file=sys.stderr, flush=True)
+        return rows
     finally:
-        child.terminate()
-        child.wait(10)
+        for proxy in proxies.values():
+            proxy.stop()
         engine.call("DELETE", f"/{index}")
+
+
+# ---- reporting ------------------------------------------------------------------------------------------
+
+
+def find(
+    rows: list[dict], engine: str, request: str, window: int, clients: int = 1, workers: int = 1
+) -> dict:
+    for r in rows:
+        if (r["engine"], r["request"], r["window"], r["clients"], r["workers"]) == (
+            engine,
+            request,
+            window,
+            clients,
+            workers,
+        ):
+            return r
+    return {}
+
+
+def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
+    """The issue's target rows, computed from one run: (measure, value, target)."""
+
+    def ratio(a: dict, b: dict, key: str = "p50") -> str:
+        return f"{a[key] / b[key]:.2f}" if a and b else "n/a"
+
+    out = [
+        (
+            "rerank window 100, warm / plain size-100 (p50)",
+            ratio(find(rows, engine, "rerank warm", 100), find(rows, engine, "plain size-N", 100)),
+            "<= 1.0",
+        ),
+        (
+            "rerank window 100, first sight / plain size-100 (p50)",
+            ratio(find(rows, engine, "rerank first", 100), find(rows, engine, "plain size-N", 100)),
+            "<= 1.3",
+        ),
+        (
+            "rerank window 100, warm / engine rescore window 100 (p50)",
+            ratio(find(rows, engine, "rerank warm", 100), find(rows, engine, "rescore N", 100)),
+            "<= 1.2",
+        ),
+        (
+            "rerank window 1000, warm / plain size-1000 (p50)",
+            ratio(find(rows, engine, "rerank warm", 1000), find(rows, engine, "plain size-N", 1000)),
+            "<= 1.0",
+        ),
+    ]
+    p, d = find(rows, engine, "passthrough", 0), find(rows, engine, "plain size-10", 0)
+    out.append(
+        (
+            "passthrough, one client: p50 - direct p50",
+            f"+{p['p50'] - d['p50']:.2f} ms" if p and d else "n/a",
+            "<= +0.5 ms",
+        )
+    )
+    for c in (8, 32):
+        for w in (1, 2):
+            p, d = find(rows, engine, "passthrough", 0, c, w), find(rows, engine, "plain size-10", 0, c)
+            if p and d:
+                out.append(
+                    (
+                        f"passthrough throughput, {c} clients, {w} worker(s) / direct",
+                        f"{100 * p['rps'] / d['rps']:.0f} %",
+                        ">= 90 %",
+                    )
+                )
+    for w in (1, 2):
+        r, d = find(rows, engine, "rerank warm", 100, 8, w), find(rows, engine, "plain size-N", 100, 8)
+        if r and d:
+            out.append(
+                (
+                    f"reranked (warm) throughput, 8 clients, {w} worker(s) / plain size-100",
+                    f"{100 * r['rps'] / d['rps']:.0f} %",
+                    ">= 100 %",
+                )
+            )
+        r = find(rows, engine, "rerank first", 100, 8, w)
+        if r and d:
+            out.append(
+                (
+                    f"reranked (first sight) throughput, 8 clients, {w} worker(s) / plain size-100",
+                    f"{100 * r['rps'] / d['rps']:.0f} %",
+                    "(none)",
+                )
+            )
+    return out
+
+
+def plot(rows: list[dict], engines: list[str], windows: list[int], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(engines), figsize=(6 * len(engines), 4.5), squeeze=False)
+    kinds = ["plain size-10", "passthrough", "plain size-N", "rescore N", "rerank warm", "rerank first"]
+    for ax, engine in zip(axes[0], engines, strict=True):
+        for kind in kinds:
+            ys = [find(rows, engine, kind, 0 if kind in kinds[:2] else n).get("p50") for n in windows]
+            style = "--" if kind in kinds[:2] else "-o"
+            ax.plot(windows, ys, style, label=kind.replace("-N", "-window").replace(" N", " (window)"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(windows, [str(w) for w in windows])
+        ax.set_xlabel("window (hits reranked / requested)")
+        ax.set_ylabel("p50 latency, one client (ms)")
+        ax.set_title({"es": "Elasticsearch", "os": "OpenSearch"}.get(engine, engine))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -173,26 +473,47 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--engines", default="es,os")
-    parser.add_argument("--queries", type=int, default=220, help="first 20 are warm-up")
+    parser.add_argument("--queries", type=int, default=120, help=f"the first {WARMUP} are warm-up")
     parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
-    parser.add_argument(
-        "--serve-child", nargs=3, metavar=("UPSTREAM", "INDEX", "PORT"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--windows", default="10,100,1000")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per row with several clients")
+    parser.add_argument("--workers", default="1,2", help="proxy processes: 1, or 1,2 to compare")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "latency.png"))
+    parser.add_argument("--json", default="", help="also write the raw rows here")
+    parser.add_argument("--serve-child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_child:
-        upstream, index, port = args.serve_child
-        serve_child(upstream, index, int(port))
+        upstream, index, port, caches, workers, loop = args.serve_child
+        serve_child(upstream, index, int(port), caches == "1", int(workers), loop)
         return
     docs = load("corpus.jsonl", args.docs)
     queries = [q["text"] for q in load("queries.jsonl", args.queries)]
-    rows = []
-    for name in args.engines.split(","):
-        rows += run_engine(name, ENGINES[name], docs, queries)
-    print(f"{len(docs)} documents, {len(queries) - 20} measured queries, sequential, {os.cpu_count()} cores")
-    print("| engine | request | n | p50 ms | p95 ms | mean ms | p50 / direct |")
-    print("|---|---|---|---|---|---|---|")
-    for name, kind, n, p50, p95, mean, ratio in rows:
-        print(f"| {name} | {kind} | {n} | {p50:.2f} | {p95:.2f} | {mean:.2f} | {ratio:.2f} |")
+    engines = args.engines.split(",")
+    rows: list[dict] = []
+    for name in engines:
+        rows += run_engine(name, ENGINES[name], docs, queries, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    windows = [int(w) for w in args.windows.split(",")]
+    if args.plot:
+        plot(rows, engines, windows, args.plot)
+    print(
+        f"{len(docs)} documents, {len(queries) - WARMUP} measured queries, loop {args.loop}, "
+        f"{os.cpu_count()} cores, load average before: {os.getloadavg()[0]:.2f}"
+    )
+    print("\n| engine | request | window | clients | proxy workers | n | p50 ms | p95 ms | p99 ms | req/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["engine"], r["clients"], r["window"], r["request"], r["workers"])):
+        print(
+            f"| {r['engine']} | {r['request']} | {r['window'] or '-'} | {r['clients']} | {r['workers']} "
+            f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['rps']:.0f} |"
+        )
+    print("\n| engine | measure | this run | target |\n|---|---|---|---|")
+    for name in engines:
+        for measure, value, target in targets(rows, name):
+            print(f"| {name} | {measure} | {value} | {target} |")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     cache_size: int = 100_000
     widen: bool = True
+    tf_probes: bool = True  # term frequencies from the first stage where the cluster can (rerank/tf_probe)
     upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
     upstream_cert: str | None = None  # client certificate (PEM) for https nodes
     upstream_key: str | None = None
@@ -132,6 +133,7 @@ def make_app(
             cache=TermVectorCache(config.cache_size),
             timeout=config.timeout,
             on_error=config.on_rerank_error,
+            probes=config.tf_probes,
         )
         state["applied"] = AppliedConfigs(
             sidecar,  # type: ignore[arg-type]
@@ -434,6 +436,7 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
     plan = await reranker.prepare(plan)
     side = reranker.start(index, plan, fwd)
     try:
+        await reranker.first_stage(side, fwd)
         url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
         status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
         data = _loads(payload) if status < 300 else _Unparsable

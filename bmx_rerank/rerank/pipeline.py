@@ -19,7 +19,8 @@ import orjson
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import filter_path
+from bmx_rerank.rerank import filter_path, tf_probe
+from bmx_rerank.rerank.analysis_cache import AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
@@ -29,7 +30,13 @@ from bmx_rerank.rerank.rescore import leaf_queries, score_tree
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import DocTerms, analyze, mtermvectors_fields, search_analyzer
+from bmx_rerank.upstream import (
+    DocTerms,
+    analyze,
+    mtermvectors_fields,
+    request_json_retrying,
+    search_analyzer,
+)
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -51,6 +58,8 @@ class SideCalls:
     stats: dict[str, asyncio.Task[StatsView]]
     body: dict[str, Any] | None = None
     params: dict[str, str] = field(default_factory=dict)
+    probe: tf_probe.Probe | None = None  # term frequencies come with the first stage's hits
+    frequencies: list[tf_probe.Frequencies | None] | None = None  # per hit, read from the probes
 
     def tasks(self) -> list[asyncio.Task[Any]]:
         return [t for t in (self.tokens, *self.stats.values()) if t is not None]
@@ -120,6 +129,9 @@ class Reranker:
         timeout: float | None = 30.0,
         on_error: str = "fallback",
         llm: LLMProvider | None = None,
+        lengths: tf_probe.LengthCache | None = None,
+        analyses: AnalysisCache | None = None,
+        probes: bool = True,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -134,6 +146,10 @@ class Reranker:
         if llm is None and (llm_config := LLMConfig.from_env()) is not None:
             llm = LLMProvider(llm_config)
         self.llm = llm
+        self.lengths = lengths if lengths is not None else tf_probe.LengthCache()
+        self.analyses = analyses if analyses is not None else AnalysisCache()
+        self.probes = probes
+        self._named_scores: bool | None = None  # does the cluster report named query scores?
 
     async def prepare(self, plan: Plan) -> Plan:
         """The plan with the augmentations a provider finds before the first stage (`llm`), widened."""
@@ -161,12 +177,56 @@ class Reranker:
         body, params = window_request(index_expr, plan)
         return SideCalls(index_expr, plan, tokens, stats, body, params)
 
+    async def first_stage(self, side: SideCalls, headers: Mapping[str, str]) -> None:
+        """Add term-frequency probes to the first-stage request where they are safe (see tf_probe):
+        the first stage then waits for the query's tokens."""
+        body, params = side.body, side.params
+        assert side.plan.spec is not None
+        if not self.probes or side.tokens is None or body is None:
+            return
+        if side.plan.spec.augment.provider == "prf":
+            return  # feedback reads every term of the window's documents: their term vectors
+        if tf_probe.why_not(body, orjson.dumps(body), params):
+            return
+        if not await self._reports_named_scores(side.index_expr, headers):
+            return
+        try:
+            tokens = await side.tokens
+        except UpstreamError:
+            return  # `finish` analyses again on the hits' index, or fails as it would have
+        probe = tf_probe.probe_terms(tokens)
+        if probe is not None:
+            side.probe = probe
+            side.body = tf_probe.with_probes(body, probe)
+            side.params = {**params, tf_probe.PARAM: "true"}
+
+    async def _reports_named_scores(self, index: str, headers: Mapping[str, str]) -> bool:
+        """Whether the cluster accepts `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
+        >= 2.13): asked once with an empty search, with the caller's credentials. Only the cluster's
+        refusal of the parameter is remembered; any other failure means no probes for this search."""
+        if self._named_scores is None:
+            url = f"{self.base_url}/{index}/_search?{tf_probe.PARAM}=true"
+            body = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
+            try:
+                await self._timed(
+                    "probe_check",
+                    request_json_retrying(self.session, "POST", url, body, headers, self.timeout),
+                )
+                self._named_scores = True
+            except UpstreamError as exc:
+                if exc.status == 400 and tf_probe.PARAM in exc.reason:
+                    self._named_scores = False
+                return False
+        return self._named_scores
+
     async def finish(
         self, side: SideCalls, response: Mapping[str, Any], headers: Mapping[str, str]
     ) -> Outcome:
         """Rerank the first stage's answer; on failure fall back or raise, as configured."""
         plan = side.plan
         assert plan.spec is not None
+        if side.probe is not None:  # before anything else: even a fallback must not show the probes
+            side.frequencies = tf_probe.take_frequencies(response.get("hits", {}).get("hits", []), side.probe)
         try:
             body = await self._rerank(side, response, headers)
             self.metrics.reranks.labels("reranked").inc()
@@ -213,7 +273,9 @@ class Reranker:
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
         tokens = await self._tokens_after(side, hits, headers)
         terms, views = await asyncio.gather(
-            self._term_vectors(hits, names, headers),
+            self._probed_terms(hits, side.frequencies, names, headers)
+            if side.probe is not None and side.frequencies is not None and side.probe.covers(tokens)
+            else self._term_vectors(hits, names, headers),
             asyncio.gather(*(self._complete(side.stats[f], _field_tokens(tokens, f)) for f in names)),
         )
         alive = [i for i, t in enumerate(terms) if t is not None]
@@ -285,7 +347,13 @@ class Reranker:
         pairs = list(
             dict.fromkeys(p for leaf in leaves(tree) for p in leaf_queries(leaf, plan.spec.augment.queries))
         )
-        found = await asyncio.gather(*(self._analyze(index, f, t, headers, by_field[f]) for f, t in pairs))
+        who = caller(headers)
+
+        def cached(f: str, text: str) -> Awaitable[list[str]]:
+            key = (who, index, f"analyzer:{by_field[f]}" if by_field[f] else f"field:{f}", text)
+            return self.analyses.tokens(key, lambda: self._analyze(index, f, text, headers, by_field[f]))
+
+        found = await asyncio.gather(*(cached(f, t) for f, t in pairs))
         return dict(zip(pairs, found, strict=True))
 
     async def _search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
@@ -369,6 +437,59 @@ class Reranker:
                     found[i].setdefault(f, terms)
                     self.cache.put(cache_key(hits[i], f, who), terms)
         return [None if i in gone else d for i, d in enumerate(found)]
+
+    async def _probed_terms(
+        self,
+        hits: Sequence[Mapping[str, Any]],
+        frequencies: Sequence[tf_probe.Frequencies | None],
+        names: Sequence[str],
+        headers: Mapping[str, str],
+    ) -> list[dict[str, DocTerms] | None]:
+        """`_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
+        stage reported them, its lengths from the length cache; `_mtermvectors` only for the hits the
+        cache misses (their lengths are then remembered), dropped as `_term_vectors` drops them.
+
+        A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
+        refs = doc_refs(hits)
+        who = caller(headers)
+        keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
+        lengths = [
+            {f: self.lengths.get(k) for f, k in key.items()} if tf is not None else {}
+            for key, tf in zip(keys, frequencies, strict=True)
+        ]
+        missing = [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]
+        self.metrics.cache.labels("hit").inc((len(hits) - len(missing)) * len(names))
+        self.metrics.cache.labels("miss").inc(len(missing) * len(names))
+        found: list[dict[str, DocTerms] | None] = [
+            None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
+            for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
+        ]
+        if missing:
+            fetched = await self._timed(
+                "termvectors",
+                mtermvectors_fields(
+                    self.session,
+                    self.base_url,
+                    [refs[i] for i in missing],
+                    names,
+                    headers,
+                    self.timeout,
+                    realtime=False,
+                ),
+            )
+            for i, by_field in zip(missing, fetched, strict=True):
+                tf = frequencies[i]
+                if not _same_version(hits[i], by_field.values()):
+                    continue  # dropped, as `_term_vectors` drops it
+                if tf is None:
+                    found[i] = dict(by_field)
+                    continue
+                for f, terms in by_field.items():
+                    self.lengths.put(keys[i][f], terms.length)
+                found[i] = {
+                    f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
+                }
+        return found
 
     async def _timed(self, call: str, awaitable: Awaitable[Any]) -> Any:
         start = time.perf_counter()

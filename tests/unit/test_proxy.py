@@ -45,6 +45,7 @@ class FakeCluster:
         self.analyzers: list[str | None] = []  # the `analyzer` of each _analyze call
         self.sidecar_headers: list[dict[str, str]] = []  # of each _analyze and _mtermvectors call
         self.search_analyzer: str | None = None  # what the mapping of every index says
+        self.probe_checks = 0  # searches with include_named_queries_score (refused)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -159,6 +160,13 @@ class FakeCluster:
         }
 
     async def search(self, request: web.Request) -> web.Response:
+        if "include_named_queries_score" in request.query:  # as an engine before ES 8.8 / OpenSearch 2.13
+            self.probe_checks += 1
+            reason = (
+                f"request [{request.path}] contains unrecognized parameter: [include_named_queries_score]"
+            )
+            error = {"type": "illegal_argument_exception", "reason": reason}
+            return web.json_response({"error": {"root_cause": [error], **error}, "status": 400}, status=400)
         body = await request.json() if request.body_exists else {}
         self.searches.append(body)
         return web.json_response(self._window(request.match_info["index"], body), headers=ES_HEADERS)
@@ -474,6 +482,16 @@ async def test_explain_and_min_score(proxy, client):
         details = hit["_bmx_explanation"]["details"]
         assert [d["token"] for d in details] == ["t0", "t3"]
         assert sum(d["value"] for d in details) == pytest.approx(hit["_score"])
+
+
+async def test_a_cluster_refusing_named_query_scores_is_asked_once_then_term_vectors_serve(proxy, client):
+    fake, url = proxy
+    search = {"ext": {"bmx": {"field": "body", "query": "t0 t1", "window_size": 5}}, "size": 3}
+    first = (await post(client, f"{url}/docs/_search", search))[2]
+    second = (await post(client, f"{url}/docs/_search", search))[2]
+    assert fake.probe_checks == 1
+    assert first["_bmx"]["reranked"] is True and first["hits"] == second["hits"]
+    assert all("include_named_queries_score" not in json.dumps(b) for b in fake.searches)
 
 
 async def test_termvector_cache_hits_second_time(proxy, client):

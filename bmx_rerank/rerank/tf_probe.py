@@ -1,0 +1,151 @@
+"""Term frequencies from the first stage itself, so a window needs no `_mtermvectors` for them.
+
+For each distinct analysed query token the first stage carries a named `intervals` query matching
+exactly that token (`keyword` analyzer: the token is already analysed). The probes sit in a `filter`
+branch that also holds `match_all`, so they change neither which documents match nor their scores
+(filter clauses do not score; Lucene drops the match-all filter). With `include_named_queries_score`
+(Elasticsearch >= 8.8, OpenSearch >= 2.13) the engine reports, per hit, each matching probe's score
+s = tf / (tf + 1) (the intervals query's saturation with pivot 1), so tf = round(s / (1 - s)).
+
+What the search cannot say is the field's length |D|: it comes from a bounded cache keyed by the
+document version (and caller, as term vectors are), filled by `_mtermvectors` for the hits it misses.
+Lengths are one integer per document version, so the cache covers far more documents than full term
+vectors would."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from cachetools import LRUCache
+
+from bmx_rerank.rerank.candidates import CacheKey
+from bmx_rerank.upstream import DocRef, DocTerms
+
+PARAM = "include_named_queries_score"
+PREFIX = "_bmx_tf_"
+MAX_PROBES = 64  # distinct tokens probed at most; longer (augmented) queries use `_mtermvectors`
+# float32 scores s = tf/(tf+1) for tf and tf+1 differ by ~1/tf^2, i.e. many float32 steps of ~6e-8
+# below this bound: reading back is exact. Above it a hit's terms come from `_mtermvectors`.
+MAX_TF = 1000
+# Body keys whose answer the probes would change: the caller's own named queries (matched_queries),
+# an explanation or profile (they would show the probes).
+UNSAFE_KEYS = ("explain", "profile")
+NAMED = re.compile(rb'"_name"\s*:')
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The (field, token) pairs probed in one first stage, in order; probe i is named PREFIX + str(i)."""
+
+    pairs: tuple[tuple[str, str], ...]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for f, _ in self.pairs))
+
+    def covers(self, tokens: Mapping[tuple[str, str], Sequence[str]]) -> bool:
+        """Whether every (field, token) a rerank scores was probed."""
+        probed = set(self.pairs)
+        return all((f, t) in probed for (f, _), toks in tokens.items() for t in toks)
+
+
+@dataclass(frozen=True)
+class ProbedDoc(DocTerms):
+    """A hit's query-term frequencies from the probes, with its field length from the length cache."""
+
+    doc_length: int = 0
+
+    @property
+    def length(self) -> int:
+        return self.doc_length
+
+
+def why_not(body: Mapping[str, Any], raw: bytes, params: Mapping[str, str]) -> str | None:
+    """Why this first stage cannot carry probes (its answer would show them), or None when it can.
+
+    `raw` is the serialized first stage; a `"_name"` anywhere in it (the caller's named queries, in
+    the query, inner hits or a rescore) keeps the answer's `matched_queries` the caller's own."""
+    if any(body.get(k) for k in UNSAFE_KEYS) or PARAM in params or "explain" in params:
+        return "explain"
+    if NAMED.search(raw):
+        return "named_queries"
+    if not isinstance(body.get("query"), Mapping):
+        return "no_query"
+    return None
+
+
+def probe_terms(tokens: Mapping[tuple[str, str], Sequence[str]]) -> Probe | None:
+    """The probe of a query's tokens ((field, text) -> tokens, augmentations included), None when
+    there are none or too many."""
+    pairs = tuple(dict.fromkeys((f, t) for (f, _), toks in tokens.items() for t in toks))
+    if not pairs or len(pairs) > MAX_PROBES:
+        return None
+    return Probe(pairs)
+
+
+def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
+    """The first-stage body with the probes in a filter branch that matches every document."""
+    probes = [
+        {"intervals": {f: {"match": {"query": term, "analyzer": "keyword"}, "_name": f"{PREFIX}{i}"}}}
+        for i, (f, term) in enumerate(probe.pairs)
+    ]
+    query = {
+        "bool": {"must": [body["query"]], "filter": [{"bool": {"should": [*probes, {"match_all": {}}]}}]}
+    }
+    return {**body, "query": query}
+
+
+Frequencies = dict[str, dict[str, int]]  # field -> token -> tf (tokens absent from the field left out)
+
+
+def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequencies | None]:
+    """Each hit's term frequencies of the probed tokens per field, removing the probes'
+    `matched_queries` from the hits (the caller had none: see `why_not`).
+
+    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF)."""
+    out: list[Frequencies | None] = []
+    for hit in hits:
+        scores = hit.pop("matched_queries", None) or {}
+        tf: Frequencies | None = {f: {} for f in probe.fields}
+        for name, score in scores.items() if isinstance(scores, Mapping) else ():
+            if not name.startswith(PREFIX) or tf is None:
+                continue
+            s = float(np.float32(score))
+            count = round(s / (1.0 - s)) if s < 1.0 else MAX_TF + 1
+            if count > MAX_TF or count < 1:
+                tf = None
+                continue
+            f, term = probe.pairs[int(name[len(PREFIX) :])]
+            tf[f][term] = count
+        out.append(tf)
+    return out
+
+
+def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:
+    """The hit's terms in one field as the scoring core reads them: probed tfs, cached length."""
+    version, seq, term = hit.get("_version"), hit.get("_seq_no"), hit.get("_primary_term")
+    return ProbedDoc(ref, True, dict(tf), version, seq, term, doc_length=length)
+
+
+class LengthCache:
+    """A bounded LRU map from a document version (`CacheKey`) to its field length."""
+
+    def __init__(self, capacity: int = 1_000_000) -> None:
+        self.capacity = capacity
+        self._items: LRUCache[CacheKey, int] = LRUCache(maxsize=max(1, capacity))
+
+    def get(self, key: CacheKey | None) -> int | None:
+        if key is None or self.capacity <= 0:
+            return None
+        return self._items.get(key)
+
+    def put(self, key: CacheKey | None, length: int) -> None:
+        if key is not None and self.capacity > 0:
+            self._items[key] = length
+
+    def __len__(self) -> int:
+        return len(self._items)

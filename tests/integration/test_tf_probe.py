@@ -1,0 +1,160 @@
+"""Term frequencies from the first stage (rerank/tf_probe) on real engines: read back exactly, and a
+proxy using them answers exactly as one fetching `_mtermvectors`, also after documents change."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from bmx_rerank.proxy import STATE
+from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.corpus import CorpusStats
+from tests.integration.conftest import EngineClient
+from tests.integration.test_proxy import ProxyThread
+
+pytestmark = pytest.mark.integration
+
+SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
+DOCS = 800
+QUERIES = 25
+TV = {"term_statistics": False, "field_statistics": False, "positions": False, "offsets": False}
+
+
+def _lines(name: str, limit: int) -> list[dict]:
+    out = []
+    with open(SCIFACT / name) as fh:
+        for line in fh:
+            out.append(json.loads(line))
+            if len(out) >= limit:
+                break
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, list[str]]]:
+    index = f"bmxtest-tfprobe-{uuid.uuid4().hex[:10]}"
+    settings = {"number_of_shards": 2, "number_of_replicas": 0}
+    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
+    lines = []
+    for doc in _lines("corpus.jsonl", DOCS):
+        lines.append(json.dumps({"index": {"_index": index, "_id": doc["_id"]}}))
+        lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
+    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+    queries = [q["text"] for q in _lines("queries.jsonl", QUERIES)]
+    try:
+        yield engine, index, queries
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_probe_scores_read_back_as_the_term_vectors_frequencies(corpus) -> None:
+    """Thousands of (hit, term) pairs: tf from the probes equals `_mtermvectors`' term_freq, and the
+    probes change neither the hits, their order, their scores nor the total."""
+    engine, index, queries = corpus
+    pairs = 0
+    for text in queries:
+        tokens = [
+            t["token"]
+            for t in engine.ok("POST", f"/{index}/_analyze", {"field": "body", "text": text})["tokens"]
+        ]
+        probe = tf_probe.probe_terms({("body", text): tokens})
+        assert probe is not None
+        plain = {"query": {"match": {"body": text}}, "size": 100, "_source": False}
+        want = engine.ok("POST", f"/{index}/_search", plain)
+        got = engine.ok(
+            "POST", f"/{index}/_search", tf_probe.with_probes(plain, probe), {tf_probe.PARAM: "true"}
+        )
+        assert [(h["_id"], h["_score"]) for h in got["hits"]["hits"]] == [
+            (h["_id"], h["_score"]) for h in want["hits"]["hits"]
+        ]
+        assert got["hits"]["total"] == want["hits"]["total"]
+        hits = got["hits"]["hits"]
+        frequencies = tf_probe.take_frequencies(hits, probe)
+        assert all("matched_queries" not in h for h in hits)
+        docs = [{"_index": index, "_id": h["_id"], "fields": ["body"], **TV} for h in hits]
+        vectors = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
+        for tf, vector in zip(frequencies, vectors, strict=True):
+            terms = vector["term_vectors"]["body"]["terms"]
+            assert tf is not None
+            for _, term in probe.pairs:
+                pairs += 1
+                assert tf["body"].get(term, 0) == terms.get(term, {}).get("term_freq", 0), term
+    assert pairs >= 3000
+
+
+async def _build(base: str, index: str) -> CorpusStats:
+    async with aiohttp.ClientSession() as session:
+        return await stats_build.build(session, base, index, "body", {})
+
+
+def _search(url: str, index: str, text: str) -> dict:
+    body = {
+        "query": {"match": {"body": text}},
+        "size": 100,
+        "ext": {"bmx": {"field": "body", "window_size": 100}},
+    }
+    req = urllib.request.Request(
+        f"{url}/{index}/_search",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _scores(answer: dict) -> list[tuple[str, float]]:
+    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+    return [(h["_id"], h["_score"]) for h in answer["hits"]["hits"]]
+
+
+def _same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> None:
+    assert [i for i, _ in a] == [i for i, _ in b]
+    assert all(abs(x - y) <= 1e-9 for (_, x), (_, y) in zip(a, b, strict=True))
+
+
+def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpus) -> None:
+    engine, index, queries = corpus
+    stats = FixedStats({})
+    probed = ProxyThread(engine.url, stats)
+    fetched = ProxyThread(engine.url, stats, tf_probes=False)
+    try:
+        stats.table[(index, "body")] = probed.run(_build(engine.url, index))
+        seen: list[str] = []
+        for text in queries:
+            a, b = _search(probed.url, index, text), _search(fetched.url, index, text)
+            assert "_bmx_tf_" not in json.dumps(a) and all(
+                "matched_queries" not in h for h in a["hits"]["hits"]
+            )
+            _same(_scores(a), _scores(b))
+            seen += [i for i, _ in _scores(a)[:3]]
+        reranker = probed.app[STATE]["reranker"]
+        assert len(reranker.lengths) > 0 and len(reranker.cache) == 0, (
+            "the probed proxy fetched no term vectors"
+        )
+        # Documents change between two searches: longer, with the query's terms more often. Both proxies
+        # have them cached at their old versions; each must see the new ones.
+        text = queries[0]
+        top = [i for i, _ in _scores(_search(probed.url, index, text))[:5]]
+        lines = []
+        for n, doc_id in enumerate(top):
+            lines.append(json.dumps({"index": {"_index": index, "_id": doc_id}}))
+            lines.append(json.dumps({"body": " ".join([text] * (n + 2)) + " padding words" * n}))
+        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        for text in queries[:5]:
+            a, b = _scores(_search(probed.url, index, text)), _scores(_search(fetched.url, index, text))
+            _same(a, b)
+        after = dict(_scores(_search(probed.url, index, queries[0])))
+        assert set(top) <= set(after)
+    finally:
+        probed.close()
+        fetched.close()
