@@ -439,6 +439,9 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
         await reranker.first_stage(side, fwd)
         url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
         status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
+        if status == 400 and reranker.drop_probes(side):
+            url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
+            status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
         data = _loads(payload) if status < 300 else _Unparsable
         if status >= 300 or not isinstance(data, dict):
             side.cancel()

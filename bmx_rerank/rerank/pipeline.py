@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from cachetools import TTLCache
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
@@ -59,6 +60,7 @@ class SideCalls:
     body: dict[str, Any] | None = None
     params: dict[str, str] = field(default_factory=dict)
     probe: tf_probe.Probe | None = None  # term frequencies come with the first stage's hits
+    unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # body, params without probes
     frequencies: list[tf_probe.Frequencies | None] | None = None  # per hit, read from the probes
 
     def tasks(self) -> list[asyncio.Task[Any]]:
@@ -150,6 +152,9 @@ class Reranker:
         self.analyses = analyses if analyses is not None else AnalysisCache()
         self.probes = probes
         self._named_scores: bool | None = None  # does the cluster report named query scores?
+        # (index expression, fields) whose probes the cluster refused (not text with positions): not
+        # probed again for a while.
+        self._refused: TTLCache[tuple[str, tuple[str, ...]], bool] = TTLCache(maxsize=1024, ttl=300)
 
     async def prepare(self, plan: Plan) -> Plan:
         """The plan with the augmentations a provider finds before the first stage (`llm`), widened."""
@@ -195,10 +200,23 @@ class Reranker:
         except UpstreamError:
             return  # `finish` analyses again on the hits' index, or fails as it would have
         probe = tf_probe.probe_terms(tokens)
-        if probe is not None:
-            side.probe = probe
+        if probe is not None and (side.index_expr, probe.fields) not in self._refused:
+            side.probe, side.unprobed = probe, (body, params)
             side.body = tf_probe.with_probes(body, probe)
             side.params = {**params, tf_probe.PARAM: "true"}
+
+    def drop_probes(self, side: SideCalls) -> bool:
+        """After the cluster refused a first stage with probes: the request without them, to send
+        instead (True), remembering the refusal; False when it had none (its answer is the caller's).
+
+        Probes only fit text fields indexed with positions; a keyword field, a field indexed with
+        `index_options: freqs`, or an invalid query of the caller's make the probed search a 400."""
+        if side.probe is None or side.unprobed is None:
+            return False
+        self._refused[(side.index_expr, side.probe.fields)] = True
+        side.body, side.params = side.unprobed
+        side.probe = side.unprobed = None
+        return True
 
     async def _reports_named_scores(self, index: str, headers: Mapping[str, str]) -> bool:
         """Whether the cluster accepts `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
