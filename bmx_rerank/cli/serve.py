@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import multiprocessing
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +142,18 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     "--stats-check-interval", default=5.0, show_default=True, help="Seconds between staleness checks."
 )
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
+@click.option(
+    "--workers",
+    default=1,
+    type=click.IntRange(1, 64),
+    help="Processes serving the same port (SO_REUSEPORT), each with its own caches: use the cores.",
+)
+@click.option(
+    "--loop",
+    type=click.Choice(["auto", "uvloop", "asyncio"]),
+    default="auto",
+    help="Event loop: uvloop (faster, see benchmarks/RESULTS.md) where installed, else asyncio's.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def command(
     upstream: tuple[str, ...],
@@ -158,6 +173,8 @@ def command(
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
+    workers: int,
+    loop: str,
     log_level: str,
 ) -> None:
     """Run the rerank proxy: point clients at --listen instead of the cluster.
@@ -194,20 +211,61 @@ def command(
         widen=widen,
     )
     try:
-        app = make_app(config, statistics_source(stats_check_interval, stats_index))
+        make_app(
+            config, statistics_source(stats_check_interval, stats_index)
+        )  # checked here, made per worker
     except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: a bad CA bundle or key pair
         raise click.BadParameter(str(exc), param_hint="--upstream-ca/--upstream-cert/--upstream-key") from exc
     fields = {"listen": f"{'https' if listener else 'http'}://{host}:{port}", "upstream": list(nodes)}
-    logging.getLogger("bmx_rerank.proxy").info("serving", extra={"fields": fields})
-    web.run_app(
-        app,
-        host=host,
-        port=port,
-        ssl_context=listener,
-        print=None,
-        auto_decompress=False,
-        access_log=None,
-    )
+    logging.getLogger("bmx_rerank.proxy").info("serving", extra={"fields": {**fields, "workers": workers}})
+
+    def serve() -> None:
+        install_loop(loop)
+        web.run_app(
+            make_app(config, statistics_source(stats_check_interval, stats_index)),
+            host=host,
+            port=port,
+            ssl_context=listener,
+            print=None,
+            auto_decompress=False,
+            access_log=None,
+            reuse_port=workers > 1 or None,
+        )
+
+    run_workers(serve, workers)
+
+
+def install_loop(kind: str) -> str:
+    """Make `kind` the event loop of this process ("auto": uvloop when installed); the one installed."""
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise click.BadParameter("uvloop is not installed", param_hint="--loop") from None
+            return "asyncio"
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    return "asyncio"
+
+
+def run_workers(serve: Callable[[], None], workers: int) -> None:
+    """`serve` in this process and `workers - 1` forked ones (they share the listening port through
+    SO_REUSEPORT, the kernel spreads connections); the children end with this process."""
+    if workers == 1:
+        serve()
+        return
+    ctx = multiprocessing.get_context("fork")
+    children = [ctx.Process(target=serve, daemon=True) for _ in range(workers - 1)]
+    for child in children:
+        child.start()
+    try:
+        serve()
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(10)
 
 
 def listener_ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
