@@ -7,9 +7,15 @@ reranks the engine's top `--window`; the three take turns going first, as
 the proxy caches term vectors). Reports nDCG@10 (BEIR protocol: a hit whose id equals the query id
 is dropped) and the ratio of each to the engine's.
 
+With `--fields` (`title` and `text` indexed as separate fields, statistics per field), it compares the
+engine's `multi_match` BM25 over both fields with multi-field BMX through the proxy, for `best_fields`
+and `most_fields` (the same `multi_match` sent with `ext.bmx.fields`, so the proxy scores each field
+with its own statistics and folds them as the query type does).
+
 Run (engines from `bmx-rerank engine start ...`):
   .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9200 --dataset scifact
   .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9201 --dataset nfcorpus --analyzer english
+  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9200 --dataset scifact --fields
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from bmx_rerank.upstream import request_json
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
 FIELD = "text"
+FIELDS = ("title", "text")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -54,18 +61,27 @@ def ndcg_at_10(ranked: list[str], rels: dict[str, int]) -> float:
     return dcg / idcg if idcg > 0 else 0.0
 
 
-async def index_corpus(session, upstream: str, index: str, docs, shards: int, analyzer: str) -> None:
+async def index_corpus(
+    session, upstream: str, index: str, docs, shards: int, analyzer: str, separate: bool = False
+) -> None:
+    """Index `title + " " + text` into FIELD, or (`separate`) title and text as fields of their own."""
     await session.delete(f"{upstream}/{index}")
+    names = FIELDS if separate else (FIELD,)
     mapping = {
         "settings": {"number_of_shards": shards, "number_of_replicas": 0},
-        "mappings": {"properties": {FIELD: {"type": "text", "analyzer": analyzer}}},
+        "mappings": {"properties": {f: {"type": "text", "analyzer": analyzer} for f in names}},
     }
     await request_json(session, "PUT", f"{upstream}/{index}", mapping)
     for start in range(0, len(docs), 2000):
         lines = []
         for d in docs[start : start + 2000]:
             lines.append(orjson.dumps({"index": {"_index": index, "_id": d["_id"]}}))
-            lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
+            source = (
+                {"title": d.get("title", ""), "text": d["text"]}
+                if separate
+                else {FIELD: f"{d.get('title', '')} {d['text']}"}
+            )
+            lines.append(orjson.dumps(source))
         async with session.post(
             f"{upstream}/_bulk",
             data=b"\n".join(lines) + b"\n",
@@ -76,11 +92,19 @@ async def index_corpus(session, upstream: str, index: str, docs, shards: int, an
     await request_json(session, "POST", f"{upstream}/{index}/_refresh")
 
 
-async def ranking(session, url: str, index: str, query: str, window: int, bmx: dict | None) -> list[str]:
+async def ranking(
+    session, url: str, index: str, query: str, window: int, bmx: dict | None, kind: str | None = None
+) -> list[str]:
+    """The ids the engine (bmx None) or the proxy ranks first; `kind` a multi_match type over FIELDS."""
     body: dict[str, Any] = {"size": window if bmx is None else 10, "_source": False}
-    body["query"] = {"match": {FIELD: query}}
+    if kind is None:
+        body["query"] = {"match": {FIELD: query}}
+        target = {"field": FIELD}
+    else:
+        body["query"] = {"multi_match": {"query": query, "fields": list(FIELDS), "type": kind}}
+        target = {"fields": list(FIELDS)}
     if bmx is not None:
-        body["ext"] = {"bmx": {"field": FIELD, "window_size": window, **bmx}}
+        body["ext"] = {"bmx": {**target, "window_size": window, **bmx}}
     answer = await request_json(session, "POST", f"{url}/{index}/_search", body)
     return [h["_id"] for h in answer["hits"]["hits"]]
 
@@ -92,48 +116,68 @@ async def main() -> None:
     ap.add_argument("--analyzer", default="standard")
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--window", type=int, default=100)
+    ap.add_argument("--fields", action="store_true", help="title and text as separate fields, multi_match")
     args = ap.parse_args()
     root = DATA / args.dataset
     docs = read_jsonl(root / "corpus.jsonl")
     queries = {q["_id"]: q["text"] for q in read_jsonl(root / "queries.jsonl")}
     qrels = read_qrels(root / "qrels" / "test.tsv")
-    index = f"bmxbench-{args.dataset}-{args.analyzer}-{args.shards}"
+    index = f"bmxbench-{args.dataset}-{args.analyzer}-{args.shards}{'-fields' if args.fields else ''}"
     upstream = args.upstream.rstrip("/")
     async with aiohttp.ClientSession() as session:
-        await index_corpus(session, upstream, index, docs, args.shards, args.analyzer)
-        await build_snapshots(session, upstream, index, FIELD, {})
+        await index_corpus(session, upstream, index, docs, args.shards, args.analyzer, args.fields)
+        for name in FIELDS if args.fields else (FIELD,):
+            await build_snapshots(session, upstream, index, name, {})
         runner, proxy = await start_server(make_app(ProxyConfig(upstream=upstream), statistics_source(60.0)))
-        variants = {
-            "engine BM25": (upstream, None),
-            "proxy BM25, exact statistics": (proxy, {"mode": "bm25"}),
-            "proxy BMX": (proxy, {"mode": "bmx"}),
+        variants: dict[str, tuple[str, dict | None, str | None]] = {
+            "engine BM25": (upstream, None, None),
+            "proxy BM25, exact statistics": (proxy, {"mode": "bm25"}, None),
+            "proxy BMX": (proxy, {"mode": "bmx"}, None),
         }
+        if args.fields:
+            variants = {
+                f"{who} {kind}": (url, bmx, kind)
+                for kind in ("best_fields", "most_fields")
+                for who, url, bmx in (
+                    ("engine BM25 multi_match", upstream, None),
+                    ("proxy BM25 multi-field, exact statistics", proxy, {"mode": "bm25"}),
+                    ("proxy BMX multi-field", proxy, {"mode": "bmx"}),
+                )
+            }
         totals = dict.fromkeys(variants, 0.0)
         seconds = dict.fromkeys(variants, 0.0)
         try:
             names = list(variants)
             for turn, (qid, rels) in enumerate(qrels.items()):
                 # Rotate the order so no variant always pays the cold term-vector cache.
-                for name in names[turn % 3 :] + names[: turn % 3]:
-                    url, bmx = variants[name]
+                for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                    url, bmx, kind = variants[name]
                     start = time.perf_counter()
-                    ranked = await ranking(session, url, index, queries[qid], args.window, bmx)
+                    ranked = await ranking(session, url, index, queries[qid], args.window, bmx, kind)
                     seconds[name] += time.perf_counter() - start
                     totals[name] += ndcg_at_10([d for d in ranked if d != qid], rels)
         finally:
             await runner.cleanup()
             await session.delete(f"{upstream}/{index}")
     n = len(qrels)
-    base = totals["engine BM25"] / n
+    layout = "title and text as separate fields" if args.fields else "title + text in one field"
     print(
         f"{args.dataset}: {len(docs)} docs, {n} test queries, analyzer {args.analyzer}, "
-        f"{args.shards} shard(s), window {args.window}, upstream {upstream}"
+        f"{args.shards} shard(s), window {args.window}, {layout}, upstream {upstream}"
     )
     print("| ranking | nDCG@10 x 100 | ratio to engine BM25 | mean ms/query |")
     print("|---|---|---|---|")
     for name in variants:
+        base = totals[_baseline(name, args.fields)] / n
         score = totals[name] / n
         print(f"| {name} | {100 * score:.2f} | {score / base:.4f} | {1000 * seconds[name] / n:.1f} |")
+
+
+def _baseline(name: str, fields: bool) -> str:
+    """The engine row a variant is compared with: the same multi_match type with --fields."""
+    if not fields:
+        return "engine BM25"
+    return "engine BM25 multi_match " + name.rsplit(" ", 1)[1]
 
 
 if __name__ == "__main__":

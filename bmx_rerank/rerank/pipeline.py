@@ -84,7 +84,7 @@ class Outcome:
     kind: str  # "bmx" | "bm25" | "fallback" | "skipped; reason=..."
 
 
-class Declined(Exception):
+class WindowDeclined(Exception):
     """The window cannot be reranked honestly: the cluster's own answer goes back, with the reason."""
 
     def __init__(self, reason: str, marker: Mapping[str, Any]) -> None:
@@ -252,7 +252,7 @@ class Reranker:
         except asyncio.CancelledError:
             side.cancel()
             raise
-        except Declined as declined:
+        except WindowDeclined as declined:
             side.cancel()
             self.metrics.reranks.labels("declined").inc()
             marker = {**declined.marker, "reranked": False, "skipped": declined.reason}
@@ -307,7 +307,7 @@ class Reranker:
             "dropped": len(hits) - len(alive),
         }
         if not alive:
-            raise Declined("window_gone", marker)
+            raise WindowDeclined("window_gone", marker)
         docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
         corpus = {f: v.corpus for f, v in zip(names, views, strict=True)}
         augmented, weights = list(spec.augment.queries), [1.0, *spec.augment.weights]
@@ -317,7 +317,7 @@ class Reranker:
         folded = score_tree(tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
         if not folded.matched.any() and (getattr(spec, "combine", None) or "replace") == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
-            raise Declined("no_text_match", {**marker, "unmatched": len(alive)})
+            raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
         return pack(response, [hits[i] for i in alive], folded, plan, marker)
 
     async def _feedback(self, tree, views, corpus, docs, tokens, spec) -> tuple[list, list, dict]:

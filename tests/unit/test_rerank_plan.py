@@ -301,3 +301,13 @@ def test_one_preference_per_window_the_callers_kept():
     mine = window_request("idx", plan_search(body, {"preference": "_local"}))
     assert mine[1]["preference"] == "_local"
     assert "version" not in pages[0].body, "the plan itself is left as it is"
+
+
+def test_an_msearch_item_gets_the_windows_preference_unless_it_has_its_own():
+    from bmx_rerank.rerank.pipeline import SideCalls, window_request
+
+    plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": EXT}}, {})
+    body, params = window_request("idx", plan)
+    side = SideCalls("idx", plan, None, {}, body, params)
+    assert side.msearch_header({"index": "idx"}) == {"index": "idx", "preference": params["preference"]}
+    assert side.msearch_header({"index": "idx", "preference": "mine"})["preference"] == "mine"
