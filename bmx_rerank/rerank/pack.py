@@ -10,8 +10,8 @@ How the text score meets the first stage's (`ext.bmx.combine`), within the windo
   every matched hit, in the cluster's order, with `_score` 0.0, and counted as `unmatched` in the
   marker. A window where nothing matched is not reranked at all (see `pipeline`).
 - `linear`: weight x minmax(first-stage `_score`) + (1 - weight) x minmax(BMX), each min-max
-  normalized over the window ((s - min) / (max - min); all 0 when max = min), as Elasticsearch's
-  linear retriever with its `minmax` normalizer.
+  normalized over the window ((s - min) / (max - min)), as Elasticsearch's linear retriever with its
+  `minmax` normalizer; all 0 when max = min (Elasticsearch keeps the raw score there, off the scale).
 - `rrf`: sum over the two rankings of 1 / (rank_constant + rank), ranks from 1, as Elasticsearch's
   RRF retriever: the first stage's window order is one ranking, the BMX order of the matched hits the
   other (an unmatched hit is absent from it, as from a text retriever's results)."""
