@@ -85,8 +85,8 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     "--significance",
     default=0.1,
     show_default=True,
-    help="A configuration replaces the engine's ranking only with a one-sided paired t-test p below this "
-    "(on the queries it is chosen on); 1 takes any higher mean.",
+    help="Family-wise level: a configuration replaces the engine's ranking only when a one-sided paired "
+    "t-test on the queries it is chosen on gives p < this / configurations compared; 1 takes any higher mean.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the fold split and of --limit's sample.")
 @click.option("--limit", type=int, help="Evaluate a seeded sample of this many judged queries.")

@@ -97,7 +97,7 @@ def table(report: Report) -> str:
         lines.append(line + mark)
     lines.append("")
     lines.append(
-        f"chosen (*; the engine unless a configuration beats it with one-sided paired p < {sel.significance:g}): "
+        f"chosen (*; the engine unless a configuration beats it, paired test at family-wise {sel.significance:g}): "
         f"{sel.chosen}; {report.folds}-fold cross-validated {PRIMARY}: "
         f"{100 * sel.cv_score:.2f} vs engine {100 * sel.engine_score:.2f} "
         f"({100 * (sel.cv_score - sel.engine_score):+.2f}); fold choices: {', '.join(sel.fold_choices)}"

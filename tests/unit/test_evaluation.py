@@ -115,7 +115,7 @@ def test_report_table_json_and_plot(tmp_path):
     ]
     report = Report("ix", "f", 2, 2, rows, sel, per_query=per)
     text = table(report)
-    assert "bmx" in text and "+15.00" in text and "2/0/0" in text and "p < 1): bmx" in text
+    assert "bmx" in text and "+15.00" in text and "2/0/0" in text and "family-wise 1): bmx" in text
     data = json.loads(json.dumps(report.to_json()))
     assert (
         data["selection"]["chosen_ext_bmx"] == {"field": "f"} and data["selection"]["cross_validated"] == 0.65
