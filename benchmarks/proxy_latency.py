@@ -242,7 +242,14 @@ def sequential(
         timed("plain size-10", 0, engine, plain(q, 10))
         timed("passthrough", 0, warm, plain(q, 10))
         for n in windows:
-            timed("plain size-N", n, engine, plain(q, n))
+            answer = timed("plain size-N", n, engine, plain(q, n))
+            # What a window without `_source` and then the page's hits by id would cost upstream.
+            timed("size-N, no _source", n, engine, {**plain(q, n), "_source": False})
+            ids = [h["_id"] for h in answer["hits"]["hits"][:10]]
+            page = {
+                "query": {"bool": {"must": [plain(q, 10)["query"]], "filter": [{"ids": {"values": ids}}]}}
+            }
+            timed("page of 10 by ids", n, engine, {**page, "size": 10})
             timed("rescore N", n, engine, rescore(q, n))
             warm.ok("POST", path, rerank(q, n))  # the first sight, for the warm proxy
             answer = timed("rerank warm", n, warm, rerank(q, n))

@@ -1,4 +1,4 @@
-"""`bmx-rerank stats build|show|refresh`: exact corpus statistics kept in the cluster.
+"""`bmx-rerank stats build|show|refresh|partial|merge`: exact corpus statistics kept in the cluster.
 
 Errors print one line and exit non-zero; credentials (from `--user/--password`, `--header`, the URL's
 userinfo or the BMX_UPSTREAM_* environment) go only into the Authorization header, never into output.
@@ -10,6 +10,7 @@ import asyncio
 import base64
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import aiohttp
@@ -19,7 +20,9 @@ from yarl import URL
 
 from bmx_rerank.errors import SearchError
 from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
+from bmx_rerank.stats.sweep import resolve_text_field, sweep_index
 
 T = TypeVar("T")
 
@@ -93,10 +96,22 @@ def command() -> None:
 @command.command()
 @_options
 @_sweep_options
-def build(index: str, fields: tuple[str, ...], **opts: Any) -> None:
+@click.option(
+    "--slices",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Sweep each index in this many sliced-PIT parts, in parallel processes (merged exactly).",
+)
+def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None:
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index
     and field."""
-    for info in (i for f in _distinct(fields) for i in _sweep(stats_build.build_snapshots, index, f, opts)):
+    sweeps = (
+        i
+        for f in _distinct(fields)
+        for i in _sweep(stats_build.build_snapshots, index, f, opts, slices=slices)
+    )
+    for info in sweeps:
         click.echo(
             f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
@@ -114,6 +129,83 @@ def refresh(index: str, fields: tuple[str, ...], rebuild: bool, **opts: Any) -> 
         for out in _sweep(stats_build.refresh, index, field, opts, force_rebuild=rebuild):
             snap = out.snapshot.snapshot if out.snapshot else "-"
             click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+
+
+@command.command()
+@_options
+@_sweep_options
+@click.option("--slice", "part", required=True, metavar="I/N", help="Sweep slice I of N (0 <= I < N).")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Partial file to write.")
+def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: Any) -> None:
+    """Sweep one slice of the concrete index INDEX into a partial file, for `stats merge` (run one
+    slice per machine or process; nothing is published)."""
+    try:
+        i, n = (int(x) for x in part.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(
+            f"expected I/N with 0 <= I < N, got {part!r}", param_hint="--slice"
+        ) from None
+    if len(fields) != 1:
+        raise click.BadParameter("one --field per partial", param_hint="--field")
+    base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
+
+    async def go(session: aiohttp.ClientSession) -> sliced.Partial:
+        names = await resolve_text_field(session, base, index, fields[0], headers)
+        if names != [index]:
+            _fail(f"[{index}] is {names}: a partial is of one concrete index")
+        result = await sweep_index(
+            session,
+            base,
+            index,
+            fields[0],
+            headers,
+            batch_size=opts["batch_size"],
+            concurrency=opts["concurrency"],
+            part=(i, n),
+        )
+        return sliced.partial(index, fields[0], (i, n), result)
+
+    found = _run(go)
+    Path(out).write_bytes(orjson.dumps(found.to_json()))
+    click.echo(f"{index} [{fields[0]}] slice {i}/{n}: {found.exact.stats.n_docs} docs -> {out}")
+
+
+@command.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--upstream", envvar="BMX_UPSTREAM", default="http://127.0.0.1:9200", show_default=True)
+@click.option("--user", envvar="BMX_UPSTREAM_USER")
+@click.option("--password", envvar="BMX_UPSTREAM_PASSWORD")
+@click.option("--header", "header", multiple=True, envvar="BMX_UPSTREAM_HEADER")
+@click.option("--store", envvar="BMX_STATS_INDEX", default=stats_store.DEFAULT_STORE, show_default=True)
+def merge(
+    files: tuple[str, ...],
+    upstream: str,
+    user: str | None,
+    password: str | None,
+    header: tuple[str, ...],
+    store: str,
+) -> None:
+    """Add up the partial FILES of every slice of one index (`stats partial`), exactly, and publish
+    them as its snapshot."""
+    try:
+        result = sliced.merge([sliced.Partial.from_json(orjson.loads(Path(f).read_bytes())) for f in files])
+    except (sliced.MergeError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        _fail(f"cannot merge: {exc}")
+    first = sliced.Partial.from_json(orjson.loads(Path(files[0]).read_bytes()))
+    base, headers = connection(upstream, user, password, header)
+
+    async def go(session: aiohttp.ClientSession) -> stats_store.SnapshotInfo:
+        return await stats_build.publish_sweep(
+            session, base, headers, first.index, first.field, result, store
+        )
+
+    info = _run(go)
+    click.echo(
+        f"{info.index} [{info.field}]: {info.n_docs} docs from {len(files)} slices -> snapshot {info.snapshot}"
+        + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
+    )
 
 
 def _distinct(fields: tuple[str, ...]) -> list[str]:

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator, sum_in_order
@@ -90,12 +91,18 @@ async def sweep_all(
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
+    slices: int = 1,
 ) -> dict[str, SweepResult]:
     """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
     error when none of them holds a token in the field, unless `allow_empty`."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     out: dict[str, SweepResult] = {}
     for name in indices if only is None else [i for i in indices if i in only]:
+        if slices > 1:  # parallel processes, merged exactly (stats.sliced)
+            out[name] = await sliced.sweep_sliced(
+                base_url, name, field, headers, slices, batch_size=batch_size, concurrency=concurrency
+            )
+            continue
         result = await sweep_index(
             session,
             base_url,
@@ -127,6 +134,7 @@ async def build_snapshots(
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
+    slices: int = 1,
 ) -> list[SnapshotInfo]:
     """Full sweep of every concrete index behind `index_expr`, each published as a new snapshot.
 
@@ -142,23 +150,37 @@ async def build_snapshots(
         progress=progress,
         only=only,
         allow_empty=allow_empty,
+        slices=slices,
     )
-    infos = []
-    for name, result in results.items():
-        info = snapshot_info(
-            name,
-            field,
-            result.stats,
-            result.marks,
-            result.live_docs,
-            result.exact_marks,
-            result.seconds,
-            "build",
-            exact_units=True,
-        )
-        await stats_store.publish(session, base_url, headers, info, result.stats, store, result.units)
-        infos.append(info)
-    return infos
+    return [
+        await publish_sweep(session, base_url, headers, name, field, result, store)
+        for name, result in results.items()
+    ]
+
+
+async def publish_sweep(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    index: str,
+    field: str,
+    result: SweepResult,
+    store: str = DEFAULT_STORE,
+) -> SnapshotInfo:
+    """Publish one index's full sweep (one process's, or merged slices') as its new snapshot."""
+    info = snapshot_info(
+        index,
+        field,
+        result.stats,
+        result.marks,
+        result.live_docs,
+        result.exact_marks,
+        result.seconds,
+        "build",
+        exact_units=True,
+    )
+    await stats_store.publish(session, base_url, headers, info, result.stats, store, result.units)
+    return info
 
 
 @dataclass(frozen=True)

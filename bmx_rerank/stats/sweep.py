@@ -33,6 +33,7 @@ from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json, request_json_retrying
 
 KEEP_ALIVE = "5m"
+Part = tuple[int, int]  # (slice id, number of slices)
 TEXT_TYPES = ("text", "match_only_text")
 
 
@@ -129,17 +130,20 @@ async def scan_ids(
     headers: Mapping[str, str],
     page_size: int = 1000,
     totals: list[int] | None = None,
+    part: Part | None = None,
 ) -> AsyncIterator[list[DocRef]]:
-    """Every live document of `index` in pages, from one consistent reader (PIT, else scroll).
+    """Every live document of `index` in pages, from one consistent reader (PIT, else scroll); with
+    `part` (i, n), only slice i of n (`slice: {id, max}`: disjoint slices that together hold every
+    document, so n processes or machines can sweep one index).
 
     Appends the reader's total hit count to `totals` when the first page arrives. Close it
     (`contextlib.aclosing`) when not read to the end: that closes the PIT or scroll at once, while the
     session still works, instead of whenever the generator is collected."""
-    pit = await _open_pit(session, base_url, index, headers)
+    pit = await _open_pit(session, base_url, index, headers, part)
     if pit is not None:
-        gen = _scan_pit(session, base_url, pit, headers, page_size, totals)
+        gen = _scan_pit(session, base_url, pit, headers, page_size, totals, part)
     else:
-        gen = _scan_scroll(session, base_url, index, headers, page_size, totals)
+        gen = _scan_scroll(session, base_url, index, headers, page_size, totals, part)
     async with aclosing(gen):
         async for page in gen:
             yield page
@@ -239,8 +243,10 @@ async def sweep_index(
     batch_size: int = 200,
     concurrency: int = 4,
     progress: Progress | None = None,
+    part: Part | None = None,
 ) -> SweepResult:
-    """Exact statistics of one concrete index (call `resolve_text_field` first to validate the field)."""
+    """Exact statistics of one concrete index (call `resolve_text_field` first to validate the field);
+    with `part`, of one slice of it (see `scan_ids`; `stats.sliced` adds the slices up exactly)."""
     started = time.perf_counter()
     before = (await index_marks(session, base_url, index, headers)).get(index)
     if before is None:
@@ -252,7 +258,7 @@ async def sweep_index(
     async def pages() -> AsyncIterator[list[DocRef]]:
         counted = False
         async with aclosing(
-            scan_ids(session, base_url, index, headers, batch_size * concurrency, totals)
+            scan_ids(session, base_url, index, headers, batch_size * concurrency, totals, part)
         ) as ids:
             async for page in ids:
                 if progress is not None and totals and not counted:  # several indices share one bar
@@ -287,7 +293,11 @@ async def sweep_index(
 
 
 async def _open_pit(
-    session: aiohttp.ClientSession, base_url: str, index: str, headers: Mapping[str, str]
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    headers: Mapping[str, str],
+    part: Part | None = None,
 ) -> tuple[str, str] | None:
     """(flavor, pit id), or None when the cluster offers no PIT that `_shard_doc` can page through."""
     try:
@@ -312,7 +322,7 @@ async def _open_pit(
         return None
     pit = ("os", answer["pit_id"])
     try:  # OpenSearch versions differ in whether a PIT can sort on _shard_doc
-        await request_json(session, "POST", f"{base_url}/_search", _pit_body(pit[1], 1, None), headers)
+        await request_json(session, "POST", f"{base_url}/_search", _pit_body(pit[1], 1, None, part), headers)
     except SearchError as exc:
         await _close_pit(session, base_url, pit, headers)
         if not isinstance(exc, UpstreamError):
@@ -321,7 +331,7 @@ async def _open_pit(
     return pit
 
 
-def _pit_body(pit_id: str, size: int, after: list[Any] | None) -> dict[str, Any]:
+def _pit_body(pit_id: str, size: int, after: list[Any] | None, part: Part | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "size": size,
         "_source": False,
@@ -331,6 +341,8 @@ def _pit_body(pit_id: str, size: int, after: list[Any] | None) -> dict[str, Any]
     }
     if after is not None:
         body["search_after"] = after
+    if part is not None and part[1] > 1:
+        body["slice"] = {"id": part[0], "max": part[1]}
     return body
 
 
@@ -341,13 +353,14 @@ async def _scan_pit(
     headers: Mapping[str, str],
     page_size: int,
     totals: list[int] | None,
+    part: Part | None = None,
 ) -> AsyncIterator[list[DocRef]]:
     pit_id = pit[1]
     after: list[Any] | None = None
     try:
         while True:
             answer = await request_json_retrying(
-                session, "POST", f"{base_url}/_search", _pit_body(pit_id, page_size, after), headers
+                session, "POST", f"{base_url}/_search", _pit_body(pit_id, page_size, after, part), headers
             )
             pit_id = answer.get("pit_id", pit_id)
             hits = answer["hits"]["hits"]
@@ -368,8 +381,11 @@ async def _scan_scroll(
     headers: Mapping[str, str],
     page_size: int,
     totals: list[int] | None,
+    part: Part | None = None,
 ) -> AsyncIterator[list[DocRef]]:
-    body = {"size": page_size, "_source": False, "sort": ["_doc"], "track_total_hits": True}
+    body: dict[str, Any] = {"size": page_size, "_source": False, "sort": ["_doc"], "track_total_hits": True}
+    if part is not None and part[1] > 1:
+        body["slice"] = {"id": part[0], "max": part[1]}
     answer = await request_json(
         session, "POST", f"{base_url}/{_enc(index)}/_search?scroll={KEEP_ALIVE}", body, headers
     )

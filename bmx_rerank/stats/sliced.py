@@ -1,0 +1,195 @@
+"""Sweeping one index in slices: in parallel processes here, or on several machines, added up exactly.
+
+One process sweeps ~4-5k documents/s (its JSON decoding is the limit, see benchmarks/RESULTS.md), so a
+100M-document index would take hours. A sliced point in time (`slice: {id, max}`) splits the index
+into disjoint parts that together hold every document; each part is swept on its own (`sweep_index`
+with `part`) into a `Partial`: the exact integer sums of its documents (corpus.ExactStats). Adding
+integers does not depend on order or grouping, so the merged statistics are bit-for-bit those of one
+process sweeping everything.
+
+A `Partial` can be written to a JSON file (`--slice i/N --partial-out F` on each machine) and the
+files merged later (`stats merge`): the check that every slice is there once, of the same index
+state, is the merge's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array, units_to_float
+from bmx_rerank.stats.freshness import IndexMarks, same_state
+from bmx_rerank.stats.sweep import Part, SweepResult, sweep_index
+
+FORMAT = "bmx-rerank-partial-1"
+
+
+class MergeError(ValueError):
+    """Partials that do not add up to one index's statistics (missing, repeated or foreign slices)."""
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One slice's exact sums and what they were counted from."""
+
+    index: str
+    field: str
+    part: Part
+    exact: ExactStats
+    marks: IndexMarks
+    live_docs: int
+    exact_marks: bool
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        stats = self.exact.stats
+        return {
+            "format": FORMAT,
+            "index": self.index,
+            "field": self.field,
+            "part": list(self.part),
+            "n_docs": stats.n_docs,
+            "total_length": stats.total_length,
+            "terms": stats.terms.tolist(),
+            "df": stats.df.tolist(),
+            "units": [str(u) for u in self.exact.units],  # beyond 64 bits: decimal strings
+            "marks": self.marks.to_json(),
+            "live_docs": self.live_docs,
+            "exact_marks": self.exact_marks,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Partial:
+        if data.get("format") != FORMAT:
+            raise MergeError(f"not a statistics partial (format {data.get('format')!r}, expected {FORMAT})")
+        units = [int(u) for u in data["units"]]
+        stats = CorpusStats(
+            int(data["n_docs"]),
+            int(data["total_length"]),
+            terms_array(data["terms"]),
+            np.array(data["df"], dtype=np.int64),
+            np.fromiter(map(units_to_float, units), np.float64, len(units)),
+        )
+        i, n = data["part"]
+        return cls(
+            str(data["index"]),
+            str(data["field"]),
+            (int(i), int(n)),
+            ExactStats(stats, units),
+            IndexMarks.from_json(data["marks"]),
+            int(data["live_docs"]),
+            bool(data["exact_marks"]),
+            float(data["seconds"]),
+        )
+
+
+def partial(index: str, field: str, part: Part, result: SweepResult) -> Partial:
+    return Partial(
+        index,
+        field,
+        part,
+        ExactStats(result.stats, result.units),
+        result.marks,
+        result.live_docs,
+        result.exact_marks,
+        result.seconds,
+    )
+
+
+def merge(partials: Sequence[Partial]) -> SweepResult:
+    """The statistics of the whole index from all its slices, each exactly once.
+
+    Exact only if every slice saw the same index state (`exact_marks` false otherwise, as a sweep
+    during writes is: served, reported stale, rebuilt by the next refresh)."""
+    if not partials:
+        raise MergeError("no partials to merge")
+    first = partials[0]
+    n = first.part[1]
+    for p in partials:
+        if (p.index, p.field, p.part[1], p.marks.uuid) != (first.index, first.field, n, first.marks.uuid):
+            raise MergeError(
+                f"slice {p.part[0]}/{p.part[1]} of [{p.index}][{p.field}] does not belong with "
+                f"slice {first.part[0]}/{n} of [{first.index}][{first.field}]"
+            )
+    ids = sorted(p.part[0] for p in partials)
+    if ids != list(range(n)):
+        raise MergeError(f"slices {ids} of {n}: each of 0..{n - 1} is needed exactly once")
+    ordered = sorted(partials, key=lambda p: p.part[0])
+    total = ordered[0].exact
+    for p in ordered[1:]:
+        total = total + p.exact
+    exact = all(p.exact_marks and same_state(p.marks, first.marks) for p in ordered)
+    return SweepResult(
+        total.stats,
+        first.marks,
+        sum(p.live_docs for p in ordered),
+        exact,
+        max(p.seconds for p in ordered),
+        total.units,
+    )
+
+
+def sweep_part(
+    base_url: str,
+    index: str,
+    field: str,
+    headers: Mapping[str, str],
+    part: Part,
+    batch_size: int,
+    concurrency: int,
+) -> Partial:
+    """One slice, swept in this process with its own event loop and connections."""
+
+    async def run() -> SweepResult:
+        async with aiohttp.ClientSession() as session:
+            return await sweep_index(
+                session,
+                base_url,
+                index,
+                field,
+                headers,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                part=part,
+            )
+
+    return partial(index, field, part, asyncio.run(run()))
+
+
+async def sweep_sliced(
+    base_url: str,
+    index: str,
+    field: str,
+    headers: Mapping[str, str],
+    slices: int,
+    *,
+    batch_size: int,
+    concurrency: int,
+) -> SweepResult:
+    """`index` swept in `slices` parallel processes, merged exactly."""
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(max_workers=slices, mp_context=get_context("spawn")) as pool:
+        partials = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool,
+                    sweep_part,
+                    base_url,
+                    index,
+                    field,
+                    dict(headers),
+                    (i, slices),
+                    batch_size,
+                    concurrency,
+                )
+                for i in range(slices)
+            )
+        )
+    return merge(partials)
