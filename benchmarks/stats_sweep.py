@@ -37,9 +37,9 @@ CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
 FIELD = "body"
 
 
-async def setup_index(session: aiohttp.ClientSession, url: str, name: str) -> int:
+async def setup_index(session: aiohttp.ClientSession, url: str, name: str, shards: int = 1) -> int:
     body = {
-        "settings": {"number_of_shards": 1, "number_of_replicas": 0},
+        "settings": {"number_of_shards": shards, "number_of_replicas": 0},
         "mappings": {"properties": {FIELD: {"type": "text", "analyzer": "standard"}}},
     }
     async with session.put(f"{url}/{name}", json=body) as resp:
@@ -167,6 +167,9 @@ async def main() -> None:
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--terms", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--slices", default="1", help="e.g. 1,2,4: also sweep in that many processes")
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--variants", default="100x2,200x2,200x4,500x2", help="batch x concurrency")
     args = parser.parse_args()
     url = args.upstream.rstrip("/")
     tag = uuid.uuid4().hex[:8]
@@ -177,22 +180,24 @@ async def main() -> None:
             engine = "elasticsearch" if r.headers.get("X-elastic-product") else "opensearch"
         print(f"engine: {engine} {node['version']}")
         try:
-            n = await setup_index(session, url, name)
+            n = await setup_index(session, url, name, args.shards)
             best: dict[str, float] = {}
             for _ in range(args.repeat):
                 for label, fn in (("bare id scan", bare_scan), ("scan with _source", source_scan)):
                     got, secs = await fn(session, url, name, 1000)
                     assert got == n
                     best[label] = max(best.get(label, 0.0), n / secs)
-                for batch, conc in ((100, 2), (200, 2), (200, 4), (500, 2)):
-                    t0 = time.perf_counter()
-                    stats = await stats_build.build(
-                        session, url, name, FIELD, {}, batch_size=batch, concurrency=conc
-                    )
-                    secs = time.perf_counter() - t0
-                    assert stats.n_docs == n
-                    label = f"sweep batch={batch} concurrency={conc}"
-                    best[label] = max(best.get(label, 0.0), n / secs)
+                variants = [tuple(int(x) for x in v.split("x")) for v in args.variants.split(",")]
+                for slices in (int(x) for x in args.slices.split(",")):
+                    for batch, conc in variants:
+                        t0 = time.perf_counter()
+                        results = await stats_build.sweep_all(
+                            session, url, name, FIELD, {}, batch_size=batch, concurrency=conc, slices=slices
+                        )
+                        secs = time.perf_counter() - t0
+                        assert sum(r.stats.n_docs for r in results.values()) == n
+                        label = f"sweep {slices} slice(s) batch={batch} concurrency={conc}"
+                        best[label] = max(best.get(label, 0.0), n / secs)
             base = best["bare id scan"]
             src = best["scan with _source"]
             print(f"{n} docs, best of {args.repeat}:")
@@ -200,7 +205,8 @@ async def main() -> None:
                 print(
                     f"  {label:<36} {rate:>9,.0f} docs/s  {rate / base:6.1%} of bare  {rate / src:6.1%} of _source scan"
                 )
-            print("load:", json.dumps(await load_bench(session, url, args.terms, store)))
+            if args.terms:
+                print("load:", json.dumps(await load_bench(session, url, args.terms, store)))
         finally:
             for idx in (name, store):
                 async with session.delete(f"{url}/{idx}"):
