@@ -1,29 +1,50 @@
 #!/usr/bin/env bash
-# The project's test command: installs, brings up real Elasticsearch and OpenSearch (unless
-# BMX_TEST_ELASTICSEARCH_URL / BMX_TEST_OPENSEARCH_URL point at clusters already), runs every test,
-# and stops the engines it started, even when tests fail. Integration tests may not skip here.
+# The project's test command: installs, brings up four real engines — Elasticsearch 8.19 and 9.1,
+# OpenSearch 2.19 and 3.3 — (unless BMX_TEST_<ENGINE>_URL points at one already), runs every test
+# (each engine-parametrized test once per engine), and stops the engines it started, even when tests
+# fail. Integration tests may not skip here.
+#
+# The second major of each kind runs beside the first under its own state directory
+# (<state>/elasticsearch9, <state>/opensearch3). Ports: BMX_TEST_<ENGINE>_PORT, defaults 9200-9203.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+state_base=${BMX_RERANK_STATE:-$(python -c 'from bmx_rerank.testing.engine import state_dir; print(state_dir())')}
 
-started=()
+# id kind version default-port
+ENGINES=(
+  "elasticsearch elasticsearch 8.19.21 9200"
+  "opensearch opensearch 2.19.3 9201"
+  "elasticsearch9 elasticsearch 9.1.0 9202"
+  "opensearch3 opensearch 3.3.2 9203"
+)
+
+started=()  # "state-dir kind" of each engine this run started
 cleanup() {
   # ${a[@]+...}: an empty array is "unbound" under `set -u` in bash < 4.4 (macOS's bash 3.2)
-  for kind in ${started[@]+"${started[@]}"}; do bmx-rerank engine stop "$kind" >/dev/null 2>&1 || true; done
+  for entry in ${started[@]+"${started[@]}"}; do
+    BMX_RERANK_STATE=${entry%% *} bmx-rerank engine stop "${entry##* }" >/dev/null 2>&1 || true
+  done
 }
 trap cleanup EXIT
 
-for kind in elasticsearch opensearch; do
-  var=BMX_TEST_$(echo "$kind" | tr a-z A-Z)_URL
+for spec in "${ENGINES[@]}"; do
+  read -r id kind version port <<<"$spec"
+  upper=$(echo "$id" | tr a-z A-Z)
+  var=BMX_TEST_${upper}_URL
+  port_var=BMX_TEST_${upper}_PORT
   if [ -z "${!var:-}" ]; then
+    state=$state_base
+    [ "$id" = "$kind" ] || state=$state_base/$id
     # Remember what this run starts (not an engine that was already up), then start it.
-    bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$kind")
-    url=$(bmx-rerank engine start "$kind" | tail -n 1)
+    BMX_RERANK_STATE=$state bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$state $kind")
+    url=$(BMX_RERANK_STATE=$state bmx-rerank engine start "$kind" --version "$version" \
+      --port "${!port_var:-$port}" | tail -n 1)
     export "$var=$url"
   fi
+  echo "$id: ${!var}"
 done
-echo "Elasticsearch: $BMX_TEST_ELASTICSEARCH_URL  OpenSearch: $BMX_TEST_OPENSEARCH_URL"
 
 export BMX_REQUIRE_ENGINES=1  # a missing engine fails the integration tests instead of skipping them
 python -m pytest -p no:cacheprovider "$@"

@@ -31,3 +31,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("BMX_REQUIRE_ENGINES") == "1" and _skipped and exitstatus == 0:
         print(f"\nBMX_REQUIRE_ENGINES=1 but {len(_skipped)} test(s) skipped: {', '.join(_skipped[:5])}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_per_engine: dict[str, dict[str, int]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Count each engine-parametrized test's outcome under its engine (from the `engine_url` param)."""
+    outcome = yield
+    report = outcome.get_result()
+    callspec = getattr(item, "callspec", None)
+    engine = callspec.params.get("engine_url") if callspec is not None else None
+    if engine is None:
+        return
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        result = "error" if report.when == "setup" and report.failed else report.outcome
+        counts = _per_engine.setdefault(str(engine), {})
+        counts[result] = counts.get(result, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Tests per engine in the log, so a run shows that every engine got the whole suite."""
+    if not _per_engine:
+        return
+    terminalreporter.section("tests per engine")
+    for engine, counts in sorted(_per_engine.items()):
+        parts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        terminalreporter.write_line(f"{engine:16} {sum(counts.values()):5d} tests: {parts}")

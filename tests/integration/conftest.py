@@ -4,6 +4,10 @@ Where the engines come from, first match wins:
 1. `BMX_TEST_ELASTICSEARCH_URL` / `BMX_TEST_OPENSEARCH_URL` (e.g. from `bmx-rerank engine start ...`);
 2. testcontainers, when a Docker engine answers (images overridable with `BMX_TEST_*_IMAGE`);
 3. otherwise the tests skip, or fail when `BMX_REQUIRE_ENGINES=1` (as `scripts/test.sh` sets).
+
+Further engines join the parametrization when their variable is set: `BMX_TEST_ELASTICSEARCH9_URL`
+and `BMX_TEST_OPENSEARCH3_URL` (another major of the same kind, as `scripts/test.sh` starts them), so
+every test that takes `engine`/`engine_url` runs once per configured engine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ import pytest
 
 KINDS = ("elasticsearch", "opensearch")
 URL_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_URL", "opensearch": "BMX_TEST_OPENSEARCH_URL"}
+# Engine id -> (kind, variable): the two defaults always take part (testcontainers or a skip/fail
+# when unset), the other majors only when their URL is set.
+EXTRA_ENGINES = {
+    "elasticsearch9": ("elasticsearch", "BMX_TEST_ELASTICSEARCH9_URL"),
+    "opensearch3": ("opensearch", "BMX_TEST_OPENSEARCH3_URL"),
+}
+
+
+def engine_ids() -> list[str]:
+    """The engines this run covers, in a stable order: defaults first, then each configured extra."""
+    return [*KINDS, *(name for name, (_, var) in EXTRA_ENGINES.items() if os.environ.get(var, "").strip())]
 IMAGE_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_IMAGE", "opensearch": "BMX_TEST_OPENSEARCH_IMAGE"}
 DEFAULT_IMAGES = {
     "elasticsearch": "docker.elastic.co/elasticsearch/elasticsearch:8.19.21",
@@ -45,6 +60,12 @@ class EngineClient:
 
     kind: str
     url: str
+    version: str = ""
+
+    @property
+    def major(self) -> int:
+        """The server's major version (0 when unknown), for the few answers that differ by major."""
+        return int(self.version.split(".")[0]) if self.version else 0
 
     def call(
         self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
@@ -157,9 +178,18 @@ def opensearch_url() -> Iterator[str]:
     yield from _engine_url("opensearch")
 
 
-@pytest.fixture(scope="session", params=KINDS, ids=list(KINDS))
+def _extra_url(name: str) -> str:
+    kind, var = EXTRA_ENGINES[name]
+    url = os.environ[var].strip().rstrip("/")
+    _check_engine(kind, url, var)
+    return url
+
+
+@pytest.fixture(scope="session", params=engine_ids(), ids=engine_ids())
 def engine_url(request: pytest.FixtureRequest) -> str:
-    """Each engine in turn: the same test runs against Elasticsearch and OpenSearch."""
+    """Each configured engine in turn: the same test runs against every kind and major version."""
+    if request.param in EXTRA_ENGINES:
+        return _extra_url(request.param)
     return request.getfixturevalue(f"{request.param}_url")
 
 
@@ -169,10 +199,16 @@ def _kind_of(url: str) -> str:
     return "elasticsearch" if headers.get("X-elastic-product") == "Elasticsearch" else "opensearch"
 
 
+def _version_of(url: str) -> str:
+    """The server's version from `GET /_nodes/_local` (`GET /` is missing from the ES integ-test zip)."""
+    nodes = EngineClient("?", url).ok("GET", "/_nodes/_local", params={"filter_path": "nodes.*.version"})
+    return str(next(iter(nodes["nodes"].values()))["version"])
+
+
 @pytest.fixture(scope="session")
 def engine(engine_url: str) -> EngineClient:
-    """An HTTP client for the current `engine_url`, knowing which engine it is."""
-    return EngineClient(_kind_of(engine_url), engine_url)
+    """An HTTP client for the current `engine_url`, knowing which engine and version it is."""
+    return EngineClient(_kind_of(engine_url), engine_url, _version_of(engine_url))
 
 
 MakeIndex = Callable[..., str]
