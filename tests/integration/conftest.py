@@ -37,6 +37,8 @@ EXTRA_ENGINES = {
 def engine_ids() -> list[str]:
     """The engines this run covers, in a stable order: defaults first, then each configured extra."""
     return [*KINDS, *(name for name, (_, var) in EXTRA_ENGINES.items() if os.environ.get(var, "").strip())]
+
+
 IMAGE_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_IMAGE", "opensearch": "BMX_TEST_OPENSEARCH_IMAGE"}
 DEFAULT_IMAGES = {
     "elasticsearch": "docker.elastic.co/elasticsearch/elasticsearch:8.19.21",
