@@ -1,22 +1,31 @@
 """The client wrapper: BMX reranking inside a Python program, around the official clients.
 
-`BMXClient` wraps a sync `elasticsearch.Elasticsearch` or `opensearchpy.OpenSearch`, `AsyncBMXClient`
-their async twins. `search(index=..., body=...)` (or the clients' keyword style, `query=..., ext=...`)
-reranks exactly as the proxy does (same plan, same pipeline, same statistics in the cluster) when the
-body carries `ext.bmx` or a policy matches; the first-stage search goes through the wrapped client,
-with its own connection, retries and credentials. Every other attribute is the wrapped client's.
+`BMXClient` wraps a sync `elasticsearch.Elasticsearch` (8.x or 9.x) or `opensearchpy.OpenSearch` (2.x or
+3.x), `AsyncBMXClient` their async twins. `search(...)` is the wrapped client's own `search`, called with
+exactly the arguments given: the official client turns `index` lists, `from_`, `filter_path`,
+`request_timeout`, `headers`, auth options... into its request as it always does. The wrapper steps in
+where that request reaches the client's transport (`perform_request`): when the body carries `ext.bmx`
+or a policy matches, it plans the rerank (widens the window), sends the first stage through that same
+transport (its node pool, retries, TLS and credentials) and reranks the answer exactly as the proxy does.
+Every other attribute is the wrapped client's; `options(...)` returns a wrapper around `client.options(...)`.
 
-The sidecar's own calls (`_analyze`, `_mtermvectors`, statistics) go to `url` with `headers`: pass the
-same credentials the client uses (e.g. `{"Authorization": "ApiKey ..."}`); `url` defaults to the
-client's first node.
+The sidecar's own calls (`_analyze`, `_mtermvectors`, statistics) go to the client's first node with the
+client's TLS settings (CA bundle, verification, client certificate) and the request's credentials
+(the `Authorization` the official client sends for that search); pass `url=` to send them elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import copy
+import functools
+import ssl
 import threading
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -25,99 +34,222 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank.candidates import TermVectorCache
-from bmx_rerank.rerank.pipeline import Reranker
-from bmx_rerank.rerank.plan import plan_search
+from bmx_rerank.rerank.pipeline import Reranker, SideCalls
+from bmx_rerank.rerank.plan import Plan, plan_search
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.stats.cache import StatsCache
 
-JSON_HEADERS = {"accept": "application/json", "content-type": "application/json"}
+# Header names the sidecar's calls carry from the search they serve: its credentials, nothing else.
+CREDENTIAL_HEADERS = ("authorization", "es-security-runas-user")
+# opensearch-py keeps these transport options in `params`; they are not part of the search.
+TRANSPORT_PARAMS = ("request_timeout", "ignore")
 
-FirstStage = Callable[[str, dict[str, Any] | None, dict[str, str]], Awaitable[Any]]
+StatsFactory = Callable[[aiohttp.ClientSession, str], StatsSource]
+Send = Callable[[str, str, dict[str, Any], Any], Any]
+C = TypeVar("C")
+
+
+# --------------------------------------------------------------------------------------------
+# What the sidecar's own calls need from the wrapped client
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """Where and how the sidecar's own calls go: the client's first node, its TLS and credentials."""
+
+    url: str
+    ssl: ssl.SSLContext | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _is_elastic(client: Any) -> bool:
+    """elasticsearch-py 8/9 sit on elastic_transport (a node pool); opensearch-py has its own Transport."""
+    return hasattr(client.transport, "node_pool")
 
 
 def node_url(client: Any) -> str:
-    """The first node's base URL of an official client (elasticsearch-py 8, opensearch-py 2/3)."""
+    """The first node's base URL of an official client (elasticsearch-py 8/9, opensearch-py 2/3)."""
     transport = client.transport
-    if hasattr(transport, "node_pool"):  # elastic_transport
+    if _is_elastic(client):
         return str(transport.node_pool.all()[0].base_url).rstrip("/")
     host = transport.hosts[0]
-    scheme = "https" if host.get("use_ssl") or host.get("scheme") == "https" else "http"
-    return f"{scheme}://{host['host']}:{host.get('port', 9200)}{host.get('url_prefix', '')}".rstrip("/")
+    scheme = "https" if host.get("use_ssl") or transport.kwargs.get("use_ssl") else host.get("scheme", "http")
+    prefix = host.get("url_prefix", "")
+    prefix = f"/{prefix.strip('/')}" if prefix.strip("/") else ""
+    return f"{scheme}://{host['host']}:{host.get('port', 9200)}{prefix}"
 
 
-def _request_body(body: Mapping[str, Any] | None, kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The search body from either calling style: `body=` or the clients' keyword arguments."""
-    if body is not None and kwargs:
-        raise TypeError("pass the search either as body= or as keyword arguments, not both")
-    if body is not None:
-        return dict(body)
-    return dict(kwargs) or None
+def ssl_context(
+    *,
+    context: ssl.SSLContext | None = None,
+    ca_certs: str | None = None,
+    verify_certs: bool = True,
+    client_cert: str | None = None,
+    client_key: str | None = None,
+) -> ssl.SSLContext:
+    """The TLS context the official clients build from the same options (their own, when given one)."""
+    if context is not None:
+        return context
+    ctx = ssl.create_default_context(cafile=ca_certs)
+    if not verify_certs:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if client_cert:
+        ctx.load_cert_chain(client_cert, client_key)
+    return ctx
+
+
+def basic_auth(user_pass: str | Sequence[str]) -> str:
+    """`Basic ...` from opensearch-py's `http_auth` ("user:pass" or (user, pass))."""
+    text = user_pass if isinstance(user_pass, str) else ":".join(user_pass)
+    return "Basic " + base64.b64encode(text.encode()).decode()
+
+
+def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
+    """The sidecar's target as the wrapped client would reach its first node."""
+    base = (url or node_url(client)).rstrip("/")
+    https = base.startswith("https:")
+    if _is_elastic(client):
+        config = client.transport.node_pool.all()[0].config
+        tls = None
+        if https:
+            tls = ssl_context(
+                context=config.ssl_context,
+                ca_certs=config.ca_certs,
+                verify_certs=config.verify_certs,
+                client_cert=config.client_cert,
+                client_key=config.client_key,
+            )
+        return Sidecar(base, tls, _credentials(client._headers))
+    options = client.transport.kwargs
+    tls = None
+    if https:
+        tls = ssl_context(
+            context=options.get("ssl_context"),
+            ca_certs=options.get("ca_certs"),
+            verify_certs=options.get("verify_certs", True),
+            client_cert=options.get("client_cert"),
+            client_key=options.get("client_key"),
+        )
+    headers = _credentials(options.get("headers") or {})
+    auth = options.get("http_auth")
+    if callable(auth):
+        raise TypeError(
+            "the wrapped client signs each request (callable http_auth, e.g. AWS SigV4): the sidecar's "
+            "own calls cannot be signed the same way; use the proxy (`bmx-rerank serve`) instead"
+        )
+    if auth is not None:
+        headers["authorization"] = basic_auth(auth)
+    return Sidecar(base, tls, headers)
+
+
+def _credentials(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The credential headers among `headers` (lower-cased names)."""
+    found = {k.lower(): v for k, v in (headers or {}).items()}
+    return {k: found[k] for k in CREDENTIAL_HEADERS if k in found}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the request the official client built
+# --------------------------------------------------------------------------------------------
+
+
+def search_index(path: str) -> str | None:
+    """The index expression of a search path (`/a,b/_search` -> "a,b", `/_search` -> "_all"), or None
+    when the request is not a search (the wrapper leaves those alone)."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    if parts == ["_search"]:
+        return "_all"
+    if len(parts) == 2 and parts[1] == "_search":
+        return urllib.parse.unquote(parts[0])
+    return None
+
+
+def query_strings(params: Mapping[str, Any] | None) -> dict[str, str]:
+    """Query parameters as the clients put them on the URL: lists comma-joined, booleans lower-case
+    (opensearch-py hands them over already escaped, as UTF-8 bytes)."""
+    out: dict[str, str] = {}
+    for key, value in (params or {}).items():
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        out[key] = str(value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The rerank around a first stage
+# --------------------------------------------------------------------------------------------
 
 
 class _Core:
-    """What both wrappers share: the rerank pipeline around a first-stage call, in one event loop."""
+    """What both wrappers share: planning, and the rerank pipeline on one event loop."""
 
     def __init__(
         self,
-        url: str,
-        headers: Mapping[str, str] | None,
+        sidecar: Sidecar,
         policies: Sequence[Rule],
         on_rerank_error: str,
-        stats: Callable[[aiohttp.ClientSession, str], StatsSource] | None,
+        stats: StatsFactory | None,
         timeout: float,
         cache_size: int,
     ) -> None:
-        self.url = url.rstrip("/")
-        self.headers = dict(headers or {})
+        self.sidecar = sidecar
         self.policies = list(policies)
         self.on_rerank_error = on_rerank_error
-        self.stats = stats or (lambda session, base: StatsCache(session, base))
+        self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base))
         self.timeout = timeout
         self.cache_size = cache_size
         self.session: aiohttp.ClientSession | None = None
         self.reranker: Reranker | None = None
         self.applied: AppliedConfigs | None = None
 
+    async def plan(
+        self, index: str, params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str]
+    ) -> Plan:
+        """Read the search (raises SearchError on a bad `ext.bmx`, as the proxy answers 400): its own
+        `ext.bmx`, else a policy, else the configuration applied to the index (`bmx-rerank eval --apply`)."""
+        body_map = dict(body) if isinstance(body, Mapping) else None
+        policy = match_policy(self.policies, index)
+        if policy is None:
+            self._ready()
+            assert self.applied is not None
+            policy = await self.applied.policy(index, body_map, headers)
+        return plan_search(body_map, query_strings(params), policy)
+
     def _ready(self) -> Reranker:
         if self.reranker is None:
-            self.session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=self.sidecar.ssl) if self.sidecar.ssl else None
+            self.session = aiohttp.ClientSession(connector=connector)
             self.reranker = Reranker(
                 self.session,
-                self.url,
-                self.stats(self.session, self.url),
+                self.sidecar.url,
+                self.stats(self.session, self.sidecar.url),
                 Metrics(),
                 cache=TermVectorCache(self.cache_size),
                 timeout=self.timeout,
                 on_error=self.on_rerank_error,
             )
-            self.applied = AppliedConfigs(self.session, self.url, timeout=self.timeout)
+            self.applied = AppliedConfigs(self.session, self.sidecar.url, timeout=self.timeout)
         return self.reranker
 
-    async def search(
-        self, first_stage: FirstStage, index: str, body: dict[str, Any] | None, params: Mapping[str, str]
-    ) -> Any:
-        policy = match_policy(self.policies, index)
-        if policy is None:
-            self._ready()
-            assert self.applied is not None
-            policy = await self.applied.policy(index, body, self.headers)
-        plan = plan_search(body, params, policy)
-        if plan.spec is None:
-            response = await first_stage(index, plan.body, plan.params)
-            if plan.skipped is None:
-                return response
-            answer = _plain(response)  # declined out loud: the cluster's answer, marked with the reason
-            answer["_bmx"] = {"reranked": False, "skipped": plan.skipped}
-            return answer
+    async def start(self, index: str, plan: Plan, headers: Mapping[str, str]) -> SideCalls:
+        """Start the side calls; the returned `body`/`params` are the first stage to send."""
         reranker = self._ready()
-        plan = await reranker.prepare(plan)
-        side = reranker.start(index, plan, self.headers)
-        try:
-            response = await first_stage(index, side.body, side.params)
-            return (await reranker.finish(side, _plain(response), self.headers)).body
-        except BaseException:
-            side.cancel()
-            raise
+        return reranker.start(index, await reranker.prepare(plan), headers)
+
+    async def finish(self, side: SideCalls, response: Any, headers: Mapping[str, str]) -> dict[str, Any]:
+        return (await self._ready().finish(side, _plain(response), headers)).body
+
+    def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:
+        """The sidecar calls' headers for one search: the client's credentials, the request's own first."""
+        return {**self.sidecar.headers, **_credentials(request_headers)}
 
     async def close(self) -> None:
         if self.session is not None:
@@ -130,17 +262,98 @@ def _plain(response: Any) -> dict[str, Any]:
     return dict(getattr(response, "body", response))
 
 
-def _path(index: str) -> str:
-    return f"/{index}/_search"
+def _rewrap(response: Any, body: dict[str, Any]) -> Any:
+    """The reranked body in the same type the client returns (ObjectApiResponse keeps its meta)."""
+    meta = getattr(response, "meta", None)
+    return body if meta is None else type(response)(body=body, meta=meta)
 
 
-def _call_first_stage(client: Any, index: str, body: Any, params: Mapping[str, str]) -> Any:
-    """POST {index}/_search through the wrapped client's own transport (sync or async alike)."""
-    if hasattr(client.transport, "node_pool"):  # elasticsearch-py 8
-        return client.perform_request(
-            "POST", _path(index), params=dict(params) or None, headers=JSON_HEADERS, body=body
-        )
-    return client.transport.perform_request("POST", _path(index), params=dict(params) or None, body=body)
+def _split_transport(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(search params, opensearch-py transport options kept in params)."""
+    search = dict(params or {})
+    transport = {k: search.pop(k) for k in TRANSPORT_PARAMS if k in search}
+    return search, transport
+
+
+# --------------------------------------------------------------------------------------------
+# Hooking the official clients' transport
+# --------------------------------------------------------------------------------------------
+
+Hook = Callable[..., Any]
+
+
+@functools.cache
+def _hooked_class(base: type) -> type:
+    """A subclass of an elasticsearch-py client class whose `perform_request` goes through the hook
+    its instance carries; `options()` passes the hook on, so per-call transport options work too."""
+    if asyncio.iscoroutinefunction(base.perform_request):
+
+        class Hooked(base):  # type: ignore[valid-type,misc]
+            _bmx_hook: Hook
+
+            async def perform_request(self, method: str, path: str, **kw: Any) -> Any:
+                return await self._bmx_hook(self, super().perform_request, method, path, kw)
+
+    else:
+
+        class Hooked(base):  # type: ignore[valid-type,misc,no-redef]
+            _bmx_hook: Hook
+
+            def perform_request(self, method: str, path: str, **kw: Any) -> Any:
+                return self._bmx_hook(self, super().perform_request, method, path, kw)
+
+    def options(self: Any, **kwargs: Any) -> Any:
+        other = base.options(self, **kwargs)
+        other._bmx_hook = self._bmx_hook
+        return other
+
+    Hooked.options = options  # type: ignore[method-assign]
+    Hooked.__name__ = Hooked.__qualname__ = f"BMX{base.__name__}"
+    return Hooked
+
+
+def _hooked_elastic(client: Any, hook: Hook) -> Any:
+    """A copy of an elasticsearch-py client (made by its own `options()`: same transport, headers,
+    timeouts) whose requests pass through `hook`."""
+    view = client.options()
+    view.__class__ = _hooked_class(type(client))
+    view._bmx_hook = hook
+    return view
+
+
+class _HookedTransport:
+    """opensearch-py's transport with `perform_request` through a hook; everything else delegated."""
+
+    def __init__(self, transport: Any, hook: Hook) -> None:
+        self._transport = transport
+        self._hook = hook
+
+    def perform_request(self, method: str, url: str, *args: Any, **kw: Any) -> Any:
+        return self._hook(None, self._transport.perform_request, method, url, kw, args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def _hooked_opensearch(client: Any, hook: Hook) -> Any:
+    view = copy.copy(client)
+    view.transport = _HookedTransport(client.transport, hook)
+    return view
+
+
+def _hooked(client: Any, hook: Hook) -> Any:
+    return _hooked_elastic(client, hook) if _is_elastic(client) else _hooked_opensearch(client, hook)
+
+
+def _request_headers(view: Any, kw: Mapping[str, Any]) -> dict[str, str]:
+    """The headers the client sends with this request (elasticsearch-py merges its own in later)."""
+    own = dict(view._headers) if view is not None else {}
+    return {**own, **(kw.get("headers") or {})}
+
+
+# --------------------------------------------------------------------------------------------
+# The wrappers
+# --------------------------------------------------------------------------------------------
 
 
 class _Wrapper:
@@ -151,16 +364,16 @@ class _Wrapper:
         client: Any,
         url: str | None = None,
         *,
-        headers: Mapping[str, str] | None = None,
         policies: Sequence[Rule] = (),
         on_rerank_error: str = "fallback",
-        stats: Callable[[aiohttp.ClientSession, str], StatsSource] | None = None,
+        stats: StatsFactory | None = None,
         timeout: float = 60.0,
         cache_size: int = 100_000,
+        _core: _Core | None = None,
     ) -> None:
         self.client = client
-        self._core = _Core(
-            url or node_url(client), headers, policies, on_rerank_error, stats, timeout, cache_size
+        self._core = _core or _Core(
+            sidecar_of(client, url), policies, on_rerank_error, stats, timeout, cache_size
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -170,20 +383,36 @@ class _Wrapper:
 class AsyncBMXClient(_Wrapper):
     """An `AsyncElasticsearch`/`AsyncOpenSearch` whose `search` reranks with BMX; close it when done."""
 
-    async def search(
-        self,
-        *,
-        index: str,
-        body: Mapping[str, Any] | None = None,
-        params: Mapping[str, str] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        async def first_stage(idx: str, b: Any, p: dict[str, str]) -> Any:
-            return await _call_first_stage(self.client, idx, b, p)
+    async def search(self, **kwargs: Any) -> Any:
+        """The wrapped client's `search`, reranked when `ext.bmx` (or a policy) asks for it."""
+        return await _hooked(self.client, self._hook).search(**kwargs)
 
-        return await self._core.search(first_stage, index, _request_body(body, kwargs), params or {})
+    async def _hook(self, view: Any, send: Any, method: str, path: str, kw: dict[str, Any], args=()) -> Any:
+        index = search_index(path)
+        if index is None or args:
+            return await send(method, path, *args, **kw)
+        params, transport = _split_transport(kw.get("params"))
+        headers = self._core.headers_for(_request_headers(view, kw))
+        plan = await self._core.plan(index, params, kw.get("body"), headers)
+        if plan.spec is None:
+            return await send(
+                method, path, **{**kw, "params": {**plan.params, **transport}, "body": plan.body}
+            )
+        side = await self._core.start(index, plan, headers)
+        first = {**kw, "params": {**side.params, **transport}, "body": side.body}
+        try:
+            response = await send("POST", path, **first)
+        except BaseException:
+            side.cancel()
+            raise
+        return _rewrap(response, await self._core.finish(side, response, headers))
+
+    def options(self, **kwargs: Any) -> AsyncBMXClient:
+        """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar."""
+        return AsyncBMXClient(self.client.options(**kwargs), _core=self._core)
 
     async def close(self) -> None:
+        """Close the sidecar's session (the wrapped client is the caller's to close)."""
         await self._core.close()
 
     async def __aenter__(self) -> AsyncBMXClient:
@@ -196,8 +425,8 @@ class AsyncBMXClient(_Wrapper):
 class BMXClient(_Wrapper):
     """An `Elasticsearch`/`OpenSearch` whose `search` reranks with BMX; close it when done.
 
-    The pipeline is asynchronous, so it runs on a private event loop in a daemon thread; the first
-    stage runs through the wrapped (sync) client in a worker thread of that loop."""
+    The first stage runs in the caller's thread through the wrapped client; the pipeline's own calls
+    are asynchronous and run on a private event loop in a daemon thread."""
 
     def __init__(self, client: Any, url: str | None = None, **options: Any) -> None:
         super().__init__(client, url, **options)
@@ -205,24 +434,43 @@ class BMXClient(_Wrapper):
         self._thread = threading.Thread(target=self._loop.run_forever, name="bmx-rerank", daemon=True)
         self._thread.start()
 
-    def search(
-        self,
-        *,
-        index: str,
-        body: Mapping[str, Any] | None = None,
-        params: Mapping[str, str] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        async def first_stage(idx: str, b: Any, p: dict[str, str]) -> Any:
-            return await asyncio.to_thread(_call_first_stage, self.client, idx, b, p)
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
 
-        coro = self._core.search(first_stage, index, _request_body(body, kwargs), params or {})
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+    def search(self, **kwargs: Any) -> Any:
+        """The wrapped client's `search`, reranked when `ext.bmx` (or a policy) asks for it."""
+        return _hooked(self.client, self._hook).search(**kwargs)
+
+    def _hook(self, view: Any, send: Any, method: str, path: str, kw: dict[str, Any], args=()) -> Any:
+        index = search_index(path)
+        if index is None or args:
+            return send(method, path, *args, **kw)
+        params, transport = _split_transport(kw.get("params"))
+        headers = self._core.headers_for(_request_headers(view, kw))
+        plan = self._run(self._core.plan(index, params, kw.get("body"), headers))
+        if plan.spec is None:
+            return send(method, path, **{**kw, "params": {**plan.params, **transport}, "body": plan.body})
+        side = self._run(self._core.start(index, plan, headers))
+        first = {**kw, "params": {**side.params, **transport}, "body": side.body}
+        try:
+            response = send("POST", path, **first)
+        except BaseException:
+            self._loop.call_soon_threadsafe(side.cancel)
+            raise
+        return _rewrap(response, self._run(self._core.finish(side, response, headers)))
+
+    def options(self, **kwargs: Any) -> BMXClient:
+        """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar and loop."""
+        other = object.__new__(BMXClient)
+        _Wrapper.__init__(other, self.client.options(**kwargs), _core=self._core)
+        other._loop, other._thread = self._loop, self._thread
+        return other
 
     def close(self) -> None:
+        """Close the sidecar's session and its loop (the wrapped client is the caller's to close)."""
         if self._loop.is_closed():
             return
-        asyncio.run_coroutine_threadsafe(self._core.close(), self._loop).result()
+        self._run(self._core.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

@@ -126,11 +126,17 @@ def test_async_wrapper_reranks_exactly(engine: EngineClient, corpus: str):
     asyncio.run(run())
 
 
-def test_keyword_style_calls_work_with_either_client(engine: EngineClient, corpus: str):
-    """elasticsearch-py's keyword style (query=, size=, ext=); the wrapper accepts it for opensearch-py too."""
+def test_calling_style_is_the_wrapped_clients_own(engine: EngineClient, corpus: str):
+    """elasticsearch-py's keyword style (query=, size=, ext=) works where the client takes it; opensearch-py
+    refuses body fields as keywords, and so does the wrapper: it adds nothing to the client's signature."""
     client = _official(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
-        answer = bmx.search(
-            index=corpus, size=30, query={"match": {"body": "t0 t3"}}, ext={"bmx": {"field": "body"}}
-        )
-        _check_expected(answer)
+        keywords = {"size": 30, "query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body"}}}
+        if engine.kind == "elasticsearch":
+            _check_expected(bmx.search(index=corpus, **keywords))
+        else:
+            with pytest.raises(TypeError, match="query"):
+                client.search(index=corpus, **keywords)
+            with pytest.raises(TypeError, match="query"):
+                bmx.search(index=corpus, **keywords)
+            _check_expected(bmx.search(index=corpus, body=keywords))

@@ -1,0 +1,196 @@
+"""The wrapper sends what the official client would: checked on the wire, through a recording server
+between the client and the engine. `index` lists, `from_`, `filter_path`, `request_timeout` and basic
+auth behave as the wrapped client's own (elasticsearch-py's keyword style, opensearch-py's body= and
+params), for the first stage and for the sidecar's own calls alike."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from bmx_rerank.client import AsyncBMXClient, BMXClient
+from bmx_rerank.stats.build import build_snapshots
+
+from .conftest import EngineClient
+from .recorder import Recorder
+from .test_client import CASE, VECTORS
+
+AUTH = ("bmx-user", "s3cret")
+BASIC = "Basic " + base64.b64encode(":".join(AUTH).encode()).decode()
+FILTER = ["hits.hits._id", "hits.hits._score", "_bmx.reranked"]
+
+
+@pytest.fixture(scope="module")
+def split_corpus(engine: EngineClient) -> Iterator[tuple[str, str]]:
+    """The test-vector corpus split over two indices (even ids, odd ids), statistics built for each:
+    a search over both sees the whole corpus, so its scores are the vectors' scores."""
+    tag = uuid.uuid4().hex[:8]
+    names = (f"bmx-test-wire-even-{tag}", f"bmx-test-wire-odd-{tag}")
+    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+    for parity, name in enumerate(names):
+        engine.ok("PUT", f"/{name}", {"settings": {"number_of_replicas": 0}, "mappings": mappings})
+        lines = []
+        for i, tokens in enumerate(VECTORS["corpus"]):
+            if i % 2 == parity:
+                lines += [
+                    json.dumps({"index": {"_index": name, "_id": str(i)}}),
+                    json.dumps({"body": " ".join(tokens)}),
+                ]
+        engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
+
+    async def build() -> None:
+        async with aiohttp.ClientSession() as session:
+            for name in names:
+                await build_snapshots(session, engine.url, name, "body", {})
+
+    asyncio.run(build())
+    yield names
+    for name in names:
+        engine.call("DELETE", f"/{name}")
+
+
+@pytest.fixture
+def recorder(engine: EngineClient) -> Iterator[Recorder]:
+    rec = Recorder(engine.url)
+    yield rec
+    rec.close()
+
+
+def _client(kind: str, url: str, asynchronous: bool = False) -> Any:
+    if kind == "elasticsearch":
+        from elasticsearch import AsyncElasticsearch, Elasticsearch
+
+        return (AsyncElasticsearch if asynchronous else Elasticsearch)(url, basic_auth=AUTH)
+    from opensearchpy import AsyncOpenSearch, OpenSearch
+
+    return (AsyncOpenSearch if asynchronous else OpenSearch)(hosts=[url], http_auth=AUTH)
+
+
+def _search_kwargs(kind: str, names: tuple[str, str], **extra: Any) -> dict[str, Any]:
+    """One reranked search in the wrapped client's own calling style."""
+    body = {"query": {"match": {"body": " ".join(CASE["query"])}}, "ext": {"bmx": {"field": "body"}}}
+    if kind == "elasticsearch":
+        return {"index": list(names), **body, **extra}
+    return {"index": list(names), "body": body, **extra}
+
+
+def _expected_ranking() -> list[tuple[str, float]]:
+    scored = [(str(i), s) for i, s in enumerate(CASE["scores"]) if s > 0]
+    return sorted(scored, key=lambda pair: -pair[1])
+
+
+def _check_page(answer: Any, start: int, size: int) -> None:
+    body = getattr(answer, "body", answer)
+    assert set(body) == {"hits", "_bmx"} and body["_bmx"] == {"reranked": True}  # filter_path applied
+    hits = body["hits"]["hits"]
+    assert all(set(h) == {"_id", "_score"} for h in hits)
+    want = _expected_ranking()[start : start + size]
+    np.testing.assert_allclose([h["_score"] for h in hits], [s for _, s in want], rtol=1e-6)
+
+
+def _check_wire(recorder: Recorder, names: tuple[str, str]) -> None:
+    searches = recorder.requests("_search")
+    assert len(searches) == 1, [r.path for r in searches]
+    first = searches[0]
+    assert first.path == f"/{names[0]},{names[1]}/_search"  # a list, as the client sends it
+    body_and_query = {**first.query, **(first.body or {})}
+    assert "filter_path" not in first.query  # the window needs every hit field: applied afterwards
+    assert "request_timeout" not in body_and_query and "from_" not in body_and_query
+    assert int(body_and_query.get("from", 0)) == 0 and int(body_and_query["size"]) >= 3  # widened window
+    assert "ext" not in (first.body or {})
+    side = recorder.requests("_analyze") + recorder.requests("_mtermvectors")
+    assert recorder.requests("_mtermvectors"), "the window's term vectors come through the recorder too"
+    for request in [first, *side]:
+        assert request.headers.get("authorization") == BASIC, request.path
+
+
+def test_sync_wrapper_sends_what_the_official_client_sends(
+    engine: EngineClient, split_corpus: tuple[str, str], recorder: Recorder
+):
+    client = _client(engine.kind, recorder.url)
+    try:
+        with BMXClient(client) as bmx:
+            if engine.kind == "elasticsearch":  # elasticsearch-py 8 deprecates request_timeout per call
+                answer = bmx.options(request_timeout=30).search(
+                    **_search_kwargs(engine.kind, split_corpus, filter_path=FILTER), from_=1, size=2
+                )
+            else:
+                kwargs = _search_kwargs(engine.kind, split_corpus, filter_path=FILTER, request_timeout=30)
+                answer = bmx.search(**kwargs, from_=1, size=2)
+            _check_page(answer, 1, 2)
+            _check_wire(recorder, split_corpus)
+    finally:
+        client.close()
+
+
+def test_request_timeout_is_the_clients_own(
+    engine: EngineClient, split_corpus: tuple[str, str], recorder: Recorder
+):
+    """request_timeout bounds the first stage as it bounds any call of the client (not a body key)."""
+    client = _client(engine.kind, recorder.url)
+    if engine.kind == "elasticsearch":
+        from elasticsearch import ConnectionTimeout
+    else:
+        from opensearchpy import ConnectionTimeout
+    recorder.delay["_search"] = 2.0
+    try:
+        with BMXClient(client) as bmx:
+            with pytest.raises(ConnectionTimeout):
+                bmx.search(**_search_kwargs(engine.kind, split_corpus, request_timeout=0.5))
+            if engine.kind == "elasticsearch":  # the same through elasticsearch-py's options()
+                with pytest.raises(ConnectionTimeout):
+                    bmx.options(request_timeout=0.5, max_retries=0).search(
+                        **_search_kwargs(engine.kind, split_corpus)
+                    )
+            recorder.delay.clear()
+            answer = bmx.search(**_search_kwargs(engine.kind, split_corpus, request_timeout=30, size=3))
+            assert getattr(answer, "body", answer)["_bmx"]["reranked"] is True
+    finally:
+        client.close()
+
+
+def test_async_wrapper_sends_what_the_official_client_sends(
+    engine: EngineClient, split_corpus: tuple[str, str], recorder: Recorder
+):
+    async def run() -> None:
+        client = _client(engine.kind, recorder.url, asynchronous=True)
+        try:
+            async with AsyncBMXClient(client) as bmx:
+                answer = await bmx.search(
+                    **_search_kwargs(engine.kind, split_corpus, filter_path=FILTER, request_timeout=30),
+                    from_=1,
+                    size=2,
+                )
+                _check_page(answer, 1, 2)
+                _check_wire(recorder, split_corpus)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_per_request_credentials_reach_the_sidecar_calls(
+    engine: EngineClient, split_corpus: tuple[str, str], recorder: Recorder
+):
+    """Credentials given for one call (options(basic_auth=...) / http_auth=) are that call's, everywhere."""
+    other = ("someone-else", "pw")
+    other_basic = "Basic " + base64.b64encode(":".join(other).encode()).decode()
+    client = _client(engine.kind, recorder.url)
+    try:
+        with BMXClient(client) as bmx:
+            if engine.kind == "elasticsearch":
+                bmx.options(basic_auth=other).search(**_search_kwargs(engine.kind, split_corpus, size=3))
+            else:
+                bmx.search(**_search_kwargs(engine.kind, split_corpus, size=3), http_auth=other)
+            calls = [r for r in recorder.received if r.endpoint in ("_search", "_analyze", "_mtermvectors")]
+            assert calls and {r.headers.get("authorization") for r in calls} == {other_basic}
+    finally:
+        client.close()
