@@ -29,22 +29,37 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Start the missing engines side by side (each start waits for its cluster's health), then read
+# their URLs; one failed start fails the run after the others are up (and are stopped on exit).
+logs=$(mktemp -d)
+pids=()
 for spec in "${ENGINES[@]}"; do
   read -r id kind version port <<<"$spec"
   upper=$(echo "$id" | tr a-z A-Z)
   var=BMX_TEST_${upper}_URL
   port_var=BMX_TEST_${upper}_PORT
+  [ -z "${!var:-}" ] || continue
+  state=$state_base
+  [ "$id" = "$kind" ] || state=$state_base/$id
+  # Remember what this run starts (not an engine that was already up), then start it.
+  BMX_RERANK_STATE=$state bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$state $kind")
+  BMX_RERANK_STATE=$state bmx-rerank engine start "$kind" --version "$version" \
+    --port "${!port_var:-$port}" >"$logs/$id" 2>&1 &
+  pids+=("$!")
+done
+failed=0
+for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || failed=1; done
+for spec in "${ENGINES[@]}"; do
+  read -r id kind version port <<<"$spec"
+  var=BMX_TEST_$(echo "$id" | tr a-z A-Z)_URL
   if [ -z "${!var:-}" ]; then
-    state=$state_base
-    [ "$id" = "$kind" ] || state=$state_base/$id
-    # Remember what this run starts (not an engine that was already up), then start it.
-    BMX_RERANK_STATE=$state bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$state $kind")
-    url=$(BMX_RERANK_STATE=$state bmx-rerank engine start "$kind" --version "$version" \
-      --port "${!port_var:-$port}" | tail -n 1)
-    export "$var=$url"
+    cat "$logs/$id" >&2
+    export "$var=$(tail -n 1 "$logs/$id")"
   fi
   echo "$id: ${!var}"
 done
+rm -rf "$logs"
+[ "$failed" = 0 ] || { echo "an engine failed to start (see above)" >&2; exit 1; }
 
 export BMX_REQUIRE_ENGINES=1  # a missing engine fails the integration tests instead of skipping them
 python -m pytest -p no:cacheprovider "$@"

@@ -34,7 +34,15 @@ def test_wheel_and_sdist_build_check_and_install(tmp_path: Path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    _run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"{wheels[0]}[elasticsearch]")
+    _run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        f"{wheels[0]}[elasticsearch]",
+    )
     assert "Usage: bmx-rerank" in _run(env_dir / "bin" / "bmx-rerank", "--help", cwd=tmp_path)
     # The extra brought the official client, and the wrapper imports with it.
     _run(python, "-c", "import elasticsearch, bmx_rerank.client", cwd=tmp_path)
