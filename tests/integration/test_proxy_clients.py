@@ -1,8 +1,6 @@
-"""The official clients work unchanged through the proxy: elasticsearch-py 8.x against Elasticsearch
-8.19, opensearch-py against OpenSearch 2.19 (index, bulk, get, search, msearch, delete).
-
-Elasticsearch 9.x servers are not published on Maven Central, so the 9.x client cannot be checked
-here against a matching server."""
+"""The official clients work unchanged through the proxy: the venv's elasticsearch-py 8.x and
+opensearch-py against every configured engine (index, bulk, get, search, msearch, delete), with and
+without compression. The other client majors: test_official_clients.py."""
 
 from __future__ import annotations
 
