@@ -268,6 +268,16 @@ def _rewrap(response: Any, body: dict[str, Any]) -> Any:
     return body if meta is None else type(response)(body=body, meta=meta)
 
 
+def _declined(response: Any, plan: Plan) -> Any:
+    """The cluster's answer; a rerank the wrapper declined is said out loud in a `_bmx` marker (a library
+    call has no header for it): `{"reranked": false, "skipped": reason}`."""
+    if plan.skipped is None:
+        return response
+    answer = _plain(response)
+    answer["_bmx"] = {"reranked": False, "skipped": plan.skipped}
+    return _rewrap(response, answer)
+
+
 def _split_transport(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(search params, opensearch-py transport options kept in params)."""
     search = dict(params or {})
@@ -395,9 +405,8 @@ class AsyncBMXClient(_Wrapper):
         headers = self._core.headers_for(_request_headers(view, kw))
         plan = await self._core.plan(index, params, kw.get("body"), headers)
         if plan.spec is None:
-            return await send(
-                method, path, **{**kw, "params": {**plan.params, **transport}, "body": plan.body}
-            )
+            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
+            return _declined(await send(method, path, **unchanged), plan)
         side = await self._core.start(index, plan, headers)
         first = {**kw, "params": {**side.params, **transport}, "body": side.body}
         try:
@@ -449,7 +458,8 @@ class BMXClient(_Wrapper):
         headers = self._core.headers_for(_request_headers(view, kw))
         plan = self._run(self._core.plan(index, params, kw.get("body"), headers))
         if plan.spec is None:
-            return send(method, path, **{**kw, "params": {**plan.params, **transport}, "body": plan.body})
+            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
+            return _declined(send(method, path, **unchanged), plan)
         side = self._run(self._core.start(index, plan, headers))
         first = {**kw, "params": {**side.params, **transport}, "body": side.body}
         try:
