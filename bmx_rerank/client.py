@@ -198,14 +198,14 @@ class _Core:
         on_rerank_error: str,
         stats: StatsFactory | None,
         timeout: float,
-        cache_size: int,
+        cache_bytes: int,
     ) -> None:
         self.sidecar = sidecar
         self.policies = list(policies)
         self.on_rerank_error = on_rerank_error
         self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base))
         self.timeout = timeout
-        self.cache_size = cache_size
+        self.cache_bytes = cache_bytes
         self.session: aiohttp.ClientSession | None = None
         self.reranker: Reranker | None = None
         self.applied: AppliedConfigs | None = None
@@ -232,7 +232,7 @@ class _Core:
                 self.sidecar.url,
                 self.stats(self.session, self.sidecar.url),
                 Metrics(),
-                cache=TermVectorCache(self.cache_size),
+                cache=TermVectorCache(self.cache_bytes),
                 timeout=self.timeout,
                 on_error=self.on_rerank_error,
             )
@@ -378,12 +378,12 @@ class _Wrapper:
         on_rerank_error: str = "fallback",
         stats: StatsFactory | None = None,
         timeout: float = 60.0,
-        cache_size: int = 100_000,
+        cache_bytes: int = 256 << 20,
         _core: _Core | None = None,
     ) -> None:
         self.client = client
         self._core = _core or _Core(
-            sidecar_of(client, url), policies, on_rerank_error, stats, timeout, cache_size
+            sidecar_of(client, url), policies, on_rerank_error, stats, timeout, cache_bytes
         )
 
     def __getattr__(self, name: str) -> Any:

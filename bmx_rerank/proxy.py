@@ -12,19 +12,21 @@ import asyncio
 import base64
 import contextlib
 import gzip
-import json
 import logging
+import signal
 import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
+from aiohttp import web, web_protocol, web_server
+from aiohttp.http_exceptions import BadHttpMethod, LineTooLong
 from multidict import CIMultiDict
+from pythonjsonlogger.json import JsonFormatter
 from yarl import URL
 
 from bmx_rerank.applied import DEFAULT_TTL, AppliedConfigs
@@ -34,9 +36,10 @@ from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank import filter_path
-from bmx_rerank.rerank.candidates import TermVectorCache
+from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
+from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.upstream import forwardable_headers
 
@@ -61,8 +64,17 @@ HOP_BY_HOP = frozenset(
 # Headers aiohttp would add on its own to an upstream request; the client's own choice must win.
 SKIP_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type", "Accept")
 MARKER_HEADER = "X-BMX-Rerank"
-SEARCH_BODY_LIMIT = 64 * 1024 * 1024  # search and msearch bodies are read whole, to look for ext.bmx
 CHUNK = 64 * 1024
+# Nesting levels of a search body the proxy rewrites (deeper ones it forwards unread, or refuses when
+# they ask for a rerank): far beyond any real query (Elasticsearch refuses queries nested 30+ deep) and
+# far below what copying and re-serializing can handle (orjson stops at 255, Python's recursion ~1000).
+MAX_DEPTH = 100
+# Answers bigger than this are parsed and serialized in a worker thread, so passthrough traffic never
+# waits behind a large rerank.
+THREAD_BYTES = 1 << 20
+ON_OVERLOAD = ("fallback", "reject")
+MAX_LINE = 4096  # request line, as Elasticsearch's http.max_initial_line_length
+MAX_FIELD = 8192  # one header, as Elasticsearch's http.max_header_size
 STATE: web.AppKey[dict[str, Any]] = web.AppKey("bmx", dict)
 
 
@@ -73,7 +85,7 @@ class ProxyConfig:
     on_rerank_error: str = "fallback"
     timeout: float = 60.0  # first stage and sidecar calls, seconds
     connect_timeout: float = 10.0
-    cache_size: int = 100_000
+    cache_bytes: int = 256 << 20  # term-vector cache, bytes (estimated)
     widen: bool = True
     tf_probes: bool = True  # term frequencies from the first stage where the cluster can (rerank/tf_probe)
     upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
@@ -81,6 +93,24 @@ class ProxyConfig:
     upstream_key: str | None = None
     upstream_verify: bool = True
     applied_ttl: float = DEFAULT_TTL  # seconds an index's applied configuration is remembered (0: ignore)
+    max_body: int = 64 << 20  # bytes of a search/msearch body read to look for ext.bmx, after inflation
+    max_window: int = MAX_WINDOW  # hits a rerank may ask the cluster for
+    max_augment: int = 64  # augmented queries (WQA) per search: each costs an `_analyze`
+    max_msearch: int = 100  # items reranked per `_msearch`; the others get the cluster's own answer
+    max_concurrent_reranks: int = 32  # reranks (searches or msearches) running at once
+    on_overload: str = "fallback"  # past that: the cluster's own answer, marked, or "reject" (429)
+    identity_headers: Sequence[str] = IDENTITY_HEADERS  # what tells callers apart (caches, statistics)
+
+    def __post_init__(self) -> None:
+        if self.on_overload not in ON_OVERLOAD:
+            raise ValueError(f"on_overload must be one of {ON_OVERLOAD}, got {self.on_overload!r}")
+        for name in ("max_body", "max_window", "max_msearch", "max_concurrent_reranks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_augment < 0 or self.cache_bytes < 0:
+            raise ValueError("max_augment and cache_bytes must be >= 0")
+        if self.timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
 
 
 def split_upstream(url: str) -> tuple[str, str | None]:
@@ -107,7 +137,13 @@ def make_app(
     base = pool.base
     app = web.Application()
     metrics = Metrics()
-    state: dict[str, Any] = {"config": config, "base": base, "nodes": pool.nodes, "metrics": metrics}
+    state: dict[str, Any] = {
+        "config": config,
+        "base": base,
+        "nodes": pool.nodes,
+        "metrics": metrics,
+        "reranks": 0,
+    }
     app[STATE] = state
 
     async def lifecycle(app: web.Application):
@@ -130,10 +166,11 @@ def make_app(
             base,
             stats(sidecar, base),  # type: ignore[arg-type]
             metrics,
-            cache=TermVectorCache(config.cache_size),
+            cache=TermVectorCache(config.cache_bytes),
             timeout=config.timeout,
             on_error=config.on_rerank_error,
             probes=config.tf_probes,
+            identity_headers=config.identity_headers,
         )
         state["applied"] = AppliedConfigs(
             sidecar,  # type: ignore[arg-type]
@@ -148,6 +185,7 @@ def make_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/_bmx/health", _health)
+    app.router.add_get("/_bmx/ready", _ready)
     app.router.add_get("/_bmx/metrics", _metrics)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
@@ -161,6 +199,52 @@ async def _health(request: web.Request) -> web.Response:
         "on_rerank_error": state["config"].on_rerank_error,
     }
     return web.json_response(body)
+
+
+READY_TIMEOUT = 5.0  # seconds each readiness check may take, at most
+
+
+async def _ready(request: web.Request) -> web.Response:
+    """Ready when the cluster answers HTTP and the statistics store can be read (or does not exist yet:
+    then searches run in the estimated mode). Both checks run with the probe's own headers, as every
+    call on a client's behalf does: on a secured cluster give the probe credentials that may read the
+    store. 503 in Elasticsearch's error shape otherwise, saying which check failed."""
+    state = request.app[STATE]
+    reranker: Reranker = state["reranker"]
+    headers = forwardable_headers(_client_headers(request))
+    limit = min(state["config"].timeout, READY_TIMEOUT)
+    checks: dict[str, str] = {}
+    try:
+        status = await _probe(reranker.session, state["base"] + "/", headers, limit)
+        checks["upstream"] = "ok" if status < 500 else f"status {status}"
+        store = getattr(reranker.stats, "store", None)
+        if store is None:
+            checks["statistics"] = "ok"  # fixed statistics, in memory
+        else:
+            status = await _probe(reranker.session, f"{state['base']}/{store}/_search?size=0", headers, limit)
+            checks["statistics"] = {200: "ok", 404: "absent (estimated mode)"}.get(status, f"status {status}")
+    except SearchError as exc:
+        checks.setdefault("upstream", exc.type)
+        checks.setdefault("statistics", "not checked")
+    failed = {k: v for k, v in checks.items() if v != "ok" and not v.startswith("absent")}
+    if failed:
+        reason = "; ".join(f"{k}: {v}" for k, v in failed.items())
+        err = SearchError(503, "bmx_not_ready_exception", f"the rerank proxy is not ready ({reason})")
+        return web.json_response({**err.body(), "checks": checks}, status=503)
+    return web.json_response({"status": "ready", "checks": checks})
+
+
+async def _probe(session: Any, url: str, headers: Mapping[str, str], timeout: float) -> int:
+    """The status of a GET, or a 502/504 `SearchError` when the cluster does not answer HTTP in time."""
+    try:
+        async with session.request(
+            "GET", url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            return resp.status
+    except asyncio.TimeoutError as exc:
+        raise timed_out(f"no answer within {timeout}s") from exc
+    except aiohttp.ClientError as exc:
+        raise unreachable(exc.__class__.__name__) from exc
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -177,6 +261,10 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     kind = "passthrough"
     status = 0
     try:
+        if not request.raw_path.startswith("/"):  # absolute-form or `*` request target: no such route
+            raise bad_request(
+                f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
+            )
         route = search_route(request.method, request.path)
         if route is not None:
             kind, index = route
@@ -339,7 +427,7 @@ def _client_headers(request: web.Request, *, drop: Sequence[str] = ()) -> CIMult
 
 
 class _TooLarge(Exception):
-    """A search body past SEARCH_BODY_LIMIT: it goes upstream as it is, streamed, unread."""
+    """A search body past `max_body` (read or inflated): it goes upstream as sent, streamed, unread."""
 
     def __init__(self, prefix: bytes) -> None:
         super().__init__("search body too large to read")
@@ -352,27 +440,64 @@ class _TooLarge(Exception):
 
 
 async def _read_json_body(request: web.Request) -> tuple[bytes, bytes]:
-    """(raw bytes as sent, decoded bytes) of a search body; compressed bodies are inflated to look in.
+    """(raw bytes as sent, decoded bytes) of a search body; gzip and deflate bodies are inflated,
+    streamed, to look in.
 
-    Raises `_TooLarge` past SEARCH_BODY_LIMIT bytes: the cluster decides about such a body, as it would
-    without the proxy (it may well accept a large `_msearch`)."""
+    Raises `_TooLarge` once the bytes read or inflated pass `max_body`: the cluster decides about such a
+    body, as it would without the proxy (it may well accept a large `_msearch`), and it gets the bytes
+    as they were sent. A body whose encoding does not decode is a 400 (the cluster would just close the
+    connection)."""
+    limit = request.app[STATE]["config"].max_body
+    encoding = request.headers.get("Content-Encoding", "").lower().strip()
+    inflater = _Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     parts: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(CHUNK):
         parts.append(chunk)
         size += len(chunk)
-        if size > SEARCH_BODY_LIMIT:
+        if inflater is not None:
+            inflater.feed(chunk)
+        if size > limit or (inflater is not None and inflater.size > limit):
             raise _TooLarge(b"".join(parts))
     raw = b"".join(parts)
-    encoding = request.headers.get("Content-Encoding", "").lower().strip()
-    try:
-        if encoding == "gzip":
-            return raw, gzip.decompress(raw)
-        if encoding == "deflate":
-            return raw, zlib.decompress(raw)
-    except (OSError, zlib.error, EOFError):
-        return raw, b""  # let the cluster answer a broken body as it would
-    return raw, raw
+    if inflater is None or not raw:
+        return raw, raw
+    return raw, inflater.result()
+
+
+class _Inflater:
+    """Streamed gzip/deflate inflation that stops a little past `limit` bytes (a bomb never inflates)."""
+
+    def __init__(self, encoding: str, limit: int) -> None:
+        self.encoding = encoding
+        self.wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        self.limit = limit
+        self.size = 0
+        self.parts: list[bytes] = []
+        self._obj = zlib.decompressobj(self.wbits)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            while data and self.size <= self.limit:
+                if self._obj.eof:  # a further gzip member follows
+                    self._obj = zlib.decompressobj(self.wbits)
+                piece = self._obj.decompress(data, self.limit - self.size + 1)
+                self.parts.append(piece)
+                self.size += len(piece)
+                data = self._obj.unused_data if self._obj.eof else self._obj.unconsumed_tail
+        except zlib.error as exc:
+            raise self._broken() from exc
+
+    def result(self) -> bytes:
+        if not self._obj.eof:
+            raise self._broken()
+        return b"".join(self.parts)
+
+    def _broken(self) -> SearchError:
+        return bad_request(
+            f"the request body is labelled [Content-Encoding: {self.encoding}] but is not valid {self.encoding}",
+            "parse_exception",
+        )
 
 
 def _loads(data: bytes) -> Any:
@@ -390,14 +515,20 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
     state = request.app[STATE]
     config: ProxyConfig = state["config"]
     raw, decoded = await _read_json_body(request)
-    body = _loads(decoded)
+    body = await _parse(decoded)
     if body is _Unparsable or (body is not None and not isinstance(body, dict)):
         return await _forward(request, raw or None)
+    if body is not None and too_deep(body):
+        if _asks_bmx(body):
+            raise _too_deep_error()
+        return await _forward(request, raw or None)  # the cluster answers such a body for itself
     policy = match_policy(config.policies, index) if index else None
     if policy is None:
         policy = await state["applied"].policy(index, body, forwardable_headers(_client_headers(request)))
     params = {k: v for k, v in request.query.items()}
-    plan = plan_search(body, params, policy, widen_default=config.widen, skip=_unreadable_format(request))
+    plan = bounded_plan(config, body, params, policy, skip=_unreadable_format(request))
+    if plan.spec is not None and _overloaded(state):
+        plan = replace(bounded_plan(config, body, params, policy, skip="overloaded"), skipped="overloaded")
     if plan.spec is None:
         extra = {MARKER_HEADER: f"skipped; reason={plan.skipped}"} if plan.skipped else None
         if plan.body == body:  # a policy's search: its original bytes
@@ -406,6 +537,91 @@ async def _search(request: web.Request, index: str | None) -> web.StreamResponse
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
     return await _rerank_one(request, index, plan)
+
+
+def bounded_plan(
+    config: ProxyConfig,
+    body: dict[str, Any] | None,
+    params: Mapping[str, str],
+    policy: Any,
+    *,
+    skip: str | None = None,
+) -> Plan:
+    """`plan_search` within the server's bounds: a rerank the client asked for beyond them is a 400; a
+    policy's beyond them (a deep page through a drop-in policy) is not reranked at all."""
+    plan = plan_search(body, params, policy, widen_default=config.widen, skip=skip)
+    spec = plan.spec
+    if spec is None:
+        return plan
+    asked = _asks_bmx(body)
+    if spec.window_size > config.max_window:
+        if not asked:
+            return Plan(body, dict(params))
+        raise bad_request(
+            f"[bmx] [window_size] must lie in [1, {config.max_window}] (the server's --max-window), "
+            f"got {spec.window_size}"
+        )
+    if len(spec.augment.queries) > config.max_augment:
+        raise bad_request(
+            f"[bmx] [augment.queries] takes at most {config.max_augment} queries (the server's "
+            f"--max-augment), got {len(spec.augment.queries)}"
+        )
+    return plan
+
+
+def _asks_bmx(body: Any) -> bool:
+    """Whether a search body carries `ext.bmx` (read without copying it)."""
+    return isinstance(body, dict) and isinstance(body.get("ext"), dict) and "bmx" in body["ext"]
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether a JSON value nests objects/arrays deeper than `limit` (iterative: no recursion limit)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _too_deep_error() -> SearchError:
+    return bad_request(
+        f"[bmx] the request body nests deeper than [{MAX_DEPTH}] levels, more than a rerank reads",
+        "x_content_parse_exception",
+    )
+
+
+def _overloaded(state: Mapping[str, Any]) -> bool:
+    """True when `max_concurrent_reranks` reranks run already; raises the 429 when so configured."""
+    config: ProxyConfig = state["config"]
+    if state["reranks"] < config.max_concurrent_reranks:
+        return False
+    state["metrics"].reranks.labels("overloaded").inc()
+    if config.on_overload == "reject":
+        raise SearchError(
+            429,
+            "es_rejected_execution_exception",
+            f"rejected: {config.max_concurrent_reranks} reranks are running (--max-concurrent-reranks)",
+        )
+    return True
+
+
+@contextlib.contextmanager
+def _rerank_slot(state: dict[str, Any]) -> Iterator[None]:
+    state["reranks"] += 1
+    try:
+        yield
+    finally:
+        state["reranks"] -= 1
+
+
+async def _parse(data: bytes) -> Any:
+    """`_loads`, in a worker thread for large payloads."""
+    if len(data) > THREAD_BYTES:
+        return await asyncio.to_thread(_loads, data)
+    return _loads(data)
 
 
 def _unreadable_format(request: web.Request) -> str | None:
@@ -433,25 +649,27 @@ async def _rerank_one(request: web.Request, index: str, plan: Plan) -> web.Strea
     reranker: Reranker = state["reranker"]
     start = time.perf_counter()
     fwd = forwardable_headers(_client_headers(request))
-    plan = await reranker.prepare(plan)
-    side = reranker.start(index, plan, fwd)
-    try:
-        await reranker.first_stage(side, fwd)
-        url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
-        status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
-        if status == 400 and reranker.drop_probes(side):
+    with _rerank_slot(state):
+        plan = await reranker.prepare(plan)
+        side = reranker.start(index, plan, fwd)
+        try:
+            await reranker.first_stage(side, fwd)
             url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
             status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
-        data = _loads(payload) if status < 300 else _Unparsable
-        if status >= 300 or not isinstance(data, dict):
+            if status == 400 and reranker.drop_probes(side):
+                url = URL(state["base"] + request.path, encoded=False).with_query(side.params)
+                status, headers, payload = await _call(request, url, orjson.dumps(side.body), "search")
+            data = await _parse(payload) if status < 300 else _Unparsable
+            if status >= 300 or not isinstance(data, dict):
+                side.cancel()
+                return _raw_response(status, headers, payload)
+            outcome = await reranker.finish(side, data, fwd)
+        except BaseException:
             side.cancel()
-            return _raw_response(status, headers, payload)
-        outcome = await reranker.finish(side, data, fwd)
-    except BaseException:
-        side.cancel()
-        raise
-    state["metrics"].rerank_seconds.observe(time.perf_counter() - start)
-    return _json_answer(request, status, headers, outcome.body, {MARKER_HEADER: outcome.kind})
+            raise
+        state["metrics"].rerank_seconds.observe(time.perf_counter() - start)
+        big = len(payload) > THREAD_BYTES
+        return await _json_answer(request, status, headers, outcome.body, {MARKER_HEADER: outcome.kind}, big)
 
 
 async def _call(
@@ -479,7 +697,12 @@ async def _call(
     finally:
         state["metrics"].upstream_seconds.labels(call).observe(time.perf_counter() - start)
     if headers.get("Content-Encoding", "identity").lower() == "gzip":
-        payload = gzip.decompress(payload)
+        try:
+            payload = gzip.decompress(payload)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise unreachable(
+                f"{request.method} {request.path}: the cluster's answer is not valid gzip"
+            ) from exc
         headers.popall("Content-Encoding", None)
     return status, headers, payload
 
@@ -490,13 +713,24 @@ def _raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web
     return resp
 
 
-def _json_answer(
-    request: web.Request, status: int, headers: CIMultiDict[str], body: Any, extra: Mapping[str, str]
+async def _json_answer(
+    request: web.Request,
+    status: int,
+    headers: CIMultiDict[str],
+    body: Any,
+    extra: Mapping[str, str],
+    big: bool = False,
 ) -> web.Response:
-    """An answer the proxy built; indented, with a final newline, when the client asked for `pretty`."""
+    """An answer the proxy built; indented, with a final newline, when the client asked for `pretty`.
+    A `big` one is serialized in a worker thread."""
     pretty = request.query.get("pretty", "false").lower() in ("", "true")
     option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0)
-    resp = web.Response(status=status, body=orjson.dumps(body, option=option))
+    data = (
+        await asyncio.to_thread(orjson.dumps, body, option=option)
+        if big
+        else orjson.dumps(body, option=option)
+    )
+    resp = web.Response(status=status, body=data)
     resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length", "Content-Encoding")))
     if "Content-Type" not in resp.headers:
         resp.headers["Content-Type"] = "application/json"
@@ -531,61 +765,89 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
     state = request.app[STATE]
     config: ProxyConfig = state["config"]
     raw, decoded = await _read_json_body(request)
-    lines = parse_ndjson(decoded)
+    chunks = [line for line in decoded.split(b"\n") if line.strip()]
+    lines = (
+        await asyncio.to_thread(parse_ndjson, decoded)
+        if len(decoded) > THREAD_BYTES
+        else parse_ndjson(decoded)
+    )
     if lines is None or len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await _forward(request, raw or None)
-    plans: list[tuple[str | None, Plan]] = []
+    # Per item: None when it goes up as sent, else its plan (a rerank, or ext.bmx removed and why).
+    plans: list[tuple[str | None, Plan | None]] = []
     skip = _unreadable_format(request)
+    reranked, overloaded = 0, False
     for header, body in zip(lines[0::2], lines[1::2], strict=True):
         item_index = _item_index(header, index)
+        if too_deep(body):
+            if _asks_bmx(body):
+                raise _too_deep_error()
+            plans.append((item_index, None))
+            continue
         policy = match_policy(config.policies, item_index) if item_index else None
         if policy is None:
             policy = await state["applied"].policy(
                 item_index, body, forwardable_headers(_client_headers(request))
             )
-        plan = plan_search(body, {}, policy, widen_default=config.widen, skip=skip)
-        if plan.spec is not None and item_index is None:
-            raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
-        plans.append((item_index, plan))
-    if all(p.spec is None and p.body == b for (_, p), b in zip(plans, lines[1::2], strict=True)):
+        plan = bounded_plan(config, body, {}, policy, skip=skip)
+        if plan.spec is not None:
+            if item_index is None:
+                raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
+            overloaded = overloaded or (reranked == 0 and _overloaded(state))
+            reason = "overloaded" if overloaded else "max_msearch" if reranked >= config.max_msearch else None
+            if reason:
+                plan = replace(bounded_plan(config, body, {}, policy, skip=reason), skipped=reason)
+            else:
+                reranked += 1
+        unchanged = plan.spec is None and not plan.skipped and plan.body == body
+        plans.append((item_index, None if unchanged else plan))
+    if all(p is None for _, p in plans):
         return await _forward(request, raw)
     reranker: Reranker = state["reranker"]
     fwd = forwardable_headers(_client_headers(request))
-    plans = [(ix, await reranker.prepare(p)) for ix, p in plans]
-    sides: dict[int, SideCalls] = {
-        i: reranker.start(ix, p, fwd) for i, (ix, p) in enumerate(plans) if p.spec is not None and ix
-    }
-    try:
-        out = b"".join(
-            (orjson.dumps(sides[i].msearch_header(h)) + b"\n" + orjson.dumps(sides[i].body or {}) + b"\n")
-            if i in sides
-            else orjson.dumps(h) + b"\n" + orjson.dumps(p.body or {}) + b"\n"
-            for i, (h, (_, p)) in enumerate(zip(lines[0::2], plans, strict=True))
-        )
-        # As for a single search: the window needs what a filter_path may drop; it applies at the end.
-        query = dict(request.query)
-        fpath = query.pop("filter_path", None) if sides else None
-        url = URL(state["base"] + request.path, encoded=False).with_query(query)
-        status, headers, payload = await _call(request, url, out, "msearch")
-        data = _loads(payload) if status < 300 else _Unparsable
-        if status >= 300 or not isinstance(data, dict) or not isinstance(data.get("responses"), list):
+    with _rerank_slot(state) if reranked else contextlib.nullcontext():
+        plans = [(ix, p if p is None else await reranker.prepare(p)) for ix, p in plans]
+        sides: dict[int, SideCalls] = {
+            i: reranker.start(ix, p, fwd)
+            for i, (ix, p) in enumerate(plans)
+            if p is not None and p.spec is not None and ix
+        }
+        try:
+            out = b"".join(
+                (orjson.dumps(sides[i].msearch_header(h)) + b"\n" + orjson.dumps(sides[i].body or {}) + b"\n")
+                if i in sides
+                else head + b"\n" + (item if p is None else orjson.dumps(p.body or {})) + b"\n"
+                for i, (h, head, item, (_, p)) in enumerate(
+                    zip(lines[0::2], chunks[0::2], chunks[1::2], plans, strict=True)
+                )
+            )
+            # As for a single search: the window needs what a filter_path may drop; it applies at the end.
+            query = dict(request.query)
+            fpath = query.pop("filter_path", None) if sides else None
+            url = URL(state["base"] + request.path, encoded=False).with_query(query)
+            status, headers, payload = await _call(request, url, out, "msearch")
+            data = await _parse(payload) if status < 300 else _Unparsable
+            if status >= 300 or not isinstance(data, dict) or not isinstance(data.get("responses"), list):
+                for side in sides.values():
+                    side.cancel()
+                return _raw_response(status, headers, payload)
+            responses = data["responses"]
+            results = await asyncio.gather(
+                *(_msearch_item(reranker, side, responses[i], fwd) for i, side in sides.items())
+            )
+            for i, item in zip(sides, results, strict=True):
+                responses[i] = item
+            for i, (_, p) in enumerate(plans):
+                item = responses[i] if i < len(responses) else None
+                if p is not None and p.skipped and isinstance(item, dict) and "error" not in item:
+                    item["_bmx"] = {"reranked": False, "skipped": p.skipped}
+        except BaseException:
             for side in sides.values():
                 side.cancel()
-            return _raw_response(status, headers, payload)
-        responses = data["responses"]
-        results = await asyncio.gather(
-            *(_msearch_item(reranker, side, responses[i], fwd) for i, side in sides.items())
-        )
-        for i, item in zip(sides, results, strict=True):
-            responses[i] = item
-        for i, (_, p) in enumerate(plans):  # declined out loud: an item has no header of its own
-            if p.skipped and isinstance(responses[i], dict) and "hits" in responses[i]:
-                responses[i]["_bmx"] = {"reranked": False, "skipped": p.skipped}
-    except BaseException:
-        for side in sides.values():
-            side.cancel()
-        raise
-    return _json_answer(request, status, headers, filter_path.apply(data, fpath), {MARKER_HEADER: "msearch"})
+            raise
+        answer = filter_path.apply(data, fpath)
+        big = len(payload) > THREAD_BYTES
+        return await _json_answer(request, status, headers, answer, {MARKER_HEADER: "msearch"}, big)
 
 
 async def _msearch_item(reranker: Reranker, side: SideCalls, item: Any, fwd: Mapping[str, str]) -> Any:
@@ -601,34 +863,139 @@ async def _msearch_item(reranker: Reranker, side: SideCalls, item: Any, fwd: Map
 # ---- logging --------------------------------------------------------------------------------------
 
 
-class JsonLines(logging.Formatter):
-    """One JSON object per line; only the fields the code chose to log (never headers or userinfo)."""
+class JsonLines(JsonFormatter):
+    """One JSON object per line (python-json-logger): ts, level, logger, msg, the fields the code chose
+    to log, and the stack trace (`exc_info`) of an exception. Never headers, bodies or userinfo: the
+    proxy logs method, path, status, kind, timings and error classes only."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **getattr(record, "fields", {}),
-        }
-        return json.dumps(entry, default=str)
+    converter = time.gmtime
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"asctime": "ts", "levelname": "level", "name": "logger", "message": "msg"},
+            datefmt="%Y-%m-%dT%H:%M:%SZ",
+        )
+
+    def add_fields(self, log_record: dict[str, Any], record: logging.LogRecord, message_dict: dict) -> None:
+        super().add_fields(log_record, record, message_dict)
+        fields = log_record.pop("fields", None)
+        if isinstance(fields, dict):
+            log_record.update(fields)
+        log_record["level"] = record.levelname.lower()
+
+
+def json_log_handler(stream: Any) -> logging.Handler:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonLines())
+    return handler
 
 
 # ---- running --------------------------------------------------------------------------------------
 
 
+class _EsShapedErrors(web_protocol.RequestHandler):
+    """The HTTP server's own rejections (a request line or header too long, an unknown or lowercase
+    method, bad framing) in Elasticsearch's error shape instead of aiohttp's plain text."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        log.info("bad http request", extra={"fields": {"status": status, "error": exc.__class__.__name__}})
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer is under way: no error answer can follow")
+        err = http_error(status, exc)
+        resp = web.Response(status=err.status, body=orjson.dumps(err.body()), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+def http_error(status: int, exc: BaseException | None) -> SearchError:
+    """The Elasticsearch-shaped error for a request the HTTP server itself could not take."""
+    if isinstance(exc, BadHttpMethod):
+        return SearchError(405, "method_not_allowed_exception", "unexpected http method")
+    if isinstance(exc, LineTooLong):
+        if len(exc.args) > 1 and exc.args[1] == MAX_LINE:
+            return SearchError(
+                400, "too_long_http_line_exception", f"An HTTP line is larger than {MAX_LINE} bytes."
+            )
+        return SearchError(
+            400, "too_long_http_header_exception", f"HTTP header is larger than {MAX_FIELD} bytes."
+        )
+    if status == 504:
+        return timed_out("the request took too long")
+    if status >= 500:
+        return SearchError(500, "bmx_proxy_exception", "the rerank proxy failed to handle the request")
+    return SearchError(
+        status, "bad_http_request_exception", f"malformed HTTP request ({exc.__class__.__name__})"
+    )
+
+
+class _Server(web_server.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _EsShapedErrors(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """An AppRunner whose connections answer protocol errors in Elasticsearch's shape."""
+
+    async def _make_server(self) -> web_server.Server:
+        plain = await super()._make_server()
+        # aiohttp builds its Server in Application._make_handler; this one only swaps the protocol.
+        return _Server(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            **plain._kwargs,
+        )
+
+
 async def start_server(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> tuple[web.AppRunner, str]:
     """Run `app` in this event loop (port 0: an ephemeral port); returns the runner and the base URL
     (https with `ssl_context`, see `nodes.server_ssl`).
 
     Request bodies are not decompressed by the server, so compressed bodies pass through untouched."""
-    runner = web.AppRunner(app, auto_decompress=False, access_log=None)
+    runner = _Runner(
+        app, auto_decompress=False, access_log=None, max_line_size=MAX_LINE, max_field_size=MAX_FIELD
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, reuse_port=reuse_port or None)
     await site.start()
     sock = site._server.sockets[0]  # type: ignore[union-attr]
     bound_host, bound_port = sock.getsockname()[:2]
     return runner, f"{'https' if ssl_context else 'http'}://{bound_host}:{bound_port}"
+
+
+def serve_forever(
+    app: web.Application,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
+) -> None:
+    """Run the proxy until SIGINT or SIGTERM, then close its connections and sessions (`reuse_port`:
+    several worker processes share the port)."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runner, _ = await start_server(app, host, port, ssl_context=ssl_context, reuse_port=reuse_port)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())

@@ -21,6 +21,7 @@ from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
 # Sidecar-originated reads are idempotent: a dropped connection is retried a few times, quickly.
 # Client requests are never retried (a retried write could apply twice).
 DEFAULT_ATTEMPTS = 3
+THREAD_BYTES = 1 << 20  # answers above this size are parsed in a worker thread
 
 # Only term frequencies: statistics, positions and offsets cost the cluster time and are not needed.
 TERM_VECTOR_PARAMETERS = {
@@ -115,6 +116,8 @@ async def request_json(
             payload = await resp.read()
             if resp.status >= 400:
                 raise _upstream_error(resp.status, payload, resp.content_type)
+            if len(payload) > THREAD_BYTES:  # a large answer is parsed off the event loop
+                return await asyncio.to_thread(orjson.loads, payload)
             return orjson.loads(payload) if payload else None
     except asyncio.TimeoutError as exc:
         raise timed_out(f"{method} {_path(url)} took longer than {timeout}s") from exc

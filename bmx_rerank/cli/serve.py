@@ -1,40 +1,85 @@
-"""`bmx-rerank serve`: run the rerank proxy in front of a cluster."""
+"""`bmx-rerank serve`: run the rerank proxy in front of a cluster.
+
+Every value is checked before anything starts: a bad one is a one-line usage error, never a traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import multiprocessing
+import re
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
-from aiohttp import web
 
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
-from bmx_rerank.proxy import JsonLines, ProxyConfig, make_app
+from bmx_rerank.proxy import ProxyConfig, json_log_handler, make_app, serve_forever
+from bmx_rerank.rerank.candidates import DEFAULT_CACHE_BYTES, IDENTITY_HEADERS
+from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.store import DEFAULT_STORE
 
 ENV_PREFIX = "BMX_RERANK"  # every option also from BMX_RERANK_<OPTION>, e.g. BMX_RERANK_UPSTREAM
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+}
+POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    """HOST:PORT (an IPv6 host in brackets: [::1]:9400)."""
+    """HOST:PORT (an IPv6 host in brackets: [::1]:9400), port 1-65535."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    if not 1 <= int(port) <= 65535:
+        raise click.BadParameter(f"the port must lie in [1, 65535], got {port}")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def statistics_source(check_interval: float, store: str = DEFAULT_STORE):
+class ByteSize(click.ParamType):
+    """A size in bytes: 1048576, 64MiB, 1GB."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in SIZE_UNITS:
+            self.fail(f"expected a size such as 1048576, 64MiB or 1GB, got {value!r}", param, ctx)
+        return int(match.group(1)) * SIZE_UNITS[unit]
+
+
+def statistics_source(
+    check_interval: float,
+    store: str = DEFAULT_STORE,
+    timeout: float = 60.0,
+    identity: Sequence[str] = IDENTITY_HEADERS,
+):
     """The cluster-backed statistics cache (bmx_rerank.stats.cache), built per session at startup."""
     from bmx_rerank.stats.cache import StatsCache
 
-    return lambda session, base_url: StatsCache(session, base_url, check_interval=check_interval, store=store)
+    return lambda session, base_url: StatsCache(
+        session,
+        base_url,
+        check_interval=check_interval,
+        store=store,
+        timeout=timeout,
+        identity_headers=identity,
+    )
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -129,9 +174,14 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     show_default=True,
     help="When reranking fails: answer in the cluster's order with a marker, or fail the search.",
 )
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the cluster.")
-@click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to connect to the cluster.")
-@click.option("--cache-size", default=100_000, show_default=True, help="Term-vector cache entries.")
+@click.option("--timeout", type=POSITIVE, default=60.0, help="Seconds to wait for the cluster.")
+@click.option("--connect-timeout", type=POSITIVE, default=10.0, help="Seconds to connect to the cluster.")
+@click.option(
+    "--cache-bytes",
+    type=ByteSize(),
+    default=DEFAULT_CACHE_BYTES,
+    help="Term-vector cache size (estimated bytes; 0 disables it), e.g. 256MiB.",
+)
 @click.option(
     "--widen/--no-widen",
     default=True,
@@ -139,7 +189,10 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Let augmented queries (WQA) join the first-stage query.",
 )
 @click.option(
-    "--stats-check-interval", default=5.0, show_default=True, help="Seconds between staleness checks."
+    "--stats-check-interval",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    help="Seconds between staleness checks.",
 )
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option(
@@ -154,7 +207,39 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     default="auto",
     help="Event loop: uvloop (faster, see benchmarks/RESULTS.md) where installed, else asyncio's.",
 )
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--max-body",
+    type=ByteSize(),
+    default=64 << 20,
+    help="Search/msearch body bytes read (after decompression); a larger body goes to the cluster unread.",
+)
+@click.option(
+    "--max-window", type=click.IntRange(1, MAX_WINDOW), default=MAX_WINDOW, help="Largest rerank window."
+)
+@click.option("--max-augment", type=click.IntRange(min=0), default=64, help="Augmented queries per search.")
+@click.option("--max-msearch", type=click.IntRange(min=1), default=100, help="Items reranked per _msearch.")
+@click.option(
+    "--max-concurrent-reranks",
+    type=click.IntRange(min=1),
+    default=32,
+    help="Reranks running at once; beyond them --on-overload applies.",
+)
+@click.option(
+    "--on-overload",
+    type=click.Choice(["fallback", "reject"]),
+    default="fallback",
+    help="Past --max-concurrent-reranks: the cluster's own answer (marked), or 429.",
+)
+@click.option(
+    "--identity-header",
+    "identity_headers",
+    multiple=True,
+    metavar="NAME",
+    help="A header that tells callers apart (repeatable; replaces the default list: "
+    + ", ".join(IDENTITY_HEADERS)
+    + ").",
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info")
 def command(
     upstream: tuple[str, ...],
     upstream_ca: str | None,
@@ -169,12 +254,19 @@ def command(
     on_rerank_error: str,
     timeout: float,
     connect_timeout: float,
-    cache_size: int,
+    cache_bytes: int,
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
     workers: int,
     loop: str,
+    max_body: int,
+    max_window: int,
+    max_augment: int,
+    max_msearch: int,
+    max_concurrent_reranks: int,
+    on_overload: str,
+    identity_headers: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Run the rerank proxy: point clients at --listen instead of the cluster.
@@ -182,21 +274,27 @@ def command(
     Every option may also come from the environment, BMX_RERANK_<OPTION> (BMX_RERANK_UPSTREAM,
     BMX_RERANK_UPSTREAM_CA, BMX_RERANK_POLICIES, ...), or from --config; the command line wins, then
     the environment, then the file."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines())
-    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
+    if max_body < 1:
+        raise click.BadParameter("must be at least 1 byte", param_hint="--max-body")
     try:
         rules = parse_rules(policies, widen_default=widen)
         if policy_file:
             rules += load_rules(policy_file, widen_default=widen)
     except PolicyError as exc:
         raise click.BadParameter(str(exc), param_hint="--policy") from exc
+    for rule in rules:
+        if rule.spec.window_size > max_window:
+            raise click.BadParameter(
+                f"a policy's window_size {rule.spec.window_size} exceeds --max-window {max_window}",
+                param_hint="--policy",
+            )
     host, port = parse_listen(listen)
     try:
         nodes = parse_nodes(upstream)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--upstream") from exc
     listener = listener_ssl(tls_cert, tls_key)
+    identity = identity_headers or IDENTITY_HEADERS
     config = ProxyConfig(
         upstream=nodes,
         upstream_ca=upstream_ca,
@@ -207,13 +305,20 @@ def command(
         on_rerank_error=on_rerank_error,
         timeout=timeout,
         connect_timeout=connect_timeout,
-        cache_size=cache_size,
+        cache_bytes=cache_bytes,
         widen=widen,
+        max_body=max_body,
+        max_window=max_window,
+        max_augment=max_augment,
+        max_msearch=max_msearch,
+        max_concurrent_reranks=max_concurrent_reranks,
+        on_overload=on_overload,
+        identity_headers=identity,
     )
+    logging.basicConfig(level=log_level.upper(), handlers=[json_log_handler(sys.stderr)], force=True)
+    stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity)
     try:
-        make_app(
-            config, statistics_source(stats_check_interval, stats_index)
-        )  # checked here, made per worker
+        make_app(config, stats_source)  # checked here, made per worker
     except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: a bad CA bundle or key pair
         raise click.BadParameter(str(exc), param_hint="--upstream-ca/--upstream-cert/--upstream-key") from exc
     fields = {"listen": f"{'https' if listener else 'http'}://{host}:{port}", "upstream": list(nodes)}
@@ -221,18 +326,14 @@ def command(
 
     def serve() -> None:
         install_loop(loop)
-        web.run_app(
-            make_app(config, statistics_source(stats_check_interval, stats_index)),
-            host=host,
-            port=port,
-            ssl_context=listener,
-            print=None,
-            auto_decompress=False,
-            access_log=None,
-            reuse_port=workers > 1 or None,
+        serve_forever(
+            make_app(config, stats_source), host, port, ssl_context=listener, reuse_port=workers > 1
         )
 
-    run_workers(serve, workers)
+    try:
+        run_workers(serve, workers)
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def install_loop(kind: str) -> str:

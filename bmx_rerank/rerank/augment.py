@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ log = logging.getLogger("bmx_rerank.augment")
 
 PROVIDERS = ("given", "prf", "llm")
 OPTION_LIMITS = {"docs": (1, 1000), "terms": (1, 100), "count": (1, 20)}
+WEIGHT_RANGE = (0.0, 100.0)  # of each augmented query, and of the generated ones: no score overflows
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,9 @@ def parse_augment(raw: Any, where: str) -> Augment:
             f"[{where}] [augment.weights] must have one weight per query: "
             f"{len(weights)} weights for {len(queries)} queries"
         )
-    if any(not math.isfinite(w) or w < 0 for w in weights):
-        raise bad_request(f"[{where}] [augment.weights] must be finite numbers >= 0")
+    low, high = WEIGHT_RANGE
+    if any(not low <= w <= high for w in weights):  # also refuses NaN and infinities
+        raise bad_request(f"[{where}] [augment.weights] must be numbers in [{low:g}, {high:g}]")
     values: dict[str, Any] = {}
     for name, (low, high) in OPTION_LIMITS.items():
         if name in raw:
@@ -111,8 +112,10 @@ def parse_augment(raw: Any, where: str) -> Augment:
             values[name] = value
     if "weight" in raw:
         value = raw["weight"]
-        if not _is_number(value) or not math.isfinite(value) or value < 0:
-            raise bad_request(f"[{where}] [augment.weight] must be a finite number >= 0")
+        if not _is_number(value) or not WEIGHT_RANGE[0] <= value <= WEIGHT_RANGE[1]:
+            raise bad_request(
+                f"[{where}] [augment.weight] must be a number in [{WEIGHT_RANGE[0]:g}, {WEIGHT_RANGE[1]:g}]"
+            )
         values["weight"] = float(value)
     return Augment(tuple(queries), tuple(float(w) for w in weights), provider, **values)
 

@@ -6,30 +6,49 @@ every request. Why each part is there:
 - index, id, _seq_no, _primary_term: one version of one document (the id picks the shard, the primary
   term and sequence number the operation on it). A document's terms change only when these do, so an
   entry is never stale, only unused. (Except across a deleted and re-created index of the same name,
-  whose new documents start again at _seq_no 0, _primary_term 1: keep --cache-size in mind there.)
+  whose new documents start again at _seq_no 0, _primary_term 1: keep --cache-bytes in mind there.)
 - Only hits of the caller's own first-stage search are looked up, so document-level security is
   honoured: a caller never gets the terms of a document it could not read.
-- caller (a digest of the credentials the sidecar forwards): field-level security can hide a field of
-  a document from one caller and not from another. The same document version then has different term
-  vectors per caller (none at all for the one who may not see the field), so entries are never shared
-  between different credentials. Callers with the same credentials share them.
-- field: the terms of one field."""
+- caller (a digest of the caller's authentication headers, `IDENTITY_HEADERS`): field-level security
+  can hide a field of a document from one caller and not from another. The same document version then
+  has different term vectors per caller (none at all for the one who may not see the field), so
+  entries are never shared between different credentials. Callers with the same credentials share
+  them; headers that vary per request (X-Request-Id, X-Opaque-Id, traceparent) are not identity.
+- field: the terms of one field.
+
+The cache is bounded in bytes (an estimate of each entry's Python objects), not entries: one entry of
+a long document weighs as much as thousands of short ones."""
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocRef, DocTerms
 
 CacheKey = tuple[str, str, str, int, int, str]
-# Per-request headers that say nothing about who is asking: not part of the caller's identity.
-NOT_IDENTITY = frozenset(("x-opaque-id", "traceparent", "tracestate"))
+# The headers that say who is asking, on Elasticsearch and OpenSearch: credentials (basic, bearer, API
+# key, cookies), secondary authorization, run-as and impersonation, proxy authentication. Configurable
+# (`serve --identity-header`) for a cluster that authenticates with a header of its own.
+IDENTITY_HEADERS = (
+    "authorization",
+    "cookie",
+    "es-secondary-authorization",
+    "es-security-runas-user",
+    "opendistro_security_impersonate_as",
+    "securitytenant",
+    "x-proxy-user",
+    "x-proxy-roles",
+    "x-forwarded-for",
+)
+DEFAULT_CACHE_BYTES = 256 << 20
+ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
+TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 
 
 def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
@@ -43,9 +62,11 @@ def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
     return refs
 
 
-def caller(headers: Mapping[str, str]) -> str:
-    """Who is asking, as a digest of the headers the sidecar forwards (never the credentials themselves)."""
-    items = sorted((k.lower(), v) for k, v in headers.items() if k.lower() not in NOT_IDENTITY)
+def caller(headers: Mapping[str, str], names: Iterable[str] = IDENTITY_HEADERS) -> str:
+    """Who is asking: a digest of the authentication headers among `headers` (never the credentials
+    themselves). Anonymous callers (no such header) share one identity, as they share their rights."""
+    wanted = {n.lower() for n in names}
+    items = sorted((k.lower(), v) for k, v in headers.items() if k.lower() in wanted)
     return hashlib.sha256(repr(items).encode()).hexdigest()
 
 
@@ -58,28 +79,31 @@ def cache_key(hit: Mapping[str, Any], field: str, who: str) -> CacheKey | None:
     return (who, hit["_index"], str(hit["_id"]), seq, term, field)
 
 
-class TermVectorCache:
-    """A bounded LRU map from `CacheKey` to a document's term frequencies and length."""
+def entry_bytes(terms: DocTerms) -> int:
+    """Estimated memory of one cached document's term frequencies."""
+    return ENTRY_OVERHEAD + sum(TERM_BYTES + len(t) for t in terms.tf)
 
-    def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[CacheKey, DocTerms] = OrderedDict()
+
+class TermVectorCache:
+    """An LRU map from `CacheKey` to a document's term frequencies, bounded in (estimated) bytes."""
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._items: LRUCache[CacheKey, DocTerms] = LRUCache(max(1, max_bytes), getsizeof=entry_bytes)
 
     def get(self, key: CacheKey | None) -> DocTerms | None:
-        if key is None or self.capacity <= 0:
+        if key is None or self.max_bytes <= 0:
             return None
-        found = self._items.get(key)
-        if found is not None:
-            self._items.move_to_end(key)
-        return found
+        return self._items.get(key)
 
     def put(self, key: CacheKey | None, terms: DocTerms) -> None:
-        if key is None or self.capacity <= 0 or not terms.found:
-            return
+        if key is None or self.max_bytes <= 0 or not terms.found or entry_bytes(terms) > self.max_bytes:
+            return  # a document bigger than the whole cache is not kept
         self._items[key] = terms
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+
+    @property
+    def bytes(self) -> int:
+        return int(self._items.currsize)
 
     def __len__(self) -> int:
         return len(self._items)

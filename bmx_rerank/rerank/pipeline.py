@@ -23,7 +23,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, tf_probe
 from bmx_rerank.rerank.analysis_cache import AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, doc_refs
+from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, TermVectorCache, cache_key, caller, doc_refs
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Node, Text, fields, leaves
@@ -45,6 +45,8 @@ ON_ERROR = ("fallback", "fail")
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
 Pair = tuple[str, str]  # (field, text): one text analysed with one field's search analyzer
+THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
+TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 
 
 @dataclass
@@ -134,6 +136,7 @@ class Reranker:
         lengths: tf_probe.LengthCache | None = None,
         analyses: AnalysisCache | None = None,
         probes: bool = True,
+        identity_headers: Sequence[str] = IDENTITY_HEADERS,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -144,7 +147,8 @@ class Reranker:
         self.cache = cache if cache is not None else TermVectorCache()
         self.timeout = timeout
         self.on_error = on_error
-        self._analyzers: dict[tuple[str, str], tuple[float, str | None]] = {}
+        self.identity_headers = tuple(identity_headers)
+        self._analyzers: TTLCache[tuple[str, str], str | None] = TTLCache(ANALYZER_CACHE, ANALYZER_TTL)
         if llm is None and (llm_config := LLMConfig.from_env()) is not None:
             llm = LLMProvider(llm_config)
         self.llm = llm
@@ -176,8 +180,7 @@ class Reranker:
         if _single_index(index_expr):
             tokens = asyncio.ensure_future(self._tokens(index_expr, plan, headers))
         stats = {
-            f: asyncio.ensure_future(self._timed("stats", self.stats.get(index_expr, f, headers)))
-            for f in fields(scoring_tree(plan))
+            f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(scoring_tree(plan))
         }
         body, params = window_request(index_expr, plan)
         return SideCalls(index_expr, plan, tokens, stats, body, params)
@@ -236,6 +239,11 @@ class Reranker:
                     self._named_scores = False
                 return False
         return self._named_scores
+
+    async def _stats(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
+        # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
+        # leaves no coroutine that was never awaited.
+        return await self._timed("stats", self.stats.get(index_expr, field, headers))
 
     async def finish(
         self, side: SideCalls, response: Mapping[str, Any], headers: Mapping[str, str]
@@ -314,11 +322,16 @@ class Reranker:
         if spec.augment.provider == "prf":
             augmented, weights, tokens = await self._feedback(tree, views, corpus, docs, tokens, spec)
             marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
-        folded = score_tree(tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
+        args = (tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
+        big = len(hits) >= THREAD_HITS  # a large window: scoring and packing must not hold the event loop
+        folded = await asyncio.to_thread(score_tree, *args) if big else score_tree(*args)
         if not folded.matched.any() and (getattr(spec, "combine", None) or "replace") == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
-        return pack(response, [hits[i] for i in alive], folded, plan, marker)
+        kept = [hits[i] for i in alive]
+        if big:
+            return await asyncio.to_thread(pack, response, kept, folded, plan, marker)
+        return pack(response, kept, folded, plan, marker)
 
     async def _feedback(self, tree, views, corpus, docs, tokens, spec) -> tuple[list, list, dict]:
         """PRF: expansion terms from the window's best documents under the original query (see
@@ -383,9 +396,8 @@ class Reranker:
         remembered: one caller without view_index_metadata (or a missing index) must not decide the
         analyzer of the others, nor fill the memory with names of indices that do not exist."""
         key = (index, field)
-        cached = self._analyzers.get(key)
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
+        if key in self._analyzers:
+            return self._analyzers[key]
         try:
             name = await self._timed(
                 "mapping", search_analyzer(self.session, self.base_url, index, field, headers, self.timeout)
@@ -396,10 +408,7 @@ class Reranker:
             if exc.status not in (400, 401, 403, 404, 405):
                 raise
             return None
-        self._analyzers.pop(key, None)
-        self._analyzers[key] = (time.monotonic() + ANALYZER_TTL, name)
-        while len(self._analyzers) > ANALYZER_CACHE:
-            del self._analyzers[next(iter(self._analyzers))]
+        self._analyzers[key] = name
         return name
 
     async def _analyze(
@@ -425,7 +434,7 @@ class Reranker:
         between). A changed document's terms are not cached: they are not the hit's version, and
         `_mtermvectors` does not say which `_seq_no` they are (the next search's hit will)."""
         refs = doc_refs(hits)
-        who = caller(headers)
+        who = caller(headers, self.identity_headers)
         found: list[dict[str, DocTerms]] = []
         for hit in hits:
             cached = {f: self.cache.get(cache_key(hit, f, who)) for f in names}
@@ -435,18 +444,25 @@ class Reranker:
         self.metrics.cache.labels("miss").inc(len(hits) * len(names) - sum(len(d) for d in found))
         gone: set[int] = set()
         if missing:
-            fetched = await self._timed(
-                "termvectors",
-                mtermvectors_fields(
-                    self.session,
-                    self.base_url,
-                    [refs[i] for i in missing],
-                    names,
-                    headers,
-                    self.timeout,
-                    realtime=False,  # the refreshed view the hits (and their _seq_no) come from
-                ),
+            batches = [missing[i : i + TERMVECTOR_BATCH] for i in range(0, len(missing), TERMVECTOR_BATCH)]
+            parts = await asyncio.gather(
+                *(
+                    self._timed(
+                        "termvectors",
+                        mtermvectors_fields(
+                            self.session,
+                            self.base_url,
+                            [refs[i] for i in batch],
+                            names,
+                            headers,
+                            self.timeout,
+                            realtime=False,  # the refreshed view the hits (and their _seq_no) come from
+                        ),
+                    )
+                    for batch in batches
+                )
             )
+            fetched = [terms for part in parts for terms in part]
             for i, by_field in zip(missing, fetched, strict=True):
                 if not _same_version(hits[i], by_field.values()):
                     gone.add(i)

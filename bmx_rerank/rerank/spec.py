@@ -12,12 +12,24 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
-from bmx_rerank.rerank.augment import Augment, parse_augment
+from bmx_rerank.rerank.augment import WEIGHT_RANGE, Augment, parse_augment
 from bmx_rerank.rerank.query import parse_field
 from bmx_rerank.scoring import MODES, NORMALIZATIONS, WQA_MODES, Request
 
 DEFAULT_WINDOW = 100
 MAX_WINDOW = 10_000  # Elasticsearch's index.max_result_window default: a bigger window fails upstream anyway
+# Finite ranges of the numeric parameters (docs/proxy.md): wide enough for any tuning, narrow enough
+# that no score can overflow a float64 (alpha = beta = 1e308 would give inf and NaN scores).
+RANGES: dict[str, tuple[float, float]] = {
+    "alpha": (0.0, 100.0),
+    "beta": (0.0, 100.0),
+    "k1": (0.0, 100.0),
+    "b": (0.0, 1.0),
+    "min_score": (-1e9, 1e9),
+    "weights": WEIGHT_RANGE,  # augment.weights and augment.weight (checked in `augment`)
+    "weight": (0.0, 1.0),
+    "boost": (0.0, 100.0),  # of a field in [fields]: title^2
+}
 
 COMBINE = ("replace", "linear", "rrf")
 MAX_FIELDS = 32
@@ -115,22 +127,16 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
     if raw.get("combine") is not None:
         values["combine"] = _choice(raw, "combine", where, COMBINE)
     if raw.get("weight") is not None:
-        values["weight"] = _number(raw, "weight", where, minimum=0.0)
-        if values["weight"] > 1:
-            raise bad_request(f"[{where}] [weight] must lie in [0, 1], got {values['weight']}")
+        values["weight"] = _number(raw, "weight", where)
     if raw.get("rank_constant") is not None:
         values["rank_constant"] = _integer(raw, "rank_constant", where, 1, 1_000_000)
     if raw.get("query") is not None:
         values["query"] = _string(raw, "query", where, allow_empty=True)
     if "window_size" in raw:
         values["window_size"] = _integer(raw, "window_size", where, 1, MAX_WINDOW)
-    for name in ("alpha", "beta", "k1", "b"):
+    for name in ("alpha", "beta", "k1", "b", "min_score"):
         if raw.get(name) is not None:
-            values[name] = _number(raw, name, where, minimum=0.0)
-    if "b" in values and values["b"] > 1:
-        raise bad_request(f"[{where}] [b] must lie in [0, 1], got {values['b']}")
-    if raw.get("min_score") is not None:
-        values["min_score"] = _number(raw, "min_score", where, minimum=None)
+            values[name] = _number(raw, name, where)
     if "normalize" in raw:
         values["normalize"] = (
             "none" if raw["normalize"] is None else _choice(raw, "normalize", where, NORMALIZATIONS)
@@ -163,6 +169,12 @@ def _fields(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]
         fields = tuple(parse_field(f) for f in value)
     except ValueError as exc:
         raise bad_request(f"[{where}] [fields] {exc}") from None
+    low, high = RANGES["boost"]
+    for name, boost in fields:
+        if not low <= boost <= high:
+            raise bad_request(
+                f"[{where}] [fields] the boost of [{name}] must be a number in [{low:g}, {high:g}]"
+            )
     names = [name for name, _ in fields]
     if any("*" in name for name in names):
         raise bad_request(f"[{where}] [fields] must name fields, not patterns: statistics are per field")
@@ -189,14 +201,17 @@ def _integer(raw: Mapping[str, Any], name: str, where: str, low: int, high: int)
     return value
 
 
-def _number(raw: Mapping[str, Any], name: str, where: str, minimum: float | None) -> float:
+def _number(raw: Mapping[str, Any], name: str, where: str) -> float:
     value = raw[name]
     if not _is_number(value):
         raise _parse_error(f"[{where}] [{name}] expected a number, got {_kind(value)}")
-    value = float(value)
-    if not math.isfinite(value) or (minimum is not None and value < minimum):
-        bound = "" if minimum is None else f" >= {minimum:g}"
-        raise bad_request(f"[{where}] [{name}] must be a finite number{bound}, got {value}")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond float64
+        value = math.inf
+    low, high = RANGES[name]
+    if not low <= value <= high:  # also rejects NaN
+        raise bad_request(f"[{where}] [{name}] must be a number in [{low:g}, {high:g}], got {value}")
     return value
 
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
+from cachetools import LRUCache
 
-from bmx_rerank.errors import SearchError, UpstreamError
+from bmx_rerank.errors import SearchError, UpstreamError, timed_out
+from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, caller
 from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
@@ -23,6 +25,9 @@ from bmx_rerank.stats.store import DEFAULT_STORE, SnapshotInfo
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
 
 log = logging.getLogger(__name__)
+
+MAX_ENTRIES = 4096  # (caller, expression, field) views kept at most
+_Key = tuple[str, str, str]  # (caller digest, index expression, field)
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,18 @@ class _Estimate:
 
 
 class StatsCache:
-    """Statistics per (index expression, field) for the proxy: loaded once, checked for drift at most
-    every `check_interval` seconds (pointer + markers: two small calls), reloaded when another sidecar
-    published a new snapshot. Loaded snapshots are shared between expressions naming the same index."""
+    """Statistics per (caller, index expression, field) for the proxy.
+
+    Per caller: an expression such as `logs-*` resolves to the indices that caller may search (the
+    cluster resolves `_field_caps` with its credentials), so one caller's sums never answer another
+    with different rights, and estimated-mode numbers (fetched under the caller's document-level
+    security) are never shared. Callers are told apart by a digest of their authentication headers.
+
+    Each view is checked for drift at most every `check_interval` seconds (pointer + markers: two
+    small calls), reloaded when another sidecar published a new snapshot. Past the interval the cached
+    view is served at once while one background refresh runs; only a caller with no view waits, and
+    never longer than `timeout`. Loaded snapshots are shared by snapshot id: a caller reaches one only
+    through a pointer it read with its own credentials."""
 
     def __init__(
         self,
@@ -81,6 +95,9 @@ class StatsCache:
         store: str = DEFAULT_STORE,
         estimator: str = estimate.DEFAULT_ESTIMATOR,
         clock: Callable[[], float] = time.monotonic,
+        timeout: float = 60.0,
+        identity_headers: Sequence[str] = IDENTITY_HEADERS,
+        max_entries: int = MAX_ENTRIES,
     ) -> None:
         self.session = session
         self.base_url = base_url.rstrip("/")
@@ -88,38 +105,74 @@ class StatsCache:
         self.store = store
         self.estimator = estimate.ESTIMATORS[estimator]
         self.clock = clock
-        self._entries: dict[tuple[str, str], _Entry] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.timeout = timeout
+        self.identity_headers = tuple(identity_headers)
+        self._entries: LRUCache[_Key, _Entry] = LRUCache(max_entries)
+        self._refreshing: dict[_Key, asyncio.Task[_Entry]] = {}
         self._loaded: dict[str, CorpusStats] = {}  # snapshot id -> statistics
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
-        """Statistics for an index expression (name, alias, or pattern) and field, summed over its
-        indices; loads from the store, caches in memory, checks drift at most every check_interval s;
-        falls back to the estimated mode when no snapshot exists. Uses the caller's headers for every
-        cluster call."""
-        key = (index_expr, field)
+        """Statistics for an index expression (name, alias, or pattern) and field, summed over the
+        indices the caller may search; loads from the store, caches in memory, checks drift at most
+        every check_interval s; falls back to the estimated mode when no snapshot exists. Uses the
+        caller's headers for every cluster call."""
+        key = (caller(headers, self.identity_headers), index_expr, field)
         entry = self._entries.get(key)
-        if entry is not None and self.clock() - entry.checked_at < self.check_interval:
+        if entry is not None:
+            if self.clock() - entry.checked_at >= self.check_interval:
+                self._refresh(key, headers, entry)  # in the background: this search gets the view now
             return self._for_caller(index_expr, field, headers, entry)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:  # one check per key at a time; waiters reuse its result
-            entry = self._entries.get(key)
-            if entry is not None and self.clock() - entry.checked_at < self.check_interval:
-                return self._for_caller(index_expr, field, headers, entry)
+        # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
+        # does not cancel it for the others.
+        fresh = await asyncio.shield(self._refresh(key, headers, None))
+        return self._for_caller(index_expr, field, headers, fresh)
+
+    async def settled(self) -> None:
+        """Wait for the background refreshes under way (tests, shutdown)."""
+        while self._refreshing:
+            await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
+
+    def _refresh(self, key: _Key, headers: Mapping[str, str], old: _Entry | None) -> asyncio.Task[_Entry]:
+        """The refresh of `key` under way, or a new one: never two at once for one key."""
+        task = self._refreshing.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._refreshed(key, dict(headers), old))
+            self._refreshing[key] = task
+            task.add_done_callback(lambda t: self._done(key, t))
+        return task
+
+    def _done(self, key: _Key, task: asyncio.Task[_Entry]) -> None:
+        if self._refreshing.get(key) is task:
+            del self._refreshing[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: a background failure was handled (or raised to the waiters)
+
+    async def _refreshed(self, key: _Key, headers: Mapping[str, str], old: _Entry | None) -> _Entry:
+        _, index_expr, field = key
+        try:
             try:
-                fresh = await self._check(index_expr, field, headers, entry)
-            except SearchError as exc:
-                if entry is None or isinstance(exc, UpstreamError) or exc.status not in (502, 504):
-                    raise
+                fresh = await asyncio.wait_for(self._check(index_expr, field, headers, old), self.timeout)
+            except asyncio.TimeoutError as exc:
+                raise timed_out(
+                    f"statistics of [{index_expr}] field [{field}] took longer than {self.timeout}s"
+                ) from exc
+        except SearchError as exc:
+            transient = not isinstance(exc, UpstreamError) and exc.status in (502, 504)
+            if old is not None and transient:
                 # The cluster did not answer the check: keep serving what we have (the statistics of
                 # a moment ago beat none) and try again after the next interval.
                 log.warning(
                     "statistics check failed, serving the cached view", extra={"fields": {"error": exc.type}}
                 )
-                entry.checked_at = self.clock()
-                return self._for_caller(index_expr, field, headers, entry)
-            self._entries[key] = fresh
-            return self._for_caller(index_expr, field, headers, fresh)
+                old.checked_at = self.clock()
+                return old
+            if (
+                old is not None
+            ):  # the cluster said no (rights revoked, index gone): the next search asks again
+                self._entries.pop(key, None)
+            raise
+        self._entries[key] = fresh
+        return fresh
 
     async def _check(
         self, index_expr: str, field: str, headers: Mapping[str, str], old: _Entry | None
@@ -187,9 +240,17 @@ class StatsCache:
             assert est is not None
             missing = sorted({t for t in wanted if t not in est.df})
             if missing:
-                got = await estimate.estimate_terms(
-                    self.session, self.base_url, index_expr, entry.indices, field, missing, headers
-                )
+                try:
+                    got = await asyncio.wait_for(
+                        estimate.estimate_terms(
+                            self.session, self.base_url, index_expr, entry.indices, field, missing, headers
+                        ),
+                        self.timeout,
+                    )
+                except asyncio.TimeoutError as exc:
+                    raise timed_out(
+                        f"term statistics of [{index_expr}] took longer than {self.timeout}s"
+                    ) from exc
                 for term, (d, t) in got.items():
                     est.df[term] = d
                     est.ttf[term] = t

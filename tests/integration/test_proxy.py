@@ -331,7 +331,7 @@ def test_unrefreshed_updates_do_not_leak_into_scores(engine: EngineClient):
     stats = FixedStats(
         {(index, "body"): CorpusStats.from_documents([{"t1": 1, "t2": 1}, {"t1": 1, "t3": 2}])}
     )
-    proxy = ProxyThread(engine.url, stats, cache_size=0)  # no cache: every search reads term vectors
+    proxy = ProxyThread(engine.url, stats, cache_bytes=0)  # no cache: every search reads term vectors
     body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t1", "explain": True}}}
     try:
         before = _via(engine, proxy).ok("POST", f"/{index}/_search", body)["hits"]["hits"]

@@ -301,8 +301,7 @@ async def test_large_bodies_stream_through_beyond_the_search_body_limit(proxy, c
 
 async def test_a_search_body_past_the_read_limit_goes_upstream_unread(cluster, client, monkeypatch):
     fake, upstream = cluster
-    monkeypatch.setattr("bmx_rerank.proxy.SEARCH_BODY_LIMIT", 1000)
-    runner, url = await run_proxy(upstream)
+    runner, url = await run_proxy(upstream, max_body=1000)
     try:
         search = {"size": 2, "pad": "x" * 5000, "ext": {"bmx": {"field": "body", "query": "t0"}}}
         status, headers, body = await post(client, f"{url}/docs/_search", search)

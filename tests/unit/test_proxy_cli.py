@@ -37,16 +37,16 @@ def test_missing_upstream_is_a_usage_error():
 
 @pytest.fixture
 def served(monkeypatch):
-    """What `serve` would run: the app's state and web.run_app's arguments, without serving."""
+    """What `serve` would run: the app's state and serve_forever's arguments, without serving."""
     from bmx_rerank.cli import serve as serve_module
     from bmx_rerank.proxy import STATE
 
     seen: dict = {}
 
-    def fake_run_app(app, **kwargs):
-        seen.update(state=app[STATE], **kwargs)
+    def fake_serve(app, host, port, ssl_context=None, reuse_port=False):
+        seen.update(state=app[STATE], host=host, port=port, ssl_context=ssl_context, reuse_port=reuse_port)
 
-    monkeypatch.setattr(serve_module.web, "run_app", fake_run_app)
+    monkeypatch.setattr(serve_module, "serve_forever", fake_serve)
     for name in list(__import__("os").environ):
         if name.startswith("BMX_RERANK_"):
             monkeypatch.delenv(name)
@@ -93,9 +93,9 @@ def test_stats_index_reaches_the_statistics_cache(served, monkeypatch):
     made = {}
     real = serve_module.statistics_source
 
-    def spy(interval, store="bmx-stats"):
+    def spy(interval, store="bmx-stats", *args):
         made["store"] = store
-        return real(interval, store)
+        return real(interval, store, *args)
 
     monkeypatch.setattr(serve_module, "statistics_source", spy)
     args = ["serve", "--upstream", "http://a:9200", "--stats-index", "team-stats"]
@@ -122,3 +122,62 @@ def test_bad_config_and_tls_options_are_usage_errors(served, tmp_path):
         result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", *args])
         assert result.exit_code == 2, (args, result.output)
     assert "credentials" in CliRunner().invoke(main, ["serve", "--upstream", "http://u:p@a:9200"]).output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--log-level", "foo"], "--log-level"),
+        (["--listen", "127.0.0.1:65536"], "[1, 65535]"),
+        (["--listen", "127.0.0.1:0"], "[1, 65535]"),
+        (["--listen", "nohost"], "HOST:PORT"),
+        (["--upstream", "ftp://127.0.0.1:21"], "http:// or https:// node URL"),
+        (["--upstream", "http://"], "http:// or https://"),
+        (["--upstream", "http://127.0.0.1:99999"], "Port out of range"),
+        (["--upstream", "http://u:p@127.0.0.1:9200"], "credentials"),
+        (["--timeout", "-1"], "--timeout"),
+        (["--timeout", "0"], "--timeout"),
+        (["--connect-timeout", "-5"], "--connect-timeout"),
+        (["--stats-check-interval", "-1"], "--stats-check-interval"),
+        (["--cache-bytes", "lots"], "--cache-bytes"),
+        (["--max-body", "0"], "--max-body"),
+        (["--max-window", "10001"], "--max-window"),
+        (["--max-augment", "-1"], "--max-augment"),
+        (["--max-msearch", "0"], "--max-msearch"),
+        (["--max-concurrent-reranks", "0"], "--max-concurrent-reranks"),
+        (["--on-overload", "drop"], "--on-overload"),
+        (["--policy", "x=body,window_size=500", "--max-window", "100"], "--max-window"),
+    ],
+)
+def test_every_bad_value_is_a_one_line_usage_error(args, needle):
+    base = ["serve", "--upstream", "http://127.0.0.1:9200"]
+    result = CliRunner().invoke(main, base + args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "Traceback" not in result.output
+        and result.exception is None
+        or isinstance(result.exception, SystemExit)
+    )
+    error_lines = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(error_lines) == 1 and needle in result.output, result.output
+
+
+def test_sizes_take_units():
+    from bmx_rerank.cli.serve import ByteSize
+
+    size = ByteSize()
+    assert size.convert("64MiB", None, None) == 64 << 20
+    assert size.convert("1GB", None, None) == 10**9 and size.convert("512", None, None) == 512
+
+
+def test_a_port_in_use_is_a_one_line_error():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            main, ["serve", "--upstream", "http://127.0.0.1:9200", "--listen", f"127.0.0.1:{port}"]
+        )
+    assert result.exit_code == 1 and "cannot serve on" in result.output and "Traceback" not in result.output

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from bmx_rerank import scoring
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller, candidate_features, doc_refs
+from bmx_rerank.rerank.candidates import (
+    TermVectorCache,
+    cache_key,
+    caller,
+    candidate_features,
+    doc_refs,
+    entry_bytes,
+)
 from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.query import Combine, Text
@@ -167,7 +174,7 @@ def test_candidates_and_cache():
     assert alice != caller({"Authorization": "Basic Ym9i"}) and "YWxpY2U" not in alice
     with pytest.raises(ValueError):
         doc_refs([{"_score": 1}])
-    cache = TermVectorCache(capacity=2)
+    cache = TermVectorCache(max_bytes=2 * entry_bytes(terms("a")))
     for n in range(3):
         cache.put(("u", "i", str(n), 1, 1, "f"), terms("a"))
     assert len(cache) == 2 and cache.get(("u", "i", "0", 1, 1, "f")) is None
@@ -231,3 +238,35 @@ def test_pack_linear_and_rrf_over_the_window():
         got = {h["_id"]: h["_score"] for h in out["hits"]["hits"]}
         assert got == pytest.approx(dict(zip(ids, want, strict=True)))
         assert out["hits"]["hits"][0]["_bmx_explanation"]["details"][0]["description"] == "first-stage _score"
+
+
+def test_caller_identity_is_the_authentication_headers_only():
+    alice = caller({"Authorization": "Basic YWxpY2U=", "X-Request-Id": "1", "traceparent": "00-a"})
+    assert alice == caller({"authorization": "Basic YWxpY2U=", "X-Request-Id": "2"}), "per-request ids"
+    for name in (
+        "Cookie",
+        "es-secondary-authorization",
+        "x-proxy-user",
+        "x-proxy-roles",
+        "es-security-runas-user",
+    ):
+        assert caller({"Authorization": "Basic YWxpY2U=", name: "x"}) != alice, name
+    assert caller({}) == caller({"X-Request-Id": "3"}), "anonymous callers share one identity"
+    custom = ("Authorization", "X-Jwt")
+    assert caller({"X-Jwt": "a"}, custom) != caller({"X-Jwt": "b"}, custom), "a configured header counts"
+
+
+def test_term_vector_cache_is_bounded_in_bytes():
+    long_doc = DocTerms(DocRef("i", "long"), True, {f"term{n}": 1 for n in range(10_000)})
+    short = terms("a")
+    cache = TermVectorCache(max_bytes=entry_bytes(long_doc) + 10 * entry_bytes(short))
+    for n in range(20):
+        cache.put(("u", "i", str(n), 1, 1, "f"), short)
+    assert len(cache) == 20 and cache.bytes == 20 * entry_bytes(short)
+    cache.put(("u", "i", "long", 1, 1, "f"), long_doc)
+    assert cache.get(("u", "i", "long", 1, 1, "f")) is long_doc
+    assert cache.bytes <= cache.max_bytes and len(cache) <= 11, "short entries made room for the long one"
+    tiny = TermVectorCache(max_bytes=entry_bytes(short))
+    tiny.put(("u", "i", "long", 1, 1, "f"), long_doc)
+    assert len(tiny) == 0, "an entry bigger than the whole cache is not kept"
+    assert TermVectorCache(0).get(("u", "i", "long", 1, 1, "f")) is None

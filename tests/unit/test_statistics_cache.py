@@ -4,7 +4,9 @@ cluster's 403 comes back unchanged."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import Counter
 from typing import Any
 
@@ -155,10 +157,15 @@ async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(
 
     clock.now = 5.0
     view = await cache.get("idx", "body", headers)
+    assert view.stale is False, "past the interval the cached view is served while a refresh runs"
+    await cache.settled()
+    view = await cache.get("idx", "body", headers)
     assert view.stale is True and fake.calls["chunk"] == 2  # same snapshot: not reloaded
 
     second = fake.publish("s2", [{"a": 1}, {"d": 4}])  # another sidecar refreshed
     clock.now = 10.0
+    await cache.get("idx", "body", headers)
+    await cache.settled()
     view = await cache.get("idx", "body", headers)
     assert view.corpus.same_as(second) and view.stale is False and fake.calls["chunk"] == 3
 
@@ -218,16 +225,108 @@ async def test_ndjson_calls_to_an_unreachable_cluster_are_502s_not_aiohttp_error
     assert "/_bulk" in bulk.value.reason and "/_msearch" in msearch.value.reason
 
 
-async def test_estimated_mode_fetches_terms_with_the_credentials_of_each_caller(cluster):
-    """The estimated view is cached per index and field, but the df/ttf lookups it makes later must
-    carry the headers of the caller using it, not those of the caller who filled the cache."""
+async def test_estimated_mode_numbers_are_never_shared_between_callers(cluster):
+    """Estimated df/ttf are fetched under the caller's document-level security: each caller gets its own
+    view, filled with its own credentials, never numbers another caller fetched."""
     fake, session, url = cluster  # nothing published: estimated mode
     cache = StatsCache(session, url, clock=Clock())
     first = await cache.get("idx", "body", {"Authorization": TOKEN})
     assert first.estimated
     await first.for_terms(["a"])
-    second = await cache.get("idx", "body", {"Authorization": OTHER})  # cached: no call
+    second = await cache.get("idx", "body", {"Authorization": OTHER})
+    assert fake.auth["field_caps"] == [TOKEN, OTHER], "the second caller resolves the indices itself"
     view = await second.for_terms(["a", "b"])
-    assert fake.auth["msearch"] == [TOKEN, OTHER] and fake.auth["termvectors"][-1] == OTHER
+    assert fake.auth["msearch"] == [TOKEN, OTHER] and set(fake.auth["termvectors"]) == {TOKEN, OTHER}
     df, _ = view.corpus.lookup(["a", "b"])
     assert df.tolist() == [2, 2] and view.corpus.n_docs == 10
+    again = await cache.get("idx", "body", {"Authorization": TOKEN, "X-Request-Id": "42"})
+    assert again.corpus.lookup(["b"])[0].tolist() == [0], "the first caller never fetched [b]"
+    assert fake.auth["field_caps"] == [TOKEN, OTHER], "a request id is not a new caller"
+
+
+async def test_statistics_are_resolved_per_caller(cluster):
+    """`logs-*` means the indices each caller may search: one caller's view never answers another."""
+    fake, session, url = cluster
+    fake.publish("s1", [{"a": 1}])
+    cache = StatsCache(session, url, clock=Clock())
+    await cache.get("idx", "body", {"Authorization": TOKEN})
+    await cache.get("idx", "body", {"Authorization": TOKEN})
+    await cache.get("idx", "body", {"Authorization": OTHER})
+    assert fake.auth["field_caps"] == [TOKEN, OTHER]
+    assert fake.calls["chunk"] == 1, (
+        "the snapshot itself is loaded once, reached through each caller's pointer"
+    )
+    with pytest.raises(UpstreamError):  # a third caller without rights gets its 403, not the cached view
+        await cache.get("idx", "body", {"Authorization": "Basic bm9wZQ=="})
+
+
+class Hanging(FakeCluster):
+    """`_field_caps` never answers once `hang` is set."""
+
+    hang = False
+    forbid = False
+
+    async def field_caps(self, request: web.Request) -> web.Response:
+        if self.forbid:
+            body = {"error": {"type": "security_exception", "reason": "revoked"}, "status": 403}
+            return web.json_response(body, status=403)
+        if self.hang:
+            await asyncio.sleep(3600)
+        return await super().field_caps(request)
+
+
+@pytest.fixture
+async def hanging():
+    fake = Hanging()
+    server = TestServer(fake.app())
+    await server.start_server()
+    async with aiohttp.ClientSession() as session:
+        yield fake, session, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+async def test_a_hanging_field_caps_is_a_504_within_the_timeout(hanging):
+    fake, session, url = hanging
+    fake.publish("s1", [{"a": 1}])
+    fake.hang = True
+    cache = StatsCache(session, url, timeout=0.3)
+    started = time.monotonic()
+    results = await asyncio.gather(
+        *(cache.get("idx", "body", {"Authorization": TOKEN}) for _ in range(5)), return_exceptions=True
+    )
+    assert time.monotonic() - started < 1.3
+    assert all(isinstance(r, SearchError) and r.status == 504 for r in results)
+    assert not cache._refreshing, "nothing left running"
+
+
+async def test_a_stale_view_is_served_while_one_background_refresh_runs(hanging):
+    fake, session, url = hanging
+    stats = fake.publish("s1", [{"a": 1}])
+    clock = Clock()
+    cache = StatsCache(session, url, timeout=0.5, clock=clock)
+    headers = {"Authorization": TOKEN}
+    first = await cache.get("idx", "body", headers)
+    fake.hang = True
+    clock.now = 100.0
+    started = time.monotonic()
+    views = [await cache.get("idx", "body", headers) for _ in range(20)]
+    assert time.monotonic() - started < 0.2, "no search waits for the refresh"
+    assert all(v.corpus.same_as(stats) for v in views) and views[0] is first
+    assert len(cache._refreshing) == 1, "one refresh for every search"
+    await cache.settled()  # it times out, and the cached view stays
+    assert (await cache.get("idx", "body", headers)) is first
+
+
+async def test_a_refused_background_refresh_drops_the_view(hanging):
+    """Rights revoked between two checks: the next search asks again and gets the cluster's 403."""
+    fake, session, url = hanging
+    fake.publish("s1", [{"a": 1}])
+    clock = Clock()
+    cache = StatsCache(session, url, clock=clock)
+    await cache.get("idx", "body", {"Authorization": TOKEN})
+    clock.now = 10.0
+    fake.forbid = True
+    await cache.get("idx", "body", {"Authorization": TOKEN})  # served, refresh in the background
+    await cache.settled()
+    with pytest.raises(UpstreamError):
+        await cache.get("idx", "body", {"Authorization": TOKEN})
