@@ -5,19 +5,22 @@
 # fail. Integration tests may not skip here.
 #
 # The second major of each kind runs beside the first under its own state directory
-# (<state>/elasticsearch9, <state>/opensearch3). Ports: BMX_TEST_<ENGINE>_PORT, defaults 9200-9203.
+# (<state>/elasticsearch9, <state>/opensearch3). Ports: BMX_TEST_<ENGINE>_PORT; by default 9200 and
+# 9201 for the first two (the launcher's defaults), any free port for the other two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 state_base=${BMX_RERANK_STATE:-$(python -c 'from bmx_rerank.testing.engine import state_dir; print(state_dir())')}
 
+free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
 # id kind version default-port
 ENGINES=(
   "elasticsearch elasticsearch 8.19.21 9200"
   "opensearch opensearch 2.19.3 9201"
-  "elasticsearch9 elasticsearch 9.1.0 9202"
-  "opensearch3 opensearch 3.3.2 9203"
+  "elasticsearch9 elasticsearch 9.1.0 free"
+  "opensearch3 opensearch 3.3.2 free"
 )
 
 started=()  # "state-dir kind" of each engine this run started
@@ -43,6 +46,7 @@ for spec in "${ENGINES[@]}"; do
   [ "$id" = "$kind" ] || state=$state_base/$id
   # Remember what this run starts (not an engine that was already up), then start it.
   BMX_RERANK_STATE=$state bmx-rerank engine status "$kind" >/dev/null 2>&1 || started+=("$state $kind")
+  [ "$port" != free ] || port=$(free_port)
   BMX_RERANK_STATE=$state bmx-rerank engine start "$kind" --version "$version" \
     --port "${!port_var:-$port}" >"$logs/$id" 2>&1 &
   pids+=("$!")
