@@ -4,6 +4,7 @@ engine received (method, path, query, headers, body), so tests assert on the wir
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 import urllib.error
@@ -33,14 +34,18 @@ class Received:
 class Recorder:
     """`url` forwards to `upstream`; `received` lists the requests; `delay[endpoint]` holds one back."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: serve HTTPS with this server context (the engine behind stays plain HTTP)."""
         self.upstream = upstream.rstrip("/")
         self.received: list[Received] = []
         self.delay: dict[str, float] = {}
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

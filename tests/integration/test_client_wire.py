@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+import trustme
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient
 from bmx_rerank.stats.build import build_snapshots
@@ -194,3 +196,33 @@ def test_per_request_credentials_reach_the_sidecar_calls(
             assert calls and {r.headers.get("authorization") for r in calls} == {other_basic}
     finally:
         client.close()
+
+
+def test_the_clients_tls_settings_serve_the_sidecar_calls(
+    engine: EngineClient, split_corpus: tuple[str, str], tmp_path
+):
+    """HTTPS with a private CA that only the client's `ca_certs` trusts: the reranked search works, so the
+    sidecar's `_analyze`/`_mtermvectors`/statistics calls verified the server with the client's CA."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    ca_path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    recorder = Recorder(engine.url, tls=server)
+    if engine.kind == "elasticsearch":
+        from elasticsearch import Elasticsearch
+
+        client = Elasticsearch(recorder.url, ca_certs=str(ca_path), basic_auth=AUTH)
+    else:
+        from opensearchpy import OpenSearch
+
+        client = OpenSearch(hosts=[recorder.url], ca_certs=str(ca_path), verify_certs=True, http_auth=AUTH)
+    try:
+        with BMXClient(client) as bmx:
+            answer = bmx.search(**_search_kwargs(engine.kind, split_corpus, size=3))
+            assert getattr(answer, "body", answer)["_bmx"]["reranked"] is True
+        assert recorder.requests("_mtermvectors") and recorder.requests("_search")
+        assert all(r.headers.get("authorization") == BASIC for r in recorder.received)
+    finally:
+        client.close()
+        recorder.close()
