@@ -29,6 +29,7 @@ cleanup() {
   for entry in ${started[@]+"${started[@]}"}; do
     BMX_RERANK_STATE=${entry%% *} bmx-rerank engine stop "${entry##* }" >/dev/null 2>&1 || true
   done
+  if [ -n "${BMX_PODMAN_SERVICE_PID:-}" ]; then kill "$BMX_PODMAN_SERVICE_PID" 2>/dev/null || true; fi
 }
 trap cleanup EXIT
 
@@ -65,5 +66,17 @@ done
 rm -rf "$logs"
 [ "$failed" = 0 ] || { echo "an engine failed to start (see above)" >&2; exit 1; }
 
+# The images (docker/), built with podman from Debian bases cached on disk; test_container.py runs them.
+export CONTAINERS_CONF="$PWD/docker/containers.conf"
+bash scripts/build_image.sh
+
 export BMX_REQUIRE_ENGINES=1  # a missing engine fails the integration tests instead of skipping them
 python -m pytest -p no:cacheprovider "$@"
+
+# testcontainers for real, through podman's Docker API: one integration module with Elasticsearch in a
+# container of the image built above (OpenSearch stays where it is).
+if [ $# -eq 0 ]; then
+  source scripts/podman_service.sh
+  BMX_TEST_ELASTICSEARCH_URL= BMX_TEST_ELASTICSEARCH_IMAGE=localhost/bmx-rerank-elasticsearch:8.19.21 \
+    python -m pytest -p no:cacheprovider tests/integration/test_proxy.py -k elasticsearch
+fi

@@ -135,8 +135,12 @@ def _container(kind: str, image: str) -> Any:
             from testcontainers.community.elasticsearch import ElasticSearchContainer
         except ImportError:
             from testcontainers.elasticsearch import ElasticSearchContainer
-        # Older releases raise ValueError on 9.x tags (testcontainers-python#860).
-        return ElasticSearchContainer(image, mem_limit="2G").with_env("ES_JAVA_OPTS", HEAP)
+        from testcontainers.core.wait_strategies import HttpWaitStrategy
+
+        # Older releases raise ValueError on 9.x tags (testcontainers-python#860). Ready when the
+        # cluster's health answers: the integ-test-zip images (scripts/build_image.sh) have no `GET /`.
+        container = ElasticSearchContainer(image, mem_limit="2G").with_env("ES_JAVA_OPTS", HEAP)
+        return container.waiting_for(HttpWaitStrategy(9200, "/_cluster/health").with_startup_timeout(300))
     try:
         from testcontainers.community.opensearch import OpenSearchContainer
     except ImportError:
