@@ -119,7 +119,8 @@ def test_a_candidate_matching_nothing_changes_no_other_score(corpus, query, leng
     for mode in scoring.MODES:
         req = scoring.Request(mode=mode)
         got = scoring.score(stats, extra, qs, req)
-        np.testing.assert_array_equal(got[:-1], scoring.score(stats, cands, qs, req))
+        # One more row may change the matrix kernel's summation order: equal to the last bit or so.
+        np.testing.assert_allclose(got[:-1], scoring.score(stats, cands, qs, req), rtol=1e-12, atol=0)
         assert got[-1] == 0.0
 
 
