@@ -39,7 +39,7 @@ from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
-from bmx_rerank.rerank.spec import MAX_WINDOW
+from bmx_rerank.rerank.spec import DEFAULT_WINDOW, MAX_WINDOW
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.upstream import forwardable_headers
 
@@ -548,7 +548,12 @@ def bounded_plan(
     skip: str | None = None,
 ) -> Plan:
     """`plan_search` within the server's bounds: a rerank the client asked for beyond them is a 400; a
-    policy's beyond them (a deep page through a drop-in policy) is not reranked at all."""
+    policy's beyond them (a deep page through a drop-in policy) is not reranked at all. A request that
+    does not name its window gets the default, or `max_window` when that is smaller."""
+    ext = body.get("ext") if isinstance(body, dict) else None
+    raw = ext.get("bmx") if isinstance(ext, dict) else None
+    if isinstance(raw, dict) and "window_size" not in raw and config.max_window < DEFAULT_WINDOW:
+        body = {**body, "ext": {**ext, "bmx": {**raw, "window_size": config.max_window}}}  # type: ignore[dict-item]
     plan = plan_search(body, params, policy, widen_default=config.widen, skip=skip)
     spec = plan.spec
     if spec is None:

@@ -370,3 +370,13 @@ async def test_a_rerank_cancelled_at_once_leaves_no_coroutine_never_awaited(clus
         assert not [w for w in caught if "never awaited" in str(w.message)]
     finally:
         await runner.cleanup()
+
+
+async def test_a_rerank_without_a_window_gets_max_window_when_that_is_smaller(cluster, client):
+    fake, runner, url = await proxy_for(cluster, max_window=3)
+    try:
+        ext = {"field": "body", "query": "t3"}
+        status, headers, _ = await post(client, f"{url}/docs/_search", {"size": 2, "ext": {"bmx": ext}})
+        assert status == 200 and headers["X-BMX-Rerank"] == "bmx" and fake.searches[-1]["size"] == 3
+    finally:
+        await runner.cleanup()

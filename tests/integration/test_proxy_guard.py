@@ -1,0 +1,136 @@
+"""The proxy's bounds in front of real engines: bodies past the inflation cap answered as the cluster
+answers them, bad encodings, deep nesting, out-of-range values and windows, msearch caps, readiness."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bmx_rerank.stats.cache import StatsCache
+from tests.integration.conftest import EngineClient
+from tests.integration.test_proxy import ProxyThread, _bulk
+
+MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+DOCS = {str(i): {"body": text} for i, text in enumerate(["red fox", "red red dog", "blue fox jumps", "dog"])}
+
+
+@pytest.fixture
+def guarded(engine: EngineClient, make_index) -> Iterator[tuple[EngineClient, str, ProxyThread]]:
+    index = make_index(MAPPINGS)
+    _bulk(engine, index, DOCS)
+    proxy = ProxyThread(
+        engine.url,
+        lambda session, base: StatsCache(session, base, timeout=5.0),
+        max_body=64 << 10,
+        max_window=50,
+        max_augment=2,
+        max_msearch=1,
+        timeout=10.0,
+    )
+    try:
+        yield engine, index, proxy
+    finally:
+        proxy.close()
+
+
+def send(url: str, path: str, data: bytes, headers: dict[str, str], method: str = "POST") -> tuple[int, Any]:
+    request = urllib.request.Request(url + path, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+def bmx(**extra: Any) -> dict[str, Any]:
+    return {"size": 2, "query": {"match": {"body": "red fox"}}, "ext": {"bmx": {"field": "body", **extra}}}
+
+
+def test_a_body_inflating_past_the_cap_gets_the_clusters_own_answer(guarded):
+    engine, index, proxy = guarded
+    body = json.dumps({**bmx(), "pad": " " * (4 << 20)}).encode()  # 4 MiB inflated, a few KiB sent
+    data = gzip.compress(body)
+    headers = {**JSON, "Content-Encoding": "gzip"}
+    direct = send(engine.url, f"/{index}/_search", data, headers)
+    through = send(proxy.url, f"/{index}/_search", data, headers)
+    assert through[0] == direct[0] == 400, "the cluster refuses the unknown key, as without the proxy"
+    assert through[1]["error"]["type"] == direct[1]["error"]["type"]
+    small = gzip.compress(json.dumps(bmx(window_size=10)).encode())
+    status, answer = send(proxy.url, f"/{index}/_search", small, headers)
+    assert status == 200 and answer["_bmx"]["reranked"] is True, "a body within the cap is reranked"
+
+
+def test_a_body_labelled_gzip_that_is_not_is_a_400_in_es_shape(guarded):
+    _, index, proxy = guarded
+    status, answer = send(
+        proxy.url, f"/{index}/_search", json.dumps(bmx()).encode(), {**JSON, "Content-Encoding": "gzip"}
+    )
+    assert status == 400 and answer["error"]["type"] == "parse_exception" and answer["status"] == 400
+
+
+@pytest.mark.parametrize("depth", [300, 600, 1000])
+def test_deep_nesting_is_a_400_never_a_500(guarded, depth):
+    engine, index, proxy = guarded
+    deep = b'{"query":{"match_all":{}},"aggs":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
+    direct = send(engine.url, f"/{index}/_search", deep, JSON)
+    through = send(proxy.url, f"/{index}/_search", deep, JSON)
+    assert through == direct and direct[0] == 400, "without ext.bmx the cluster answers for itself"
+    nested = (
+        b'{"ext":{"bmx":{"field":"body","query":"red"}},"aggs":{"x":' + b"[" * depth + b"]" * depth + b"}}"
+    )
+    status, answer = send(proxy.url, f"/{index}/_search", nested, JSON)
+    assert status == 400 and answer["error"]["type"] == "x_content_parse_exception"
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"alpha": 1e308}, "[alpha] must be a number in"),
+        ({"beta": 1e308}, "[beta] must be a number in"),
+        ({"window_size": 51}, "--max-window"),
+        ({"augment": {"queries": ["a", "b", "c"]}}, "--max-augment"),
+    ],
+)
+def test_values_beyond_the_bounds_are_400s(guarded, extra, needle):
+    _, index, proxy = guarded
+    status, answer = send(proxy.url, f"/{index}/_search", json.dumps(bmx(**extra)).encode(), JSON)
+    assert status == 400 and needle in answer["error"]["reason"], answer
+
+
+def test_msearch_items_past_the_cap_get_the_clusters_answer_marked(guarded):
+    _, index, proxy = guarded
+    lines = [{"index": index}, bmx(window_size=10)] * 2
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    status, answer = send(proxy.url, "/_msearch", data, {"Content-Type": "application/x-ndjson"})
+    first, second = answer["responses"]
+    assert status == 200 and first["_bmx"]["reranked"] is True
+    assert (
+        second["_bmx"] == {"reranked": False, "skipped": "max_msearch"} and len(second["hits"]["hits"]) == 2
+    )
+
+
+def test_ready_and_malformed_http_in_es_shape(guarded):
+    _, _, proxy = guarded
+    with urllib.request.urlopen(proxy.url + "/_bmx/ready", timeout=30) as resp:
+        ready = json.loads(resp.read())
+    assert ready["status"] == "ready" and ready["checks"]["upstream"] == "ok"
+    host, port = proxy.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"get / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert (
+        head.split(b" ")[1] == b"405" and json.loads(body)["error"]["type"] == "method_not_allowed_exception"
+    )
