@@ -311,3 +311,14 @@ def test_an_msearch_item_gets_the_windows_preference_unless_it_has_its_own():
     side = SideCalls("idx", plan, None, {}, body, params)
     assert side.msearch_header({"index": "idx"}) == {"index": "idx", "preference": params["preference"]}
     assert side.msearch_header({"index": "idx", "preference": "mine"})["preference"] == "mine"
+
+
+def test_mentions_finds_a_field_as_a_key_or_in_a_field_list():
+    from bmx_rerank.rerank.plan import mentions
+
+    assert mentions({"bool": {"filter": [{"term": {"body": "x"}}]}}, ["body"])
+    assert mentions({"multi_match": {"query": "x", "fields": ["title", "body^2"]}}, ["body"])
+    assert mentions({"query_string": {"query": "x", "default_field": "body"}}, ["body"])
+    assert not mentions({"match": {"title": "body"}}, ["body"]), "a value is not a field"
+    assert not mentions({"nested": {"path": "c", "query": {"match": {"c.body": "x"}}}}, ["body"])
+    assert not mentions(None, ["body"])
