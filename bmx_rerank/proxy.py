@@ -73,6 +73,8 @@ MAX_DEPTH = 100
 # waits behind a large rerank.
 THREAD_BYTES = 1 << 20
 ON_OVERLOAD = ("fallback", "reject")
+CHECK_BYTES = 64 * 1024  # inflated bytes of a passthrough body checked for a valid encoding
+BAD_ENCODING = web.RequestKey("bmx_bad_encoding", str)  # set when a body does not decode as labelled
 MAX_LINE = 4096  # request line, as Elasticsearch's http.max_initial_line_length
 MAX_FIELD = 8192  # one header, as Elasticsearch's http.max_header_size
 STATE: web.AppKey[dict[str, Any]] = web.AppKey("bmx", dict)
@@ -345,12 +347,28 @@ def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) 
 
 
 async def _stream_body(request: web.Request):
-    """The request body as an async stream (None when there is none): never buffered whole."""
+    """The request body as an async stream (None when there is none): never buffered whole.
+
+    A body labelled gzip or deflate has its first bytes inflated on the way (a bounded check, output
+    discarded): the cluster closes the connection on a body that does not decode, and the client then
+    learns why (400) instead of getting a 502 that reads as an outage."""
     if not request.body_exists:
         return None
+    encoding = request.headers.get("Content-Encoding", "").lower().strip()
+    check = _Inflater(encoding, CHECK_BYTES) if encoding in ("gzip", "deflate") else None
 
     async def chunks():
+        nonlocal check
         async for chunk in request.content.iter_chunked(CHUNK):
+            if check is not None:
+                try:
+                    check.feed(chunk)
+                    check.parts.clear()
+                except SearchError:
+                    request[BAD_ENCODING] = encoding
+                    check = None
+                else:
+                    check = None if check.size > check.limit else check
             yield chunk
 
     return chunks()
@@ -415,6 +433,12 @@ def _upstream_failures(request: web.Request) -> Iterator[None]:
         timeout = request.app[STATE]["config"].timeout
         raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
     except aiohttp.ClientError as exc:
+        encoding = request.get(BAD_ENCODING)
+        if encoding:  # the cluster closed the connection on a body that does not decode
+            raise bad_request(
+                f"the request body is labelled [Content-Encoding: {encoding}] but is not valid {encoding}",
+                "parse_exception",
+            ) from exc
         raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc
 
 

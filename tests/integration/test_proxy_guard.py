@@ -134,3 +134,14 @@ def test_ready_and_malformed_http_in_es_shape(guarded):
     assert (
         head.split(b" ")[1] == b"405" and json.loads(body)["error"]["type"] == "method_not_allowed_exception"
     )
+
+
+def test_a_bulk_labelled_gzip_that_is_not_is_a_400_not_an_outage(guarded):
+    """The cluster closes the connection on such a body; through the proxy the client learns why."""
+    engine, index, proxy = guarded
+    data = json.dumps({"index": {"_index": index, "_id": "x"}}).encode() + b'\n{"body": "x"}\n'
+    headers = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"}
+    status, answer = send(proxy.url, "/_bulk", data, headers)
+    assert status == 400 and answer["error"]["type"] == "parse_exception"
+    status, answer = send(proxy.url, "/_bulk?refresh=true", gzip.compress(data), headers)
+    assert status == 200 and not answer["errors"], "a valid compressed bulk goes through untouched"

@@ -380,3 +380,32 @@ async def test_a_rerank_without_a_window_gets_max_window_when_that_is_smaller(cl
         assert status == 200 and headers["X-BMX-Rerank"] == "bmx" and fake.searches[-1]["size"] == 3
     finally:
         await runner.cleanup()
+
+
+async def test_a_passthrough_body_that_does_not_decode_is_a_400_when_the_cluster_hangs_up(client):
+    """As Elasticsearch does with a `_bulk` labelled gzip that is not: it reads, then closes."""
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(x for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        await reader.readexactly(length)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    runner, url = await run_proxy(f"http://127.0.0.1:{port}")
+    try:
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/x-ndjson"}
+        async with client.post(f"{url}/x/_bulk", data=b'{"index":{}}\n{"a":1}\n', headers=headers) as resp:
+            assert resp.status == 400
+            _error(await resp.json(), "parse_exception")
+        async with client.post(
+            f"{url}/x/_bulk", data=gzip.compress(b'{"index":{}}\n'), headers=headers
+        ) as resp:
+            assert resp.status == 502, "a valid body the cluster dropped is the cluster's failure"
+    finally:
+        await runner.cleanup()
+        server.close()
+        await server.wait_closed()
