@@ -13,6 +13,7 @@ remembered and means "no configuration": it never fails the search."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -120,6 +121,7 @@ class AppliedConfigs:
         self.timeout = timeout
         self.enabled = ttl > 0
         self._cache: TTLCache[str, Any] = TTLCache(maxsize=MAX_INDICES, ttl=max(ttl, 1e-9))
+        self._reading: dict[str, asyncio.Future[Any]] = {}
 
     async def policy(self, index: str | None, body: Any, headers: Mapping[str, str]) -> RerankSpec | None:
         """The applied spec for a search on `index` without `ext.bmx`, or None (no configuration, the
@@ -130,16 +132,26 @@ class AppliedConfigs:
             return None
         cached = self._cache.get(index)
         if cached is None:
-            try:
-                info = await read_config(
-                    self.session, self.base_url, index, headers, self.store, self.timeout
-                )
-            except SearchError as exc:
-                log.info("applied configuration not readable", extra={"fields": {"error": exc.type}})
+            # One read per index at a time: concurrent searches when the entry expires share it.
+            pending = self._reading.get(index)
+            if pending is None:
+                pending = asyncio.ensure_future(self._read(index, headers))
+                self._reading[index] = pending
+                pending.add_done_callback(lambda _f: self._reading.pop(index, None))
+            cached = await asyncio.shield(pending)
+            if cached is None:
                 return None
-            cached = self._spec(index, info)
-            self._cache[index] = cached
         return None if cached is _ENGINE else cached
+
+    async def _read(self, index: str, headers: Mapping[str, str]) -> Any:
+        try:
+            info = await read_config(self.session, self.base_url, index, headers, self.store, self.timeout)
+        except SearchError as exc:
+            log.info("applied configuration not readable", extra={"fields": {"error": exc.type}})
+            return None
+        spec = self._spec(index, info)
+        self._cache[index] = spec
+        return spec
 
     def _spec(self, index: str, info: Mapping[str, Any] | None) -> Any:
         if not info or not info.get("rerank"):

@@ -83,3 +83,10 @@ async def test_an_unusable_stored_configuration_passes_through(store):
     store["source"] = {"info": {"rerank": True, "bmx": {"field": "body", "window_size": -3}}}
     applied = AppliedConfigs(store["session"], store["url"], ttl=60)
     assert await applied.policy("docs", body(), {}) is None
+
+
+async def test_concurrent_searches_share_one_read(store):
+    store["source"] = {"info": {"rerank": True, "bmx": {"field": "body"}}}
+    applied = AppliedConfigs(store["session"], store["url"], ttl=60)
+    got = await asyncio.gather(*(applied.policy("docs", body(), {}) for _ in range(20)))
+    assert all(g is not None for g in got) and len(store["calls"]) == 1
