@@ -122,3 +122,27 @@ def test_report_table_json_and_plot(tmp_path):
     )
     path = plot(report, tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_cli_says_what_is_wrong_with_its_input(tmp_path):
+    from click.testing import CliRunner
+
+    from bmx_rerank.cli import main
+
+    (tmp_path / "q.jsonl").write_text('{"_id": "1", "text": "a"}\n')
+    (tmp_path / "bad.tsv").write_text("1 0 d1 1\n1 d1\n")
+    (tmp_path / "other.tsv").write_text("9 0 d1 1\n")
+    args = [
+        "eval",
+        "ix",
+        "--field",
+        "f",
+        "--queries",
+        str(tmp_path / "q.jsonl"),
+        "--upstream",
+        "http://127.0.0.1:9",
+    ]
+    bad = CliRunner().invoke(main, [*args, "--qrels", str(tmp_path / "bad.tsv")])
+    assert bad.exit_code == 2 and "bad.tsv:2" in bad.output
+    none = CliRunner().invoke(main, [*args, "--qrels", str(tmp_path / "other.tsv")])
+    assert none.exit_code == 1 and "no query has both a text and judgments" in none.output
