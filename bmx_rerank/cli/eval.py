@@ -83,10 +83,10 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--folds", default=5, show_default=True, help="Cross-validation folds over queries.")
 @click.option(
     "--significance",
-    default=0.1,
+    default=1.0,
     show_default=True,
-    help="Family-wise level: a configuration replaces the engine's ranking only when a one-sided paired "
-    "t-test on the queries it is chosen on gives p < this / configurations compared; 1 takes any higher mean.",
+    help="Below 1: choose only among configurations beating the engine with a one-sided paired t-test at "
+    "this family-wise level (Bonferroni) on the queries they are chosen on; 1: the best mean.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the fold split and of --limit's sample.")
 @click.option("--limit", type=int, help="Evaluate a seeded sample of this many judged queries.")

@@ -97,6 +97,7 @@ async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None
         "queries": report.queries,
         "chosen": chosen.name,
         "chosen_score": chosen.means[measure.PRIMARY],
+        "best": report.selection.best,
         "cross_validated": report.selection.cv_score,
         "engine": report.selection.engine_score,
         "folds": report.folds,
