@@ -6,7 +6,8 @@ The proxy sees two https nodes whose certificates it verifies against the CA bun
 HTTPS to the proxy. Why relays and not an engine with x-pack TLS or a second node: they cost no engine
 start (CI time) and let the test cut one node's every connection at a moment it chooses, in-flight
 requests included, which is what a node stopping does to the proxy. What the engine itself does over
-TLS is not under test here, the proxy's TLS client and its failover are.
+TLS is not under test here, the proxy's TLS client and its failover are; an Elasticsearch serving HTTPS
+itself (x-pack security, a generated CA) is in test_container.py.
 """
 
 from __future__ import annotations
