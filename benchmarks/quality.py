@@ -34,6 +34,7 @@ import orjson
 from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.upstream import request_json
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
@@ -109,7 +110,9 @@ async def ranking(
     return [h["_id"] for h in answer["hits"]["hits"]]
 
 
-async def main() -> None:
+async def run(argv: list[str] | None = None) -> dict[str, float]:
+    """One run; prints the table and returns nDCG@10 per variant (`--docs`/`--queries` cut it down
+    for the small version CI runs)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--dataset", default="scifact", choices=["scifact", "nfcorpus"])
@@ -117,18 +120,29 @@ async def main() -> None:
     ap.add_argument("--shards", type=int, default=1)
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--fields", action="store_true", help="title and text as separate fields, multi_match")
-    args = ap.parse_args()
+    ap.add_argument("--docs", type=int, default=None, help="index only the first N documents")
+    ap.add_argument("--queries", type=int, default=None, help="ask only the first N test queries")
+    ap.add_argument("--index", default=None, help="index name (default bmxbench-<dataset>-...)")
+    ap.add_argument("--store", default=DEFAULT_STORE, help="statistics store index")
+    args = ap.parse_args(argv)
     root = DATA / args.dataset
-    docs = read_jsonl(root / "corpus.jsonl")
     queries = {q["_id"]: q["text"] for q in read_jsonl(root / "queries.jsonl")}
-    qrels = read_qrels(root / "qrels" / "test.tsv")
-    index = f"bmxbench-{args.dataset}-{args.analyzer}-{args.shards}{'-fields' if args.fields else ''}"
+    qrels = dict(list(read_qrels(root / "qrels" / "test.tsv").items())[: args.queries])
+    docs = read_jsonl(root / "corpus.jsonl")
+    if args.docs is not None:  # the judged documents of the queries asked, then the first others
+        judged = {d for rels in qrels.values() for d in rels}
+        docs = [d for d in docs if d["_id"] in judged] + [d for d in docs if d["_id"] not in judged]
+        docs = docs[: max(args.docs, len(judged))]
+    index = args.index or (
+        f"bmxbench-{args.dataset}-{args.analyzer}-{args.shards}{'-fields' if args.fields else ''}"
+    )
     upstream = args.upstream.rstrip("/")
     async with aiohttp.ClientSession() as session:
         await index_corpus(session, upstream, index, docs, args.shards, args.analyzer, args.fields)
         for name in FIELDS if args.fields else (FIELD,):
-            await build_snapshots(session, upstream, index, name, {})
-        runner, proxy = await start_server(make_app(ProxyConfig(upstream=upstream), statistics_source(60.0)))
+            await build_snapshots(session, upstream, index, name, {}, store=args.store)
+        stats = statistics_source(60.0, args.store)
+        runner, proxy = await start_server(make_app(ProxyConfig(upstream=upstream), stats))
         variants: dict[str, tuple[str, dict | None, str | None]] = {
             "engine BM25": (upstream, None, None),
             "proxy BM25, exact statistics": (proxy, {"mode": "bm25"}, None),
@@ -170,7 +184,9 @@ async def main() -> None:
     for name in variants:
         base = totals[_baseline(name, args.fields)] / n
         score = totals[name] / n
-        print(f"| {name} | {100 * score:.2f} | {score / base:.4f} | {1000 * seconds[name] / n:.1f} |")
+        ratio = f"{score / base:.4f}" if base > 0 else "-"
+        print(f"| {name} | {100 * score:.2f} | {ratio} | {1000 * seconds[name] / n:.1f} |")
+    return {name: totals[name] / n for name in variants}
 
 
 def _baseline(name: str, fields: bool) -> str:
@@ -181,4 +197,4 @@ def _baseline(name: str, fields: bool) -> str:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(run())

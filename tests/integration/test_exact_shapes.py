@@ -347,3 +347,28 @@ def test_documents_deleted_or_updated_between_the_stages_are_dropped(engine: Eng
         assert new_b["_score"] != pytest.approx(0.0)
     finally:
         engine.call("DELETE", f"/{index}")
+
+
+def test_quality_benchmark_small(engine: EngineClient):
+    """The small version of benchmarks/quality.py --fields, so the benchmark keeps working: with the
+    whole window reranked by the same formula, the proxy's exact multi-field BM25 ranks close to the
+    engine's multi_match (only the statistics differ: one shard, so hardly)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    index, store = f"bmxtest-quality-{uuid.uuid4().hex[:10]}", f"bmxtest-store-{uuid.uuid4().hex[:10]}"
+    argv = ["--upstream", engine.url, "--fields", "--docs", "400", "--queries", "8", "--window", "20"]
+    try:
+        out = asyncio.run(bench.run([*argv, "--index", index, "--store", store]))
+    finally:
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}*")
+    assert len(out) == 6 and all(0.0 <= v <= 1.0 for v in out.values())
+    for kind in ("best_fields", "most_fields"):
+        engine_bm25 = out[f"engine BM25 multi_match {kind}"]
+        assert out[f"proxy BM25 multi-field, exact statistics {kind}"] == pytest.approx(engine_bm25, abs=0.05)
