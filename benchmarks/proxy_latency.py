@@ -64,6 +64,11 @@ class Http:
         raw = resp.read()
         return resp.status, (json.loads(raw) if raw else {})
 
+    def ok_text(self, method: str, path: str) -> str:
+        self.conn.request(method, path)
+        resp = self.conn.getresponse()
+        return resp.read().decode()
+
     def ok(self, method: str, path: str, body: object = None, ndjson: str | None = None) -> dict:
         status, answer = self.call(method, path, body, ndjson)
         if status >= 300:

@@ -106,22 +106,30 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     """Each hit's term frequencies of the probed tokens per field, removing the probes'
     `matched_queries` from the hits (the caller had none: see `why_not`).
 
-    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF)."""
-    out: list[Frequencies | None] = []
-    for hit in hits:
-        scores = hit.pop("matched_queries", None) or {}
-        tf: Frequencies | None = {f: {} for f in probe.fields}
-        for name, score in scores.items() if isinstance(scores, Mapping) else ():
-            if not name.startswith(PREFIX) or tf is None:
-                continue
-            s = float(np.float32(score))
-            count = round(s / (1.0 - s)) if s < 1.0 else MAX_TF + 1
-            if count > MAX_TF or count < 1:
-                tf = None
-                continue
-            f, term = probe.pairs[int(name[len(PREFIX) :])]
-            tf[f][term] = count
-        out.append(tf)
+    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF).
+    The window's scores are converted at once (float32 as the engine computed them, then tf)."""
+    rows: list[tuple[int, int]] = []
+    scores: list[float] = []
+    for h, hit in enumerate(hits):
+        named = hit.pop("matched_queries", None)
+        for name, score in named.items() if isinstance(named, Mapping) else ():
+            if name.startswith(PREFIX):
+                rows.append((h, int(name[len(PREFIX) :])))
+                scores.append(score)
+    s = np.array(scores, dtype=np.float32).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        counts = np.rint(s / (1.0 - s))
+    readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
+    out: list[Frequencies | None] = [{f: {} for f in probe.fields} for _ in hits]
+    for (h, i), count, ok in zip(rows, counts.tolist(), readable.tolist(), strict=True):
+        found = out[h]
+        if found is None:
+            continue
+        if not ok:
+            out[h] = None
+            continue
+        f, term = probe.pairs[i]
+        found[f][term] = int(count)
     return out
 
 

@@ -1,0 +1,139 @@
+"""Where a reranked search's time goes: the proxy's own metrics (time per upstream call) and a
+pyinstrument profile of the proxy process, for warm or first-sight reranks of one window size.
+
+    .venv/bin/python benchmarks/profile_rerank.py --upstream http://127.0.0.1:9200 --window 100 \
+        --mode warm [--requests 200] [--profile-out /tmp/profile.txt]
+
+Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
+the proxy in a child process under pyinstrument, sends `--requests` reranks one at a time (warm: each
+query once before, unmeasured; first: every cache off) and prints, per request: the whole rerank as
+the proxy timed it, each upstream call, and the proxy's own time (the rest); then the profile's top."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_latency import Http, free_port, index_corpus, load, rerank  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
+    sys.path.insert(0, str(ROOT))
+    import aiohttp
+    from aiohttp import web
+    from pyinstrument import Profiler
+
+    from bmx_rerank.proxy import ProxyConfig, make_app
+    from bmx_rerank.rerank.stats_source import FixedStats
+    from bmx_rerank.stats import build as stats_build
+
+    async def sweep():
+        async with aiohttp.ClientSession() as session:
+            return await stats_build.build(session, upstream, index, "body", {})
+
+    stats = FixedStats({(index, "body"): asyncio.run(sweep())})
+    app = make_app(ProxyConfig(upstream=upstream, cache_size=100_000 if caches else 0), lambda s, b: stats)
+    if not caches:
+        from proxy_latency import _no_analysis_cache
+
+        app.on_startup.append(_no_analysis_cache)
+    import uvloop
+
+    uvloop.install()
+    profiler = Profiler(interval=0.0005)
+
+    async def start(_app) -> None:
+        profiler.start()
+
+    async def stop(_app) -> None:
+        profiler.stop()
+        Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+    print("ready", flush=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None)
+
+
+def metric_sums(text: str) -> dict[str, tuple[float, float]]:
+    """(sum seconds, count) of each timed series of the proxy's metrics."""
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = re.match(r'bmx_(upstream|rerank)_seconds_(sum|count)(?:\{call="(\w+)"\})? ([0-9.e+-]+)', line)
+        if m:
+            key = m.group(3) or "whole rerank"
+            out.setdefault(key, [0.0, 0.0])["sum count".split().index(m.group(2))] = float(m.group(4))
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--upstream", default="http://127.0.0.1:9200")
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--mode", choices=("warm", "first"), default="warm")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        upstream, index, port, caches, out = args.child
+        child(upstream, index, int(port), caches == "1", out)
+        return
+    engine = Http(args.upstream)
+    index = f"bmxtest-proxy-prof-{uuid.uuid4().hex[:8]}"
+    index_corpus(engine, index, load("corpus.jsonl", 0))
+    queries = [q["text"] for q in load("queries.jsonl", 0)][: args.requests]
+    port = free_port()
+    caches = "1" if args.mode == "warm" else "0"
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", args.upstream, index, str(port), caches, args.profile_out],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        proxy = Http(f"http://127.0.0.1:{port}")
+        path = f"/{index}/_search"
+        if args.mode == "warm":
+            for q in queries:
+                proxy.ok("POST", path, rerank(q, args.window))
+        before = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
+        start = time.perf_counter()
+        for q in queries:
+            proxy.ok("POST", path, rerank(q, args.window))
+        wall = (time.perf_counter() - start) / len(queries) * 1000
+        after = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        engine.call("DELETE", f"/{index}")
+    n = len(queries)
+    print(f"{args.mode} reranks, window {args.window}, {n} requests, load average {os.getloadavg()[0]:.1f}")
+    print(f"client-side mean: {wall:.2f} ms/request")
+    whole = (after["whole rerank"][0] - before.get("whole rerank", (0, 0))[0]) * 1000 / n
+    print(f"proxy-timed rerank (first stage included): {whole:.2f} ms/request")
+    for key, (total, count) in sorted(after.items()):
+        if key == "whole rerank":
+            continue
+        t0, c0 = before.get(key, (0.0, 0.0))
+        if count - c0:
+            print(f"  upstream {key:<12} {(total - t0) * 1000 / n:7.2f} ms/request ({int(count - c0)} calls)")
+    print(f"profile of the proxy process: {args.profile_out}")
+
+
+if __name__ == "__main__":
+    main()
