@@ -196,6 +196,12 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option(
+    "--tf-probes/--no-tf-probes",
+    default=True,
+    help="Term frequencies from the first stage (named intervals probes) where the cluster can; "
+    "else from _mtermvectors.",
+)
+@click.option(
     "--workers",
     default=1,
     type=click.IntRange(1, 64),
@@ -258,6 +264,7 @@ def command(
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
+    tf_probes: bool,
     workers: int,
     loop: str,
     max_body: int,
@@ -314,6 +321,7 @@ def command(
         max_concurrent_reranks=max_concurrent_reranks,
         on_overload=on_overload,
         identity_headers=identity,
+        tf_probes=tf_probes,
     )
     logging.basicConfig(level=log_level.upper(), handlers=[json_log_handler(sys.stderr)], force=True)
     stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity)
