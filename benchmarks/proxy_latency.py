@@ -137,8 +137,8 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
     from bmx_rerank.rerank.stats_source import FixedStats
 
     stats = FixedStats({(index, "body"): corpus})
-    size = 100_000 if caches else 0
-    app = make_app(ProxyConfig(upstream=upstream, cache_size=size), lambda session, base: stats)
+    size = 256 << 20 if caches else 0
+    app = make_app(ProxyConfig(upstream=upstream, cache_bytes=size), lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
     if loop == "uvloop":

@@ -409,3 +409,39 @@ async def test_a_passthrough_body_that_does_not_decode_is_a_400_when_the_cluster
         await runner.cleanup()
         server.close()
         await server.wait_closed()
+
+
+# ---- large answers off the event loop ----
+
+
+async def test_large_windows_are_parsed_scored_and_packed_off_the_event_loop(cluster, client, monkeypatch):
+    """Above the thresholds (lowered here to this small window) the CPU-bound steps run in worker
+    threads, never on the loop thread that serves passthrough traffic."""
+    import threading
+
+    from bmx_rerank import proxy as proxy_module
+    from bmx_rerank.rerank import pipeline
+
+    threads: dict[str, set[str]] = {}
+
+    def spy(name, real):
+        def wrapper(*args, **kwargs):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(pipeline, "THREAD_HITS", 1)
+    monkeypatch.setattr(proxy_module, "THREAD_BYTES", 10)
+    monkeypatch.setattr(pipeline, "score_tree", spy("score", pipeline.score_tree))
+    monkeypatch.setattr(pipeline, "pack", spy("pack", pipeline.pack))
+    monkeypatch.setattr(proxy_module, "_loads", spy("parse", proxy_module._loads))
+    _, runner, url = await proxy_for(cluster)
+    try:
+        status, headers, body = await post(client, f"{url}/docs/_search", {"size": 2, "ext": {"bmx": BMX}})
+        assert status == 200 and headers["X-BMX-Rerank"] == "bmx" and len(body["hits"]["hits"]) == 2
+    finally:
+        await runner.cleanup()
+    loop_thread = threading.current_thread().name
+    for step in ("parse", "score", "pack"):
+        assert threads[step] and loop_thread not in threads[step], (step, threads[step])
