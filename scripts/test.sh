@@ -7,6 +7,7 @@
 # The second major of each kind runs beside the first under its own state directory
 # (<state>/elasticsearch9, <state>/opensearch3). Ports: BMX_TEST_<ENGINE>_PORT; by default 9200 and
 # 9201 for the first two (the launcher's defaults), any free port for the other two.
+# BMX_TEST_ENGINES (e.g. "elasticsearch9 opensearch") runs a subset: a CI rotation, see docs/engines.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -43,6 +44,7 @@ for spec in "${ENGINES[@]}"; do
   var=BMX_TEST_${upper}_URL
   port_var=BMX_TEST_${upper}_PORT
   [ -z "${!var:-}" ] || continue
+  if [ -n "${BMX_TEST_ENGINES:-}" ] && [[ " ${BMX_TEST_ENGINES//,/ } " != *" $id "* ]]; then continue; fi
   state=$state_base
   [ "$id" = "$kind" ] || state=$state_base/$id
   # Remember what this run starts (not an engine that was already up), then start it.
@@ -57,11 +59,11 @@ for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid" || failed=1; done
 for spec in "${ENGINES[@]}"; do
   read -r id kind version port <<<"$spec"
   var=BMX_TEST_$(echo "$id" | tr a-z A-Z)_URL
-  if [ -z "${!var:-}" ]; then
+  if [ -z "${!var:-}" ] && [ -f "$logs/$id" ]; then
     cat "$logs/$id" >&2
     export "$var=$(tail -n 1 "$logs/$id")"
   fi
-  echo "$id: ${!var}"
+  echo "$id: ${!var:-(not in this run)}"
 done
 rm -rf "$logs"
 [ "$failed" = 0 ] || { echo "an engine failed to start (see above)" >&2; exit 1; }

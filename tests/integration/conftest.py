@@ -35,7 +35,15 @@ EXTRA_ENGINES = {
 
 
 def engine_ids() -> list[str]:
-    """The engines this run covers, in a stable order: defaults first, then each configured extra."""
+    """The engines this run covers, in a stable order: defaults first, then each configured extra; or
+    exactly those `BMX_TEST_ENGINES` lists (a CI rotation: see docs/engines.md)."""
+    known = [*KINDS, *EXTRA_ENGINES]
+    chosen = os.environ.get("BMX_TEST_ENGINES", "").replace(",", " ").split()
+    if chosen:
+        unknown = sorted(set(chosen) - set(known))
+        if unknown:
+            raise pytest.UsageError(f"BMX_TEST_ENGINES: unknown engine(s) {unknown}; known: {known}")
+        return [e for e in known if e in chosen]
     return [*KINDS, *(name for name, (_, var) in EXTRA_ENGINES.items() if os.environ.get(var, "").strip())]
 
 
@@ -186,7 +194,9 @@ def opensearch_url() -> Iterator[str]:
 
 def _extra_url(name: str) -> str:
     kind, var = EXTRA_ENGINES[name]
-    url = os.environ[var].strip().rstrip("/")
+    url = os.environ.get(var, "").strip().rstrip("/")
+    if not url:
+        _unavailable(f"no {name}: set {var} (e.g. from `bmx-rerank engine start {kind} --version ...`)")
     _check_engine(kind, url, var)
     return url
 
