@@ -79,6 +79,7 @@ python -m pytest -p no:cacheprovider "$@"
 # container of the image built above (OpenSearch stays where it is).
 if [ $# -eq 0 ]; then
   source scripts/podman_service.sh
-  BMX_TEST_ELASTICSEARCH_URL= BMX_TEST_ELASTICSEARCH_IMAGE=localhost/bmx-rerank-elasticsearch:8.19.21 \
+  BMX_TEST_ENGINES=elasticsearch BMX_TEST_ELASTICSEARCH_URL= \
+    BMX_TEST_ELASTICSEARCH_IMAGE=localhost/bmx-rerank-elasticsearch:8.19.21 \
     python -m pytest -p no:cacheprovider tests/integration/test_proxy.py -k "elasticsearch and not elasticsearch9"
 fi
