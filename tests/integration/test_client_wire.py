@@ -121,14 +121,15 @@ def test_sync_wrapper_sends_what_the_official_client_sends(
     try:
         with BMXClient(client) as bmx:
             if engine.kind == "elasticsearch":  # elasticsearch-py 8 deprecates request_timeout per call
-                answer = bmx.options(request_timeout=30).search(
+                answer = bmx.options(request_timeout=30, headers={"x-bmx-test": "1"}).search(
                     **_search_kwargs(engine.kind, split_corpus, filter_path=FILTER), from_=1, size=2
                 )
             else:
                 kwargs = _search_kwargs(engine.kind, split_corpus, filter_path=FILTER, request_timeout=30)
-                answer = bmx.search(**kwargs, from_=1, size=2)
+                answer = bmx.search(**kwargs, from_=1, size=2, headers={"x-bmx-test": "1"})
             _check_page(answer, 1, 2)
             _check_wire(recorder, split_corpus)
+            assert recorder.requests("_search")[0].headers.get("x-bmx-test") == "1"  # the client's headers
     finally:
         client.close()
 
