@@ -843,7 +843,12 @@ async def _msearch(request: web.Request, index: str | None) -> web.StreamRespons
         }
         try:
             out = b"".join(
-                (orjson.dumps(sides[i].msearch_header(h)) + b"\n" + orjson.dumps(sides[i].body or {}) + b"\n")
+                (
+                    orjson.dumps(sides[i].msearch_header(h, request.query.get("preference")))
+                    + b"\n"
+                    + orjson.dumps(sides[i].body or {})
+                    + b"\n"
+                )
                 if i in sides
                 else head + b"\n" + (item if p is None else orjson.dumps(p.body or {})) + b"\n"
                 for i, (h, head, item, (_, p)) in enumerate(

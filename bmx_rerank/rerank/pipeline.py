@@ -75,9 +75,12 @@ class SideCalls:
             elif not task.cancelled():
                 task.exception()  # retrieved, so asyncio does not warn about it
 
-    def msearch_header(self, header: Mapping[str, Any]) -> dict[str, Any]:
-        """An `_msearch` item header with the window's preference (the caller's own, if it set one)."""
-        return {**header, "preference": header.get("preference", self.params["preference"])}
+    def msearch_header(self, header: Mapping[str, Any], url_preference: str | None = None) -> dict[str, Any]:
+        """An `_msearch` item header with the window's preference, unless the caller set one (in the
+        header, or for every item in the `_msearch` URL)."""
+        if "preference" in header or url_preference is not None:
+            return dict(header)
+        return {**header, "preference": self.params["preference"]}
 
 
 @dataclass

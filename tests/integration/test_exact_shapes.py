@@ -204,6 +204,36 @@ def test_query_string_of_plain_words_as_best_fields(exact):
     _check(engine, proxy, index, body, expected, {"fields": list(FIELDS)})
 
 
+def test_augmentations_merge_into_every_leaf_on_its_field(exact):
+    """WQA with several fields: each leaf scores its text plus the weighted augmented queries, on its
+    own field with that field's statistics (merged)."""
+    engine, index, proxy, corpus = exact
+    mm = {"query": "alpha", "fields": ["title^2", "text"], "type": "most_fields"}
+    ext = {"fields": list(FIELDS), "augment": {"queries": ["omega", "kappa zeta"], "weights": [0.5, 0.25]}}
+    tokens, weights = ["alpha", "omega", "kappa", "zeta"], [1.0, 0.5, 0.25, 0.25]
+
+    def expected(i: str) -> float:
+        def leaf(field: str) -> float:
+            docs = list(corpus.tokens[field].values())
+            return naive.bmx(docs, corpus.tokens[field][i], tokens, weights)
+
+        return 2 * leaf("title") + leaf("text")
+
+    sent = {"query": {"multi_match": mm}, "size": WINDOW, "ext": {"bmx": {"window_size": WINDOW, **ext}}}
+    got = _scores(proxy.call("POST", f"/{index}/_search", sent))
+    widened = {
+        "bool": {
+            "should": [
+                {"multi_match": mm},
+                *({"multi_match": {"query": q, "fields": list(FIELDS)}} for q in ext["augment"]["queries"]),
+            ]
+        }
+    }
+    direct = engine.ok("POST", f"/{index}/_search", {"query": widened, "size": WINDOW})["hits"]["hits"]
+    assert set(got) == {h["_id"] for h in direct}, "the augmentations widen the first stage on both fields"
+    assert got == pytest.approx({i: expected(i) for i in got}, abs=TOLERANCE)
+
+
 def test_explain_shows_every_leaf_on_its_field(exact):
     engine, index, proxy, corpus = exact
     mm = {"query": Q, "fields": ["title^2", "text"], "type": "most_fields"}

@@ -311,6 +311,7 @@ def test_an_msearch_item_gets_the_windows_preference_unless_it_has_its_own():
     side = SideCalls("idx", plan, None, {}, body, params)
     assert side.msearch_header({"index": "idx"}) == {"index": "idx", "preference": params["preference"]}
     assert side.msearch_header({"index": "idx", "preference": "mine"})["preference"] == "mine"
+    assert "preference" not in side.msearch_header({"index": "idx"}, "_local"), "the URL's applies"
 
 
 def test_mentions_finds_a_field_as_a_key_or_in_a_field_list():
