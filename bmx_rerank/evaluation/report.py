@@ -124,7 +124,7 @@ def plot(report: Report, path: str | Path) -> Path:
     ax.barh([r.name for r in rows], values, color=colors)
     ax.axvline(100 * report.selection.engine_score, color="black", linestyle="--", label="engine BM25")
     ax.axvline(
-        100 * report.selection.cv_score, color="#d62728", linestyle=":", label="cross-validated choice"
+        100 * report.selection.cv_score, color="#d62728", linestyle=":", label="held out, picking the best"
     )
     ax.invert_yaxis()
     low = min(values + [100 * report.selection.cv_score])
