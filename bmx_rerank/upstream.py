@@ -130,6 +130,12 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, SearchError) and not isinstance(exc, UpstreamError) and exc.status == 502
 
 
+def is_retryable(exc: BaseException) -> bool:
+    """A connection failure, or the cluster's 429 (a full thread-pool queue, es_rejected_execution: the
+    `_analyze` pool of Elasticsearch has 1 thread and 16 queue slots, which a busy proxy overflows)."""
+    return is_unreachable(exc) or (isinstance(exc, UpstreamError) and exc.status == 429)
+
+
 async def request_json_retrying(
     session: aiohttp.ClientSession,
     method: str,
@@ -139,11 +145,11 @@ async def request_json_retrying(
     timeout: float | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
 ) -> Any:
-    """`request_json` for idempotent calls, retried on connection errors only (bounded, with backoff)."""
+    """`request_json` for idempotent calls, retried on connection errors and 429s (bounded, with backoff)."""
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(max(1, attempts)),
         wait=wait_exponential(multiplier=0.05, max=0.5),
-        retry=retry_if_exception(is_unreachable),
+        retry=retry_if_exception(is_retryable),
         reraise=True,
     ):
         with attempt:

@@ -1,4 +1,4 @@
-"""Sidecar reads are retried on connection errors only, a bounded number of times."""
+"""Sidecar reads are retried on connection errors and 429s only, a bounded number of times."""
 
 from __future__ import annotations
 
@@ -44,3 +44,11 @@ async def test_cluster_answers_and_timeouts_are_not_retried(monkeypatch, error):
     with pytest.raises(SearchError):
         await upstream.analyze(None, "http://x", "i", "f", "text")
     assert len(calls) == 1
+
+
+async def test_a_full_queue_429_is_retried(monkeypatch):
+    rejected = UpstreamError(429, "es_rejected_execution_exception", "queue capacity = 16")
+    fake, calls = flaky([rejected])
+    monkeypatch.setattr(upstream, "request_json", fake)
+    assert await upstream.analyze(None, "http://x", "i", "f", "text") == ["ok"]
+    assert len(calls) == 2
