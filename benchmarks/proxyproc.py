@@ -1,0 +1,86 @@
+"""The proxy as a separate process (`bmx-rerank serve`, exactly as deployed), for the soak and writes
+benchmarks and their CI versions: start it, wait until it answers, read its RSS, stop it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent / "bmx-rerank"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Proxy:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def rss_kib(self) -> int:
+        return proc_status(self.proc.pid)["VmRSS"]
+
+    def peak_kib(self) -> int:
+        return proc_status(self.proc.pid)["VmHWM"]
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":")
+                out[key] = int(value.split()[0])
+    return out
+
+
+@contextlib.contextmanager
+def serve(
+    upstream: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None, log: Path | None = None
+) -> Iterator[Proxy]:
+    """`bmx-rerank serve --upstream URL` on a free loopback port; stopped (SIGTERM) on exit."""
+    port = free_port()
+    log = log or Path(f"/tmp/bmx-proxy-{port}.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(BIN), "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_bmx/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the proxy did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield Proxy(url, proc, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
