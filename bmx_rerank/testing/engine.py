@@ -11,6 +11,7 @@ another process than `start`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -259,8 +260,11 @@ def plugin_descriptor(version: str, classname: str) -> str:
     )
 
 
-def engine_settings(kind: EngineKind, port: int, data: Path, logs: Path) -> dict[str, str]:
-    """Node settings: single node on loopback, no security, tiny-disk friendly, wildcard deletes allowed."""
+def engine_settings(
+    kind: EngineKind, port: int, data: Path, logs: Path, security: bool = False
+) -> dict[str, str]:
+    """Node settings: single node on loopback, no security (unless asked, ES only: users and roles, HTTP
+    without TLS, allowed on a single loopback node), tiny-disk friendly, wildcard deletes allowed."""
     settings = {
         "cluster.name": f"bmx-rerank-{kind}",
         "node.name": f"bmx-rerank-{kind}",
@@ -278,8 +282,14 @@ def engine_settings(kind: EngineKind, port: int, data: Path, logs: Path) -> dict
         "action.destructive_requires_name": "false",
     }
     if kind == "elasticsearch":
-        # Explicitly off, or the CLI's security auto-configuration turns on TLS + auth.
-        settings["xpack.security.enabled"] = "false"
+        # Explicitly set, or the CLI's security auto-configuration turns on TLS + auth.
+        settings["xpack.security.enabled"] = "true" if security else "false"
+        if security:
+            settings["xpack.security.http.ssl.enabled"] = "false"
+            settings["xpack.security.transport.ssl.enabled"] = "false"
+            # Users and roles come from the file realm (config/users, users_roles, roles.yml): the
+            # integ zip lacks analysis-common, which the native realm's .security index needs.
+            settings["resource.reload.interval.high"] = "1s"
     # OpenSearch: no plugins.security.* here, the plugin is absent and unknown settings are fatal.
     return settings
 
@@ -659,10 +669,15 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def cluster_health(url: str, timeout: float = 2.0) -> dict[str, object] | None:
-    """GET /_cluster/health (the ES integ zip has no `GET /`), or None when it does not answer."""
+def cluster_health(url: str, timeout: float = 2.0, password: str | None = None) -> dict[str, object] | None:
+    """GET /_cluster/health (the ES integ zip has no `GET /`), or None when it does not answer;
+    as the `elastic` user when a password is given (security on)."""
+    request = urllib.request.Request(f"{url}/_cluster/health")
+    if password is not None:
+        token = base64.b64encode(f"elastic:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(f"{url}/_cluster/health", timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -686,6 +701,9 @@ class StartRequest:
     port: int
     java_home: Path | None = None
     timeout: float = START_TIMEOUT_S
+    # Elasticsearch only: security on, with this password for the built-in `elastic` superuser (set as
+    # `bootstrap.password` in the node's keystore; never written to the state file).
+    password: str | None = field(default=None, repr=False)
 
 
 def _prepare_node(req: StartRequest, home: Path, run_as: RunAs) -> tuple[Path, Path]:
@@ -699,7 +717,8 @@ def _prepare_node(req: StartRequest, home: Path, run_as: RunAs) -> tuple[Path, P
     jvm_options = node / "config" / "jvm.options"
     jvm_options.write_text(rewrite_jvm_options(jvm_options.read_text(), logs))
     yml = node / "config" / f"{req.kind}.yml"
-    yml.write_text(render_yaml(engine_settings(req.kind, req.port, node / "data", logs)))
+    security = req.password is not None
+    yml.write_text(render_yaml(engine_settings(req.kind, req.port, node / "data", logs, security)))
     _chown_tree(node, run_as)
     return node, logs
 
@@ -716,6 +735,27 @@ def _engine_env(req: StartRequest, java: JavaHome, node: Path) -> dict[str, str]
         f"{prefix}_JAVA_OPTS": HEAP,
     }
     return env
+
+
+def _set_bootstrap_password(req: StartRequest, home: Path, java: JavaHome, node: Path, run_as: RunAs) -> None:
+    """The `elastic` user's password, in a fresh keystore of the node (read from stdin, not argv)."""
+    if req.kind != "elasticsearch":
+        raise EngineError("a password (security on) is supported for Elasticsearch only")
+    tool = str(home / "bin" / "elasticsearch-keystore")
+    for args, stdin in ((["create"], None), (["add", "-x", "bootstrap.password"], req.password)):
+        proc = subprocess.run(
+            [tool, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            cwd=node,
+            env=_engine_env(req, java, node),
+            user=run_as.uid if run_as.user else None,
+            group=run_as.gid if run_as.user else None,
+            extra_groups=[] if run_as.user else None,
+        )
+        if proc.returncode != 0:
+            raise EngineError(f"elasticsearch-keystore {args[0]} failed: {proc.stdout}{proc.stderr}")
 
 
 def _java_candidates(java_home: Path | None) -> list[JavaHome]:
@@ -753,6 +793,8 @@ def start(req: StartRequest, report: Reporter = _quiet) -> EngineState:
         if _is_root():
             check_traversable(state_dir())
         node, logs = _prepare_node(req, home, run_as)
+        if req.password is not None:
+            _set_bootstrap_password(req, home, java, node, run_as)
         console = logs / "console.log"
         report(f"starting {req.kind} {req.version} on 127.0.0.1:{req.port} with Java {java.version}")
         started = time.monotonic()
@@ -813,7 +855,7 @@ def _wait_ready(req: StartRequest, proc: subprocess.Popen[bytes], url: str, cons
             raise EngineError(
                 f"{req.kind} exited with code {code} during start. Last lines of {console}:\n{tail(console)}"
             )
-        health = cluster_health(url)
+        health = cluster_health(url, password=req.password)
         if health and health.get("status") in ("yellow", "green"):
             if health.get("cluster_name") != expected_cluster:
                 raise EngineError(
