@@ -1,0 +1,124 @@
+"""Helpers between the proxy and a real engine: an event loop in a thread, and a fault injector (an
+aiohttp reverse proxy that forwards everything to the engine, records what went through, and misbehaves
+for the requests a rule picks)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+
+class LoopThread:
+    """An event loop in a daemon thread, to serve aiohttp apps next to the synchronous tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 120) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@dataclass
+class Rule:
+    """A fault for requests whose `METHOD path` matches `pattern`."""
+
+    pattern: str
+    action: str  # status:N | reset | truncate | garbage | stall | close
+
+
+@dataclass
+class FaultInjector:
+    """A reverse proxy to the engine that misbehaves for requests matching a rule."""
+
+    engine: str
+    rules: list[Rule] = field(default_factory=list)
+    hits: list[str] = field(default_factory=list)  # the requests a rule picked
+    seen: list[tuple[str, str, str | None, int]] = field(default_factory=list)  # method, path, auth, status
+    released: asyncio.Event | None = None  # set at teardown: stalled requests end
+
+    def release(self) -> None:
+        if self.released is not None:
+            self.released.set()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+
+        async def session(app: web.Application):
+            self.session = aiohttp.ClientSession(auto_decompress=False)
+            self.released = asyncio.Event()
+            yield
+            await self.session.close()
+
+        app.cleanup_ctx.append(session)
+        return app
+
+    def _rule(self, request: web.Request) -> Rule | None:
+        line = f"{request.method} {request.path}"
+        return next((r for r in self.rules if re.search(r.pattern, line)), None)
+
+    async def _upstream(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with self.session.request(
+            request.method, self.engine + request.path_qs, data=body, headers=headers
+        ) as resp:
+            payload = await resp.read()
+            keep = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection")
+            }
+            return resp.status, keep, payload
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        rule = self._rule(request)
+        if rule is None:
+            status, headers, payload = await self._upstream(request)
+            self.seen.append((request.method, request.path, request.headers.get("Authorization"), status))
+            return web.Response(status=status, headers=headers, body=payload)
+        self.hits.append(f"{request.method} {request.path}")
+        action = rule.action
+        if action.startswith("status:"):
+            code = int(action.split(":")[1])
+            cause = {"type": "fault_injected_exception", "reason": f"injected {code}"}
+            body = {"error": {"root_cause": [cause], **cause}, "status": code}
+            return web.json_response(body, status=code, headers={"X-Injected": "1"})
+        if action == "stall":  # until the test ends: far past the proxy's timeout
+            assert self.released is not None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.released.wait(), 60)
+        transport = request.transport
+        if action == "close":
+            assert transport is not None
+            transport.abort()
+            raise ConnectionResetError("injected close")
+        status, headers, payload = await self._upstream(request)
+        if action == "truncate":  # a complete HTTP answer whose JSON stops half-way
+            return web.Response(status=status, headers=headers, body=payload[: len(payload) // 2])
+        if action == "garbage":
+            return web.Response(
+                status=200, body=b"<html>proxy error page</html>", content_type="application/json"
+            )
+        assert action == "reset", action
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = len(payload)
+        await resp.prepare(request)
+        await resp.write(payload[: len(payload) // 2])
+        assert transport is not None
+        transport.abort()  # the connection dies with half the announced body sent
+        raise ConnectionResetError("injected reset")
