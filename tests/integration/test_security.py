@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -145,6 +146,7 @@ def secured() -> Iterator[Secured]:
         yield Secured(started.url, password, Path(started.node_dir) / "config")
     finally:
         eng.stop("elasticsearch")
+        shutil.rmtree(state, ignore_errors=True)
         if old is None:
             os.environ.pop("BMX_RERANK_STATE", None)
         else:
