@@ -30,6 +30,9 @@ from bmx_rerank.upstream import request_json
 log = logging.getLogger("bmx_rerank.applied")
 
 DEFAULT_TTL = 5.0  # seconds an index's configuration is remembered
+# Share of the proxy's --timeout the lookup may take: it runs before the search itself, so a stalled
+# cluster must not make a plain search wait twice the timeout (it answers 504 within timeout + 1 s).
+LOOKUP_SHARE = 0.25
 MAX_INDICES = 4096  # indices whose configuration is remembered at once
 
 
@@ -144,10 +147,13 @@ class AppliedConfigs:
         return None if cached is _ENGINE else cached
 
     async def _read(self, index: str, headers: Mapping[str, str]) -> Any:
+        timeout = None if self.timeout is None else max(0.1, self.timeout * LOOKUP_SHARE)
         try:
-            info = await read_config(self.session, self.base_url, index, headers, self.store, self.timeout)
+            info = await read_config(self.session, self.base_url, index, headers, self.store, timeout)
         except SearchError as exc:
             log.info("applied configuration not readable", extra={"fields": {"error": exc.type}})
+            if exc.status in (502, 504):  # the cluster is down or slow for everyone: not every search
+                self._cache[index] = _ENGINE  # waits for it again within ttl
             return None
         spec = self._spec(index, info)
         self._cache[index] = spec
