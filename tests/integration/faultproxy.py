@@ -28,6 +28,16 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
+        """Cancel whatever still runs (stalled handlers, pipes) while the loop lives, then stop it."""
+
+        async def drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            self.run(drain(), 30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 

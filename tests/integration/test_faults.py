@@ -46,6 +46,7 @@ class Throttle:
         self.delay = delay
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
+        self.writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
@@ -54,6 +55,8 @@ class Throttle:
     async def stop(self) -> None:
         assert self.server is not None
         self.server.close()
+        for writer in self.writers:
+            writer.close()
         await self.server.wait_closed()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -62,6 +65,7 @@ class Throttle:
         except OSError:
             writer.close()
             return
+        self.writers += [writer, up_writer]
         await asyncio.gather(
             self._pipe(reader, up_writer, 0.0),
             self._pipe(up_reader, writer, self.delay),
