@@ -85,7 +85,11 @@ class FaultInjector:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         async with self.session.request(
-            request.method, self.engine + request.path_qs, data=body, headers=headers
+            request.method,
+            self.engine + request.path_qs,
+            data=body,
+            headers=headers,
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),  # transparent
         ) as resp:
             payload = await resp.read()
             keep = {
