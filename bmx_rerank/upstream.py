@@ -119,6 +119,8 @@ async def request_json(
             if len(payload) > THREAD_BYTES:  # a large answer is parsed off the event loop
                 return await asyncio.to_thread(orjson.loads, payload)
             return orjson.loads(payload) if payload else None
+    except orjson.JSONDecodeError as exc:  # a 2xx that is not JSON (cut, or a middlebox's page)
+        raise unreachable(f"{method} {_path(url)} answered with a body that is not JSON") from exc
     except asyncio.TimeoutError as exc:
         raise timed_out(f"{method} {_path(url)} took longer than {timeout}s") from exc
     except aiohttp.ClientError as exc:  # refused, dropped, or an answer that is not HTTP

@@ -45,6 +45,10 @@ ON_ERROR = ("fallback", "fail")
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
 Pair = tuple[str, str]  # (field, text): one text analysed with one field's search analyzer
+# Seconds (at most a quarter of --timeout) the first stage may wait for what its probes need (the
+# analysis, the once-per-cluster parameter check): past it the search goes without probes, so a slow
+# cluster answers within --timeout plus this, not twice the timeout.
+PROBE_WAIT = 0.5
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 
@@ -199,17 +203,27 @@ class Reranker:
             return  # feedback reads every term of the window's documents: their term vectors
         if tf_probe.why_not(body, orjson.dumps(body), params):
             return
-        if not await self._reports_named_scores(side.index_expr, headers):
-            return
         try:
-            tokens = await side.tokens
-        except UpstreamError:
-            return  # `finish` analyses again on the hits' index, or fails as it would have
+            tokens = await asyncio.wait_for(
+                self._probe_tokens(side, headers), min(PROBE_WAIT, self.timeout / 4)
+            )
+        except (SearchError, asyncio.TimeoutError):
+            return  # `finish` analyses again on the hits' index, or fails (falls back) as it would have
+        if tokens is None:
+            return
         probe = tf_probe.probe_terms(tokens)
         if probe is not None and (side.index_expr, probe.fields) not in self._refused:
             side.probe, side.unprobed = probe, (body, params)
             side.body = tf_probe.with_probes(body, probe)
             side.params = {**params, tf_probe.PARAM: "true"}
+
+    async def _probe_tokens(self, side: SideCalls, headers: Mapping[str, str]) -> list[list[str]] | None:
+        """The query's tokens when the cluster takes probes, else None; the shared analysis task is
+        shielded, so giving up on probes never cancels it."""
+        if not await self._reports_named_scores(side.index_expr, headers):
+            return None
+        assert side.tokens is not None
+        return await asyncio.shield(side.tokens)
 
     def drop_probes(self, side: SideCalls) -> bool:
         """After the cluster refused a first stage with probes: the request without them, to send
@@ -240,6 +254,8 @@ class Reranker:
             except UpstreamError as exc:
                 if exc.status == 400 and tf_probe.PARAM in exc.reason:
                     self._named_scores = False
+                return False
+            except SearchError:  # unreachable, slow, or not JSON: no probes; the search decides
                 return False
         return self._named_scores
 
