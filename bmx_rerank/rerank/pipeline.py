@@ -1,8 +1,10 @@
 """The imperative shell of a rerank: the calls to the cluster, overlapped, around the pure verbs.
 
-For one search: `_analyze` of the query (and augmentations) and the statistics lookup start together
-with the first-stage search; once the window is back, the term vectors of the hits the cache misses
-are fetched in one `_mtermvectors`; then `rescore` and `pack`."""
+For one search: `_analyze` of every leaf of the scoring tree (and the augmentations) with its field's
+search analyzer, and one statistics lookup per field, start together with the first-stage search (sent
+with one `preference` per window, see `window_request`); once the window is back, the term vectors of
+the hits the cache misses are fetched for every field in one `_mtermvectors`, hits deleted or changed
+since the first stage are dropped; then `score_tree` and `pack`."""
 
 from __future__ import annotations
 
