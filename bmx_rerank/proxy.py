@@ -73,6 +73,7 @@ MAX_DEPTH = 100
 # waits behind a large rerank.
 THREAD_BYTES = 1 << 20
 ON_OVERLOAD = ("fallback", "reject")
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))  # the cluster's
 CHECK_BYTES = 64 * 1024  # inflated bytes of a passthrough body checked for a valid encoding
 BAD_ENCODING = web.RequestKey("bmx_bad_encoding", str)  # set when a body does not decode as labelled
 MAX_LINE = 4096  # request line, as Elasticsearch's http.max_initial_line_length
@@ -263,6 +264,10 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     kind = "passthrough"
     status = 0
     try:
+        if request.method not in METHODS:  # as Elasticsearch answers; OpenSearch would hang up
+            raise SearchError(
+                405, "method_not_allowed_exception", f"Unexpected http method: {request.method[:64]}"
+            )
         if not request.raw_path.startswith("/"):  # absolute-form or `*` request target: no such route
             raise bad_request(
                 f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
