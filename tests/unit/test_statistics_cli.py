@@ -116,7 +116,7 @@ def not_a_cluster_url() -> Iterator[str]:
 
 @pytest.mark.parametrize(
     ("index", "start"),
-    [("idx", "error: [502] bmx_upstream_not_json_exception: "), ("missing", "error: [404] ")],
+    [("idx", "error: [502] bmx_upstream_unreachable_exception: "), ("missing", "error: [404] ")],
 )
 def test_an_upstream_that_is_not_a_cluster_is_one_line_too(not_a_cluster_url, index, start):
     """HTML with a 200 (not JSON) and HTML with a 404 (a multi-line reason): one line each."""
