@@ -330,6 +330,8 @@ class Reranker:
             "reranked": True,
             **base,
             "estimated": any(v.estimated for v in views),
+            # which fields have no exact snapshot (a policy scores a query's other fields too)
+            "estimated_fields": [f for f, v in zip(names, views, strict=True) if v.estimated],
             "stale": any(v.stale for v in views),
             "built_at": min((v.built_at for v in views if v.built_at), default=None),
             "candidates": len(hits),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
-from bmx_rerank.rerank.query import Declined, Node, Text, on_fields, restrict, understand, weigh
+from bmx_rerank.rerank.query import Declined, Node, Text, fields, on_fields, restrict, understand, weigh
 from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import text_clause, widen
 
@@ -57,8 +57,8 @@ def plan_search(
     """Decide how to serve a search. `policy` is the server-side spec for this index, if any; `skip`, a
     reason the caller already knows not to rerank (`ext.bmx` is still validated and removed).
 
-    A declined search goes as sent (`ext.bmx` removed) with `skipped` set. Under a policy, a search that
-    names none of the policy's fields in its query is not the policy's business: it passes unmarked."""
+    A declined search goes as sent (`ext.bmx` removed) with `skipped` set. Under a policy, a search whose
+    scoring clauses are on none of the policy's fields is not the policy's business: it passes unmarked."""
     body_out = copy.deepcopy(dict(body)) if body is not None else None
     params_out = dict(params)
     raw = _pop_ext_bmx(body_out)
@@ -78,12 +78,12 @@ def plan_search(
     if skipped:
         return declined(skipped)
     try:
-        scoring = scoring_tree(query, spec)
+        scoring = scoring_tree(query, spec, policy=raw is None)
     except Declined as exc:
         return declined(exc.reason)
+    if raw is None and (scoring is None or not set(fields(scoring)) & set(spec.field_names)):
+        return Plan(body_out, params_out)  # its scoring clauses are not on the policy's fields
     if scoring is None:
-        if raw is None:
-            return Plan(body_out, params_out)
         raise bad_request(
             f"[bmx] needs [query]: the request has no text query on [{', '.join(spec.field_names)}] "
             "to take it from, nor [ext.bmx.query]"
@@ -133,9 +133,11 @@ def plan_search(
     )
 
 
-def scoring_tree(query: Any, spec: RerankSpec) -> Node | None:
+def scoring_tree(query: Any, spec: RerankSpec, *, policy: bool = False) -> Node | None:
     """What the rerank scores: `ext.bmx.query` on the spec's fields (as multi_match `best_fields`), or
-    the query's own text clauses, restricted to the spec's fields and weighted by their weights.
+    the query's own text clauses, weighted by the spec's field weights. `ext.bmx` restricts them to its
+    fields (it says which fields score); a `policy` scores every field the query scores, each on its own
+    statistics, so that a `multi_match` over the policy's field and another loses no part of its score.
 
     Raises `Declined` for a query BMX cannot score; with `combine`, such clauses are left to the first
     stage's score the combination reads."""
@@ -146,7 +148,8 @@ def scoring_tree(query: Any, spec: RerankSpec) -> Node | None:
         return None
     else:
         tree = understand(query, lenient=lenient)
-        tree = restrict(tree, spec.field_names, lenient=lenient) if tree is not None else None
+        if tree is not None and not policy:
+            tree = restrict(tree, spec.field_names, lenient=lenient)
     return weigh(tree, dict(spec.fields)) if tree is not None else None
 
 

@@ -132,6 +132,10 @@ def test_declined_shapes_answer_the_clusters_own_hits_with_the_reason(shapes, bo
     direct = engine.call("POST", f"/{index}/_search", {**body, "size": 10})
     if how == "policy" and not mentions(body.get("query"), ["text"]):
         assert "X-BMX-Rerank" not in got.headers, "a search on other fields is not the policy's"
+    elif how == "policy" and reason == "field":
+        # A policy scores every field of a query that scores one of its fields (ext.bmx names them).
+        assert got.headers.get("X-BMX-Rerank") == "bmx" and got.body["_bmx"]["fields"] == ["text", "title"]
+        return
     else:
         assert got.headers.get("X-BMX-Rerank") == f"skipped; reason={reason}"
     _same_answer(got, direct)

@@ -31,9 +31,15 @@ def idf(n: int, df: int) -> float:
 
 
 def bmx(corpus, doc, query, weights=None, alpha=None, beta=None) -> float:
-    n, avgdl, df, ent = corpus_stats(corpus)
+    return bmx_from(corpus_stats(corpus), doc, query, weights, alpha, beta)
+
+
+def bmx_from(stats, doc, query, weights=None, alpha=None, beta=None) -> float:
+    """BMX of one document from given statistics `(n, avgdl, df, raw entropy)` (df and entropy: maps
+    from term; a term absent has df 0), e.g. the estimated ones a proxy used."""
+    n, avgdl, df, ent = stats
     weights = weights or [1.0] * len(query)
-    pairs = [(q, w) for q, w in zip(query, weights, strict=True) if df[q] > 0]
+    pairs = [(q, w) for q, w in zip(query, weights, strict=True) if df.get(q, 0) > 0]
     if not pairs:
         return 0.0
     m = len(pairs)

@@ -112,7 +112,6 @@ def test_policy_applies_to_text_queries_on_its_field_whatever_filters_surround_t
     [
         ({"query": {"match": {"body": "t1"}}, "sort": ["date"]}, "sort"),
         ({"query": {"match": {"body": {"query": "t1", "fuzziness": "AUTO"}}}}, "fuzzy"),
-        ({"query": {"multi_match": {"query": "t2", "fields": ["title", "body^2"]}}}, "field"),
         ({"query": {"function_score": {"query": {"match": {"body": "t1"}}}}}, "function_score"),
     ],
 )
@@ -120,6 +119,27 @@ def test_policy_declines_out_loud_what_it_cannot_rerank_on_its_field(body, reaso
     policy = parse_spec({"field": "body", "window_size": 30})
     plan = plan_search(body, {}, policy)
     assert plan.spec is None and plan.body == body and plan.skipped == reason
+
+
+def test_a_policy_scores_every_field_of_a_query_that_scores_one_of_its_fields():
+    """Issue 9: a multi_match over the policy's field and another loses neither field nor boost; each
+    field is scored on its own statistics. ext.bmx keeps naming the fields it scores."""
+    policy = parse_spec({"fields": ["body^3"], "window_size": 30})
+    mm = {"query": "t2", "fields": ["body^2", "title"], "tie_breaker": 0.3}
+    plan = plan_search({"query": {"multi_match": mm}}, {}, policy)
+    assert plan.spec is policy and plan.skipped is None
+    assert plan.scoring == Combine("max", (Text("body", "t2", 6.0), Text("title", "t2")), 0.3)
+    most = {
+        "bool": {"must": [{"match": {"title": "a"}}, {"match": {"body": "b"}}], "filter": {"term": {"k": 1}}}
+    }
+    plan = plan_search({"query": most}, {}, policy)
+    assert plan.scoring == Combine("sum", (Text("title", "a"), Text("body", "b", 3.0)))
+    # Scoring clauses on none of its fields: not the policy's, even when a filter names its field.
+    elsewhere = {"bool": {"must": {"match": {"title": "a"}}, "filter": {"term": {"body": "x"}}}}
+    plan = plan_search({"query": elsewhere}, {}, policy)
+    assert plan.spec is None and plan.skipped is None and plan.body == {"query": elsewhere}
+    ext = {"query": {"multi_match": mm}, "ext": {"bmx": {"field": "body"}}}
+    assert plan_search(ext, {}).skipped == "field", "ext.bmx scores only its own fields"
 
 
 def test_widen_adds_augmented_matches_and_keeps_filters_outside():
