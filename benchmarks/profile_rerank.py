@@ -43,7 +43,12 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
             return await stats_build.build(session, upstream, index, "body", {})
 
     stats = FixedStats({(index, "body"): asyncio.run(sweep())})
-    app = make_app(ProxyConfig(upstream=upstream, cache_size=100_000 if caches else 0), lambda s, b: stats)
+    from proxy_latency import cache_option
+
+    app = make_app(
+        ProxyConfig(upstream=upstream, **cache_option(caches == "1" if isinstance(caches, str) else caches)),
+        lambda s, b: stats,
+    )
     if not caches:
         from proxy_latency import _no_analysis_cache
 

@@ -137,8 +137,7 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
     from bmx_rerank.rerank.stats_source import FixedStats
 
     stats = FixedStats({(index, "body"): corpus})
-    size = 256 << 20 if caches else 0
-    app = make_app(ProxyConfig(upstream=upstream, cache_bytes=size), lambda session, base: stats)
+    app = make_app(ProxyConfig(upstream=upstream, **cache_option(caches)), lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
     if loop == "uvloop":
@@ -148,6 +147,18 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
     web.run_app(
         app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None, reuse_port=True
     )
+
+
+def cache_option(caches: bool) -> dict[str, int]:
+    """The term-vector cache on (default size) or off, in this version's option (bytes or entries)."""
+    import dataclasses
+
+    from bmx_rerank.proxy import ProxyConfig
+
+    names = {f.name for f in dataclasses.fields(ProxyConfig)}
+    if "cache_bytes" in names:
+        return {"cache_bytes": (256 << 20) if caches else 0}
+    return {"cache_size": 100_000 if caches else 0}
 
 
 async def _no_analysis_cache(app) -> None:
