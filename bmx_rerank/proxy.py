@@ -90,7 +90,9 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     cache_bytes: int = 256 << 20  # term-vector cache, bytes (estimated)
     widen: bool = True
-    tf_probes: bool = True  # term frequencies from the first stage where the cluster can (rerank/tf_probe)
+    # Term frequencies from the first stage (rerank/tf_probe): off by default, measured slower than the
+    # term-vector cache on warm windows (benchmarks/RESULTS.md).
+    tf_probes: bool = False
     upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
     upstream_cert: str | None = None  # client certificate (PEM) for https nodes
     upstream_key: str | None = None

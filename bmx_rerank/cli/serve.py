@@ -197,7 +197,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option(
     "--tf-probes/--no-tf-probes",
-    default=True,
+    default=False,
     help="Term frequencies from the first stage (named intervals probes) where the cluster can; "
     "else from _mtermvectors.",
 )

@@ -144,7 +144,7 @@ class Reranker:
         llm: LLMProvider | None = None,
         lengths: tf_probe.LengthCache | None = None,
         analyses: AnalysisCache | None = None,
-        probes: bool = True,
+        probes: bool = False,
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
     ) -> None:
         if on_error not in ON_ERROR:

@@ -120,7 +120,8 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
-    out: list[Frequencies | None] = [{f: {} for f in probe.fields} for _ in hits]
+    fields = probe.fields
+    out: list[Frequencies | None] = [{f: {} for f in fields} for _ in hits]
     for (h, i), count, ok in zip(rows, counts.tolist(), readable.tolist(), strict=True):
         found = out[h]
         if found is None:

@@ -125,7 +125,7 @@ def _same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> None:
 def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpus) -> None:
     engine, index, queries = corpus
     stats = FixedStats({})
-    probed = ProxyThread(engine.url, stats)
+    probed = ProxyThread(engine.url, stats, tf_probes=True)
     fetched = ProxyThread(engine.url, stats, tf_probes=False)
     try:
         stats.table[(index, "body")] = probed.run(_build(engine.url, index))

@@ -483,14 +483,16 @@ async def test_explain_and_min_score(proxy, client):
         assert sum(d["value"] for d in details) == pytest.approx(hit["_score"])
 
 
-async def test_a_cluster_refusing_named_query_scores_is_asked_once_then_term_vectors_serve(proxy, client):
-    fake, url = proxy
+async def test_a_cluster_refusing_named_query_scores_is_asked_once_then_term_vectors_serve(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, tf_probes=True)
     search = {"ext": {"bmx": {"field": "body", "query": "t0 t1", "window_size": 5}}, "size": 3}
     first = (await post(client, f"{url}/docs/_search", search))[2]
     second = (await post(client, f"{url}/docs/_search", search))[2]
     assert fake.probe_checks == 1
     assert first["_bmx"]["reranked"] is True and first["hits"] == second["hits"]
     assert all("include_named_queries_score" not in json.dumps(b) for b in fake.searches)
+    await runner.cleanup()
 
 
 async def test_termvector_cache_hits_second_time(proxy, client):
