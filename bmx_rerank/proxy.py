@@ -140,7 +140,7 @@ def make_app(
     pool = NodePool(parse_nodes([config.upstream] if isinstance(config.upstream, str) else config.upstream))
     tls = client_ssl(config.upstream_ca, config.upstream_cert, config.upstream_key, config.upstream_verify)
     base = pool.base
-    app = web.Application()
+    app = web.Application(middlewares=[_no_route])
     metrics = Metrics()
     state: dict[str, Any] = {
         "config": config,
@@ -257,6 +257,17 @@ async def _metrics(request: web.Request) -> web.Response:
     resp = web.Response(body=metrics.render())
     resp.headers["Content-Type"] = metrics.content_type
     return resp
+
+
+@web.middleware
+async def _no_route(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A request no route takes (`CONNECT *`, an authority-form target): the router's plain-text 404
+    becomes the cluster's answer to an unknown URI, a 400 in Elasticsearch's error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        reason = f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
+        return error_response(bad_request(reason))
 
 
 async def _dispatch(request: web.Request) -> web.StreamResponse:
