@@ -1,0 +1,24 @@
+"""A few-seconds version of benchmarks/proxy_latency.py (the full run and its figures are in
+benchmarks/RESULTS.md): every way of asking is measured, the reranked ones rerank, and the target
+ratios and the plot come out of the rows."""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks import proxy_latency as bench
+
+
+def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path) -> None:
+    args = argparse.Namespace(windows="10", clients="1,2", duration=0.5, workers="1", loop="asyncio")
+    docs = bench.load("corpus.jsonl", 400)
+    queries = [q["text"] for q in bench.load("queries.jsonl", bench.WARMUP + 3)]
+    rows = bench.run_engine("es", elasticsearch_url, docs, queries, args)
+    kinds = {(r["request"], r["clients"]) for r in rows}
+    for kind in ("plain size-10", "passthrough", "plain size-N", "rescore N", "rerank warm", "rerank first"):
+        assert (kind, 1) in kinds and (kind, 2) in kinds, kind
+    assert all(r["n"] > 0 and r["p50"] > 0 and r["rps"] > 0 for r in rows)
+    measures = dict((m, v) for m, v, _ in bench.targets(rows, "es"))
+    assert measures["passthrough, one client: p50 - direct p50"].endswith("ms")
+    bench.plot(rows, ["es"], [10], str(tmp_path / "latency.png"))
+    assert (tmp_path / "latency.png").stat().st_size > 1000
