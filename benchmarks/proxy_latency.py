@@ -30,6 +30,7 @@ import asyncio
 import http.client
 import json
 import os
+import signal
 import statistics as pystats
 import subprocess
 import sys
@@ -125,9 +126,18 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
     ]
     for proc in procs:
         proc.start()
+    # terminate() of this process must take its workers along (daemon children are only reaped by a
+    # normal exit): SIGTERM becomes SystemExit, and the workers are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print("ready", flush=True)
-    for proc in procs:
-        proc.join()
+    try:
+        for proc in procs:
+            proc.join()
+    finally:
+        for proc in procs:
+            proc.kill()  # a benchmark's proxy: nothing to drain
+        for proc in procs:
+            proc.join(5)
 
 
 def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus) -> None:
