@@ -116,7 +116,6 @@ RAW_HTTP = {
         "POST http://127.0.0.1:1/docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     ),
     "asterisk target": "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-    "HTTP/2.0 on a 1.1 socket": "GET / HTTP/2.0\r\nHost: x\r\n\r\n",
     "NUL in the target": "GET /do\x00cs/_search HTTP/1.1\r\nHost: x\r\n\r\n",
 }
 
@@ -124,7 +123,7 @@ RAW_HTTP = {
 @pytest.mark.parametrize("wire", list(RAW_HTTP.values()), ids=list(RAW_HTTP))
 def test_malformed_http_is_answered_in_elasticsearch_shape(servers, wire):
     answer = send(servers, wire.encode("latin-1"))
-    assert answer.status != 0, "no answer"
+    assert answer.status > 0, f"no HTTP/1.x answer: {answer.body[:200]!r}"
     assert answer.status < 500 or answer.headers.get("x-fake-upstream") == "1", answer.body[:300]
     if answer.status >= 400 and answer.headers.get("x-fake-upstream") != "1":
         assert es_error_shape(answer.body, answer.status) is None, answer.body[:300]
