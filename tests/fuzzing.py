@@ -27,6 +27,7 @@ from aiohttp import web
 from hypothesis import strategies as st
 
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.rerank.spec import KEYS as EXT_BMX_KEYS
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats.corpus import CorpusStats
 
@@ -341,22 +342,7 @@ def problems(raw: Raw | None, answer: Answer) -> list[str]:
 
 # ---- strategies -----------------------------------------------------------------------------------
 
-BMX_KEYS = (
-    "field",
-    "query",
-    "window_size",
-    "alpha",
-    "beta",
-    "k1",
-    "b",
-    "normalize",
-    "min_score",
-    "mode",
-    "augment",
-    "wqa_mode",
-    "widen",
-    "explain",
-)
+BMX_KEYS = EXT_BMX_KEYS  # every key ext.bmx takes, so a new one is fuzzed too
 NUMBERS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -372,6 +358,10 @@ WILD = st.recursive(
 )
 GOOD_VALUES = {
     "field": st.sampled_from(["body", "title", "", "body.keyword"]),
+    "fields": st.lists(st.sampled_from(["body", "title^2", "body^1e308", "^3", "", "body^-1"]), max_size=40),
+    "combine": st.sampled_from(["replace", "linear", "rrf", "sum", ""]),
+    "weight": NUMBERS,
+    "rank_constant": st.one_of(st.integers(-5, 2_000_000), st.sampled_from([2**40, 10**30])),
     "query": st.sampled_from(["t0 t3", "t4", "", "T0 t9 t1"]),
     "window_size": st.one_of(st.integers(min_value=-5, max_value=20_000), st.sampled_from([2**40, 10**30])),
     "alpha": NUMBERS,

@@ -102,8 +102,9 @@ def test_permuting_candidates_permutes_scores(corpus, query, data):
     shuffled = scoring.Candidates(cands.tf[perm], cands.length[perm])
     for mode in scoring.MODES:
         req = scoring.Request(mode=mode)
-        np.testing.assert_array_equal(
-            scoring.score(stats, shuffled, qs, req), scoring.score(stats, cands, qs, req)[perm]
+        # Rows in another order may take another matrix-kernel path: equal to the last bit or so.
+        np.testing.assert_allclose(
+            scoring.score(stats, shuffled, qs, req), scoring.score(stats, cands, qs, req)[perm], rtol=1e-12
         )
 
 
