@@ -17,7 +17,6 @@ client's TLS settings (CA bundle, verification, client certificate) and the requ
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import functools
 import ssl
@@ -38,6 +37,7 @@ from bmx_rerank.rerank.pipeline import Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.upstream import basic_auth as upstream_basic_auth
 
 # Header names the sidecar's calls carry from the search they serve: its credentials, nothing else.
 CREDENTIAL_HEADERS = ("authorization", "es-security-runas-user")
@@ -102,8 +102,8 @@ def ssl_context(
 
 def basic_auth(user_pass: str | Sequence[str]) -> str:
     """`Basic ...` from opensearch-py's `http_auth` ("user:pass" or (user, pass))."""
-    text = user_pass if isinstance(user_pass, str) else ":".join(user_pass)
-    return "Basic " + base64.b64encode(text.encode()).decode()
+    user, _, password = (user_pass if isinstance(user_pass, str) else ":".join(user_pass)).partition(":")
+    return upstream_basic_auth(user, password)
 
 
 def sidecar_of(client: Any, url: str | None = None) -> Sidecar:

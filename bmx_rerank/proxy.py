@@ -9,7 +9,6 @@ the cluster's own errors pass through as they are; nothing ever answers with a s
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import gzip
 import logging
@@ -41,7 +40,7 @@ from bmx_rerank.rerank.pipeline import Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
 from bmx_rerank.rerank.spec import DEFAULT_WINDOW, MAX_WINDOW
 from bmx_rerank.rerank.stats_source import StatsSource
-from bmx_rerank.upstream import forwardable_headers
+from bmx_rerank.upstream import basic_auth, forwardable_headers
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -123,10 +122,7 @@ def split_upstream(url: str) -> tuple[str, str | None]:
 
     Credentials never stay in a URL the proxy might log."""
     parsed = URL(url)
-    auth = None
-    if parsed.user is not None:
-        token = base64.b64encode(f"{parsed.user}:{parsed.password or ''}".encode()).decode()
-        auth = f"Basic {token}"
+    auth = None if parsed.user is None else basic_auth(parsed.user, parsed.password)
     clean = parsed.with_user(None).with_password(None)
     return str(clean).rstrip("/"), auth
 

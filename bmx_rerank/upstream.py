@@ -83,6 +83,12 @@ NOT_FORWARDED = frozenset(
 )
 
 
+def basic_auth(user: str, password: str | None) -> str:
+    """An `Authorization` value for HTTP Basic credentials (UTF-8, as Elasticsearch reads them): the one
+    place URL userinfo, `--user/--password` and a client's `http_auth` become a header."""
+    return aiohttp.BasicAuth(user, password or "", encoding="utf-8").encode()
+
+
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The caller's headers to repeat on the sidecar's own calls: all but those of `NOT_FORWARDED`.
 

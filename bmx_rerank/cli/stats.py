@@ -7,7 +7,6 @@ userinfo or the BMX_UPSTREAM_* environment) go only into the Authorization heade
 from __future__ import annotations
 
 import asyncio
-import base64
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.sweep import resolve_text_field, sweep_index
+from bmx_rerank.upstream import basic_auth
 
 T = TypeVar("T")
 
@@ -296,8 +296,10 @@ def connection(
         user, password = url.user, url.password
     url = url.with_user(None).with_password(None)
     if user:
-        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
-        headers["Authorization"] = f"Basic {token}"
+        try:
+            headers["Authorization"] = basic_auth(user, password)
+        except ValueError as exc:  # a ":" in the user name cannot be sent as Basic credentials
+            raise click.BadParameter(str(exc), param_hint="--user") from None
     for raw in header:
         for line in raw.splitlines():
             name, sep, value = line.partition(":")

@@ -123,3 +123,14 @@ def test_an_upstream_that_is_not_a_cluster_is_one_line_too(not_a_cluster_url, in
     result = CliRunner().invoke(command, ["show", index, "--field", "body", "--upstream", not_a_cluster_url])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.startswith(start) and result.output.count("\n") == 1
+
+
+def test_basic_credentials_are_utf8_and_a_colon_in_the_user_is_a_usage_error():
+    import base64
+
+    _, headers = connection("http://127.0.0.1:1", "élan", "pä:ss", ())
+    assert headers["Authorization"] == "Basic " + base64.b64encode("élan:pä:ss".encode()).decode()
+    args = ["show", "idx", "--field", "f", "--user", "a:b", "--upstream", "http://127.0.0.1:1"]
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 2 and "not allowed in login" in result.output
+    assert "Traceback" not in result.output
