@@ -11,17 +11,36 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${BMX_IMAGE_CACHE:-/var/cache/bmx-rerank-image}"
-MIRROR="${BMX_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror apt itself uses here (deb822 sources, else a one-line sources.list).
+apt_mirror() {
+    local uri
+    uri=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 !~ /security/ {
+        for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list 2>/dev/null || true)
+    [ -n "$uri" ] || { echo "build_image.sh: no Debian mirror in apt's sources: set BMX_DEBIAN_MIRROR" >&2; exit 1; }
+    echo "$uri"
+}
+MIRROR="${BMX_DEBIAN_MIRROR:-$(apt_mirror)}"
 SUITE=bookworm
 ENGINE_VERSION="${BMX_ENGINE_VERSION:-8.19.21}"
 BASE_RECIPE=2 # bump when base_image changes what it makes
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$ROOT/docker/containers.conf}"
 HOST_CA=/etc/ssl/certs/ca-certificates.crt
 
-need() { command -v "$1" >/dev/null || { echo "build_image.sh: $1 is missing (apt-get install -y $2)" >&2; exit 1; }; }
-need podman podman
-need debootstrap debootstrap
-need runc runc
+# podman, debootstrap and runc from Debian's packages: installed here when missing (a fresh machine), as
+# root with apt; otherwise say what to install.
+missing=()
+for tool in podman debootstrap runc; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing ${missing[*]} from Debian's packages" >&2
+        apt-get update -qq >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman debootstrap runc >&2
+    else
+        echo "build_image.sh: ${missing[*]} missing (apt-get install -y podman debootstrap runc)" >&2
+        exit 1
+    fi
+fi
 
 # base_image NAME PACKAGES: a Debian base with PACKAGES, from cache when its inputs did not change.
 base_image() {
