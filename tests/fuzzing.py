@@ -29,16 +29,8 @@ from hypothesis import strategies as st
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.rerank.spec import KEYS as EXT_BMX_KEYS
 from bmx_rerank.rerank.stats_source import FixedStats
-from bmx_rerank.stats.corpus import CorpusStats
+from tests.unit.test_proxy import CORPUS, DOCS  # the unit tests' fake corpus, one copy
 
-DOCS = {
-    "1": "t0 t0 t1",
-    "2": "t0 t3 t3 t5 t6",
-    "3": "t3",
-    "4": "t1 t2 t2 t2",
-    "5": "t0 t3 t4 t4 t4 t4 t4",
-}
-CORPUS = CorpusStats.from_documents(Counter(t.split()) for t in DOCS.values())
 UPSTREAM_TAG = "X-Fake-Upstream"
 FAKE_BODY_LIMIT = 8 * 1024 * 1024  # the fake reads at most this much (inflated), like a cluster's cap
 
