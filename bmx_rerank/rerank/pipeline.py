@@ -320,7 +320,7 @@ class Reranker:
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
         tokens = await self._tokens_after(side, hits, headers)
         terms, views = await asyncio.gather(
-            self._probed_terms(hits, side.frequencies, names, headers)
+            self._probed_terms(hits, side.frequencies, names, headers, side.stats)
             if side.probe is not None and side.frequencies is not None and side.probe.covers(tokens)
             else self._term_vectors(hits, names, headers),
             asyncio.gather(*(self._complete(side.stats[f], _field_tokens(tokens, f)) for f in names)),
@@ -501,10 +501,12 @@ class Reranker:
         frequencies: Sequence[tf_probe.Frequencies | None],
         names: Sequence[str],
         headers: Mapping[str, str],
+        stats: Mapping[str, Awaitable[StatsView]],
     ) -> list[dict[str, DocTerms] | None]:
         """`_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
-        stage reported them, its lengths from the length cache; `_mtermvectors` only for the hits the
-        cache misses (their lengths are then remembered), dropped as `_term_vectors` drops them.
+        stage reported them, its lengths from the length cache, else from the statistics snapshot's
+        length table (`StatsView.lengths`, exact document versions only); `_mtermvectors` only for the
+        hits both miss (their lengths are then remembered), dropped as `_term_vectors` drops them.
 
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
         refs = doc_refs(hits)
@@ -517,6 +519,13 @@ class Reranker:
         missing = [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]
         self.metrics.cache.labels("hit").inc((len(hits) - len(missing)) * len(names))
         self.metrics.cache.labels("miss").inc(len(missing) * len(names))
+        probed = [i for i in missing if frequencies[i] is not None]
+        if probed:
+            views = await asyncio.gather(*(stats[f] for f in names))
+            tabled = table_lengths([hits[i] for i in probed], names, views)
+            for i, found_lengths in zip(probed, tabled, strict=True):
+                lengths[i] = {f: n if n is not None else found_lengths[f] for f, n in lengths[i].items()}
+            missing = [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]
         found: list[dict[str, DocTerms] | None] = [
             None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
             for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
@@ -554,6 +563,32 @@ class Reranker:
             return await awaitable
         finally:
             self.metrics.upstream_seconds.labels(call).observe(time.perf_counter() - start)
+
+
+def table_lengths(
+    hits: Sequence[Mapping[str, Any]], names: Sequence[str], views: Sequence[StatsView]
+) -> list[dict[str, int | None]]:
+    """Each hit's length per field from the length table of its index in that field's view: None
+    where the view has no table for the index or the table not this version of the document."""
+    out: list[dict[str, int | None]] = [{} for _ in hits]
+    by_index: dict[str, list[int]] = {}
+    for i, hit in enumerate(hits):
+        by_index.setdefault(str(hit.get("_index")), []).append(i)
+    for name, view in zip(names, views, strict=True):
+        tables = view.lengths or {}
+        for index, rows in by_index.items():
+            table = tables.get(index)
+            found: list[int | None] = [None] * len(rows)
+            if table is not None:
+                found = table.lookup(
+                    [str(hits[i].get("_id")) for i in rows],
+                    [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
+                    [hits[i].get("_seq_no") for i in rows],
+                    [hits[i].get("_primary_term") for i in rows],
+                )
+            for i, n in zip(rows, found, strict=True):
+                out[i][name] = n
+    return out
 
 
 def _single_index(index_expr: str) -> bool:

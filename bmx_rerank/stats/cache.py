@@ -21,6 +21,7 @@ from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, caller
 from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
+from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.store import DEFAULT_STORE, SnapshotInfo
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
 
@@ -38,6 +39,9 @@ class StatsView:
     estimated: bool  # no exact snapshot: entropy estimated from df and ttf (see `estimate`)
     stale: bool  # drift detected since the snapshot was built
     built_at: str | None  # ISO timestamp of the (oldest) snapshot, None if estimated
+    # concrete index name -> the exact document lengths its snapshot holds (`stats.lengths`); None, or
+    # an index absent: no table (estimated mode, built without, re-created index): `_mtermvectors`
+    lengths: Mapping[str, DocLengths] | None = None
     _complete: Callable[[Sequence[str]], Awaitable[StatsView]] | None = field(
         default=None, repr=False, compare=False
     )

@@ -1,0 +1,156 @@
+"""Exact field lengths |D| of every document version a sweep read, so a window whose term frequencies
+come from the first stage's probes needs no `_mtermvectors` at all.
+
+A table maps a 64-bit hash of (`_id`, `_routing`) to the `_seq_no` and `_primary_term` of the version
+the sweep read, and that version's length. A hit's length is taken only when all three match: the
+same document (id and routing) in the same version (sequence number and primary term). Anything else
+(a document changed since the build, a hit without a sequence number) is None, and the caller fetches
+term vectors as before. Keys that occur twice (a hash collision) are dropped, and remembered as
+dropped so tables merged from slices or refreshes equal a rebuild's table: exactness first.
+
+The table belongs to one concrete index; a re-created index of the same name starts again at
+`_seq_no` 0 and must not use it (the statistics cache checks the index UUID)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BYTES_PER_DOC = 28  # key 8, _seq_no 8, _primary_term 4, length 8 (before compression)
+
+
+def doc_key(doc_id: str, routing: str | None) -> int:
+    """The 64-bit key of a document: blake2b of its id (length-prefixed) and routing (or none)."""
+    raw = doc_id.encode()
+    h = hashlib.blake2b(len(raw).to_bytes(4, "little"), digest_size=8)
+    h.update(raw)
+    h.update(b"\x00" if routing is None else b"\x01" + routing.encode())
+    return int.from_bytes(h.digest(), "little")
+
+
+def _u64(values: Iterable[int]) -> np.ndarray:
+    return np.fromiter(values, np.uint64)
+
+
+@dataclass(frozen=True)
+class DocLengths:
+    """Lengths of one concrete index's documents, sorted by key (see the module docstring)."""
+
+    keys: np.ndarray  # (n,) uint64, sorted, unique
+    seq_nos: np.ndarray  # (n,) int64
+    primary_terms: np.ndarray  # (n,) int64
+    lengths: np.ndarray  # (n,) int64
+    dropped: np.ndarray  # (d,) uint64, sorted unique keys seen more than once (never answered)
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0]
+        if not (self.seq_nos.shape == self.primary_terms.shape == self.lengths.shape == (n,)):
+            raise ValueError("keys, seq_nos, primary_terms and lengths must be 1-d arrays of one length")
+
+    @classmethod
+    def empty(cls) -> DocLengths:
+        return cls.from_keys(_u64([]), [], [], [])
+
+    @classmethod
+    def from_rows(
+        cls,
+        ids: Sequence[str],
+        routings: Sequence[str | None],
+        seq_nos: Sequence[int],
+        primary_terms: Sequence[int],
+        lengths: Sequence[int],
+    ) -> DocLengths:
+        """The table of (id, routing, seq_no, primary_term, length) rows; keys seen twice are dropped."""
+        keys = _u64(doc_key(i, r) for i, r in zip(ids, routings, strict=True))
+        return cls.from_keys(keys, seq_nos, primary_terms, lengths)
+
+    @classmethod
+    def from_keys(
+        cls,
+        keys: np.ndarray | Sequence[int],
+        seq_nos: np.ndarray | Sequence[int],
+        primary_terms: np.ndarray | Sequence[int],
+        lengths: np.ndarray | Sequence[int],
+        dropped: np.ndarray | Sequence[int] = (),
+    ) -> DocLengths:
+        """The table of rows already keyed (`doc_key`); a key seen twice, or in `dropped`, is left out."""
+        k = np.asarray(keys, dtype=np.uint64)
+        order = np.argsort(k, kind="stable")
+        k = k[order]
+        seq = np.asarray(seq_nos, dtype=np.int64)[order]
+        term = np.asarray(primary_terms, dtype=np.int64)[order]
+        length = np.asarray(lengths, dtype=np.int64)[order]
+        twice = np.zeros(k.shape[0], bool)
+        if k.shape[0] > 1:
+            same = k[1:] == k[:-1]
+            twice[1:] |= same
+            twice[:-1] |= same
+        gone = np.union1d(np.asarray(dropped, dtype=np.uint64), k[twice]).astype(np.uint64)
+        keep = ~twice & ~np.isin(k, gone)
+        return cls(k[keep], seq[keep], term[keep], length[keep], gone)
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.keys, self.seq_nos, self.primary_terms, self.lengths, self.dropped)
+        return int(sum(a.nbytes for a in arrays))
+
+    def __add__(self, other: DocLengths) -> DocLengths:
+        """The table of both tables' documents (disjoint sets: slices, or a refresh's new documents),
+        equal to the table built from all rows at once."""
+        return DocLengths.from_keys(
+            np.concatenate([self.keys, other.keys]),
+            np.concatenate([self.seq_nos, other.seq_nos]),
+            np.concatenate([self.primary_terms, other.primary_terms]),
+            np.concatenate([self.lengths, other.lengths]),
+            np.union1d(self.dropped, other.dropped),
+        )
+
+    def same_as(self, other: DocLengths) -> bool:
+        return all(
+            np.array_equal(a, b)
+            for a, b in (
+                (self.keys, other.keys),
+                (self.seq_nos, other.seq_nos),
+                (self.primary_terms, other.primary_terms),
+                (self.lengths, other.lengths),
+                (self.dropped, other.dropped),
+            )
+        )
+
+    def lookup(
+        self,
+        ids: Sequence[str],
+        routings: Sequence[str | None],
+        seq_nos: Sequence[object],
+        primary_terms: Sequence[object],
+    ) -> list[int | None]:
+        """Each document version's length, or None when the table does not hold that exact version
+        (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given)."""
+        n = len(ids)
+        out: list[int | None] = [None] * n
+        usable = [
+            i
+            for i in range(n)
+            if _is_int(seq_nos[i]) and _is_int(primary_terms[i]) and seq_nos[i] >= 0  # type: ignore[operator]
+        ]
+        if not usable or not len(self):
+            return out
+        keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self) - 1)
+        seq = np.array([seq_nos[i] for i in usable], np.int64)
+        term = np.array([primary_terms[i] for i in usable], np.int64)
+        hit = (self.keys[pos] == keys) & (self.seq_nos[pos] == seq) & (self.primary_terms[pos] == term)
+        for i, p, ok in zip(usable, pos.tolist(), hit.tolist(), strict=True):
+            if ok:
+                out[i] = int(self.lengths[p])
+        return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

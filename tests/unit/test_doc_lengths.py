@@ -1,0 +1,105 @@
+"""DocLengths: exact lengths per document version, None whenever anything is uncertain."""
+
+from __future__ import annotations
+
+from bmx_rerank.rerank.pipeline import table_lengths
+from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.lengths import DocLengths, doc_key
+
+ROWS = (
+    ["a", "b", "c", "c"],
+    [None, None, None, "r1"],
+    [0, 1, 2, 3],
+    [1, 1, 1, 2],
+    [5, 0, 7, 9],
+)
+
+
+def table() -> DocLengths:
+    return DocLengths.from_rows(*ROWS)
+
+
+def test_lookup_matches_id_routing_seq_no_and_primary_term() -> None:
+    t = table()
+    assert len(t) == 4
+    assert t.lookup(["a", "b", "c", "c"], [None, None, None, "r1"], [0, 1, 2, 3], [1, 1, 1, 2]) == [
+        5,
+        0,
+        7,
+        9,
+    ]
+    # same id under another routing is another document
+    assert t.lookup(["c"], ["r2"], [3], [2]) == [None]
+    assert t.lookup(["c"], [None], [3], [2]) == [None]
+
+
+def test_seq_no_or_primary_term_mismatch_is_none() -> None:
+    t = table()
+    assert t.lookup(["a", "a", "a"], [None] * 3, [1, 0, None], [1, 2, 1]) == [None, None, None]
+    assert t.lookup(["a"], [None], [-2], [1]) == [None]  # unassigned sequence number
+    assert t.lookup(["zzz"], [None], [0], [1]) == [None]  # never swept
+    assert t.lookup(["a"], [None], [True], [1]) == [None]  # not a number
+
+
+def test_keys_seen_twice_are_dropped_and_stay_dropped() -> None:
+    t = DocLengths.from_keys([7, 3, 7, 9], [0, 1, 2, 3], [1, 1, 1, 1], [10, 11, 12, 13])
+    assert t.keys.tolist() == [3, 9]
+    assert t.dropped.tolist() == [7]
+    # a key dropped in one part is not answered after merging with a part that holds it once
+    other = DocLengths.from_keys([7], [5], [1], [20])
+    merged = t + other
+    assert 7 not in merged.keys.tolist()
+    assert merged.same_as(
+        DocLengths.from_keys([7, 3, 7, 9, 7], [0, 1, 2, 3, 5], [1] * 5, [10, 11, 12, 13, 20])
+    )
+
+
+def test_duplicate_documents_are_dropped() -> None:
+    t = DocLengths.from_rows(["x", "x", "y"], [None, None, None], [0, 4, 1], [1, 1, 1], [3, 4, 5])
+    assert t.lookup(["x", "x", "y"], [None] * 3, [0, 4, 1], [1, 1, 1]) == [None, None, 5]
+
+
+def test_merge_equals_building_at_once() -> None:
+    ids, routings, seqs, terms, lengths = ROWS
+    a = DocLengths.from_rows(ids[:2], routings[:2], seqs[:2], terms[:2], lengths[:2])
+    b = DocLengths.from_rows(ids[2:], routings[2:], seqs[2:], terms[2:], lengths[2:])
+    assert (a + b).same_as(table())
+    assert (b + a).same_as(table())
+    assert (table() + DocLengths.empty()).same_as(table())
+
+
+def test_empty_table_answers_none() -> None:
+    t = DocLengths.empty()
+    assert len(t) == 0
+    assert t.lookup(["a"], [None], [0], [1]) == [None]
+    assert t.lookup([], [], [], []) == []
+
+
+def test_key_separates_id_and_routing() -> None:
+    assert doc_key("a\x00b", None) != doc_key("a", "b")
+    assert doc_key("a", None) != doc_key("a", "")
+    assert doc_key("ab", None) != doc_key("a", "b")
+    assert doc_key("a", "r") == doc_key("a", "r")
+
+
+def test_table_lengths_per_field_and_index() -> None:
+    corpus = CorpusStats.empty()
+    t = table()
+    views = [
+        StatsView(corpus, False, False, None, lengths={"i1": t}),
+        StatsView(corpus, False, False, None),  # no table for this field
+    ]
+    hits = [
+        {"_index": "i1", "_id": "a", "_seq_no": 0, "_primary_term": 1},
+        {"_index": "i2", "_id": "a", "_seq_no": 0, "_primary_term": 1},  # other index: no table
+        {"_index": "i1", "_id": "c", "_routing": "r1", "_seq_no": 3, "_primary_term": 2},
+        {"_index": "i1", "_id": "b"},  # no sequence number: uncertain
+    ]
+    got = table_lengths(hits, ["f", "g"], views)
+    assert got == [
+        {"f": 5, "g": None},
+        {"f": None, "g": None},
+        {"f": 9, "g": None},
+        {"f": None, "g": None},
+    ]
