@@ -1,8 +1,8 @@
 """Where a reranked search's time goes: the proxy's own metrics (time per upstream call) and a
-pyinstrument profile of the proxy process, for warm or first-sight reranks of one window size.
+pyinstrument profile of the proxy process, for warm or first-sight reranks of one window size, or for searches passed through.
 
     .venv/bin/python benchmarks/profile_rerank.py --upstream http://127.0.0.1:9200 --window 100 \
-        --mode warm [--requests 200] [--profile-out /tmp/profile.txt]
+        --mode warm|first|passthrough [--requests 200] [--profile-out /tmp/profile.txt]
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
 the proxy in a child process under pyinstrument, sends `--requests` reranks one at a time (warm: each
@@ -88,7 +88,7 @@ def main() -> None:
     )
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--window", type=int, default=100)
-    parser.add_argument("--mode", choices=("warm", "first"), default="warm")
+    parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -113,13 +113,19 @@ def main() -> None:
         time.sleep(1.0)
         proxy = Http(f"http://127.0.0.1:{port}")
         path = f"/{index}/_search"
-        if args.mode == "warm":
+
+        def ask(q: str) -> dict:
+            if args.mode == "passthrough":  # the same search without ext.bmx: forwarded untouched
+                return {"query": {"match": {"body": q}}, "size": 10}
+            return rerank(q, args.window)
+
+        if args.mode != "first":
             for q in queries:
-                proxy.ok("POST", path, rerank(q, args.window))
+                proxy.ok("POST", path, ask(q))
         before = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
         start = time.perf_counter()
         for q in queries:
-            proxy.ok("POST", path, rerank(q, args.window))
+            proxy.ok("POST", path, ask(q))
         wall = (time.perf_counter() - start) / len(queries) * 1000
         after = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import aiohttp
@@ -53,8 +54,9 @@ class DocTerms:
     seq_no: int | None = None
     primary_term: int | None = None
 
-    @property
+    @cached_property
     def length(self) -> int:
+        """Summed once: a warm window reads the lengths of the same cached documents again and again."""
         return sum(self.tf.values())
 
 
