@@ -10,13 +10,16 @@ Ways of asking, per window N (10, 100, 1000):
   plain size-N    the same with size N (what a user re-sorting the top N would ask)
   rescore N       size 10 with the engine's own `rescore` (window N, a `match` rescore query)
   passthrough     the plain size-10 request through the proxy, no ext.bmx
+  bare relay      the same through a bare aiohttp relay (the floor of any Python proxy hop)
   rerank warm N   ext.bmx window N, size 10, after the same search once (caches warm)
   rerank first N  the same through the first-sight proxy
 
 One client (this process, one keep-alive connection): every query is sent every way in turn,
 interleaved, so drift hits all rows alike. 8 and 32 clients: a closed loop of that many connections
 (asyncio, this process; the proxies and engines are other processes) for `--duration` seconds per
-row. p50/p95/p99 in ms and throughput (requests/s). Prints Markdown tables, writes the raw numbers
+row. p50/p95/p99 in ms and throughput (requests/s); for those rows also the CPU each request cost the
+engine (its `_nodes/stats`), the proxy (its processes, /proc) and the client (this process): on 2 shared
+cores they explain the throughput ratios. Prints Markdown tables, writes the raw numbers
 as JSON and a plot (p50 at one client vs window, one line per way of asking, one panel per engine).
 
     .venv/bin/python benchmarks/proxy_latency.py [--engines es,os] [--queries 120] [--windows 10,100,1000]
@@ -192,6 +195,60 @@ async def _no_analysis_cache(app) -> None:
     asyncio.ensure_future(later())
 
 
+def relay_child(upstream: str, port: int, loop: str) -> None:
+    """The floor of a Python proxy hop: a bare aiohttp relay (read the request, send it upstream on a
+    pooled connection, answer the bytes), nothing else. Passthrough is compared with it."""
+    import aiohttp
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        url = upstream + request.raw_path
+        async with request.app["session"].request(request.method, url, data=body, headers=headers) as up:
+            data = await up.read()
+            ctype = up.headers.get("Content-Type", "application/json")
+            return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
+
+    async def session(app: web.Application):
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+        yield
+        await app["session"].close()
+
+    app = web.Application()
+    app.cleanup_ctx.append(session)
+    app.router.add_route("*", "/{path:.*}", handle)
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    print("ready", flush=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process and all its descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                total += sum(process_cpu(int(child)) for child in fh.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+def engine_cpu(url: str) -> float:
+    """CPU seconds the engine's (local) nodes have used: their process ids from `_nodes/process`, their
+    CPU from /proc (the nodes' own statistics refresh only once a second)."""
+    nodes = Http(url).ok("GET", "/_nodes/process")["nodes"].values()
+    return sum(process_cpu(int(n["process"]["id"])) for n in nodes)
+
+
 def free_port() -> int:
     import socket
 
@@ -201,22 +258,36 @@ def free_port() -> int:
 
 
 class Proxy:
-    def __init__(self, upstream: str, index: str, *, caches: bool, workers: int, loop: str) -> None:
+    def __init__(
+        self, upstream: str, index: str, *, caches: bool, workers: int, loop: str, relay: bool = False
+    ) -> None:
         self.port = free_port()
-        args = [upstream, index, str(self.port), "1" if caches else "0", str(workers), loop]
-        self.child = subprocess.Popen(
-            [sys.executable, __file__, "--serve-child", *args], stdout=subprocess.PIPE, text=True
-        )
+        if relay:
+            argv = ["--relay-child", upstream, str(self.port), loop]
+        else:
+            argv = [
+                "--serve-child",
+                upstream,
+                index,
+                str(self.port),
+                "1" if caches else "0",
+                str(workers),
+                loop,
+            ]
+        self.child = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, text=True)
         assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
         self.url = f"http://127.0.0.1:{self.port}"
         for _ in range(200):
             try:
-                Http(self.url).call("GET", "/_bmx/health")
+                Http(self.url).call("GET", "/" if relay else "/_bmx/health")
                 time.sleep(0.3)  # every worker up
                 return
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("proxy did not start")
+
+    def cpu(self) -> float:
+        return process_cpu(self.child.pid)
 
     def stop(self) -> None:
         self.child.terminate()
@@ -252,7 +323,7 @@ Row = tuple[str, str, int, int]  # (engine, request, window, clients)
 
 
 def sequential(
-    engine: Http, warm: Http, first: Http, index: str, queries: list[str], windows: list[int]
+    engine: Http, warm: Http, first: Http, relay: Http, index: str, queries: list[str], windows: list[int]
 ) -> dict[tuple[str, int], list[float]]:
     """One client: every way of asking per query, interleaved."""
     times: dict[tuple[str, int], list[float]] = {}
@@ -267,6 +338,7 @@ def sequential(
     for q in queries:
         timed("plain size-10", 0, engine, plain(q, 10))
         timed("passthrough", 0, warm, plain(q, 10))
+        timed("bare relay", 0, relay, plain(q, 10))
         for n in windows:
             answer = timed("plain size-N", n, engine, plain(q, n))
             # What a window without `_source` and then the page's hits by id would cost upstream.
@@ -322,16 +394,19 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
     proxies = {
         ("warm", 1): Proxy(url, index, caches=True, workers=1, loop=args.loop),
         ("first", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop),
+        ("relay", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop, relay=True),
     }
+    by_url = {p.url: p for p in proxies.values()}
     rows: list[dict] = []
     try:
         warm, first = Http(proxies["warm", 1].url), Http(proxies["first", 1].url)
+        relay = Http(proxies["relay", 1].url)
         for q in queries[:WARMUP]:  # JIT, caches, connections; other queries than the measured ones
             for conn in (engine, warm, first):
                 conn.ok("POST", f"/{index}/_search", rerank(q, 100) if conn is not engine else plain(q, 100))
         measured = queries[WARMUP:]
         start = time.perf_counter()
-        times = sequential(engine, warm, first, index, measured, windows)
+        times = sequential(engine, warm, first, relay, index, measured, windows)
         for (kind, window), samples in times.items():
             s = summary(samples)
             rows.append(
@@ -348,12 +423,13 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
         print(f"{name}: one client done in {time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
         if 2 in workers:
             proxies["warm", 2] = Proxy(url, index, caches=True, workers=2, loop=args.loop)
-            Http(proxies["warm", 2].url)  # started; its caches fill in the first requests of each loop
+            by_url[proxies["warm", 2].url] = proxies["warm", 2]
         path = f"/{index}/_search"
         for c in [c for c in clients if c > 1]:
             cells: list[tuple[str, int, str, Callable[[str], dict], int]] = [
                 ("plain size-10", 0, url, lambda q: plain(q, 10), 1),
                 ("passthrough", 0, proxies["warm", 1].url, lambda q: plain(q, 10), 1),
+                ("bare relay", 0, proxies["relay", 1].url, lambda q: plain(q, 10), 1),
             ]
             if ("warm", 2) in proxies:
                 cells.append(("passthrough", 0, proxies["warm", 2].url, lambda q: plain(q, 10), 2))
@@ -370,7 +446,15 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
                 bodies = [json.dumps(make(q)).encode() for q in measured]
                 if kind == "rerank warm" and nworkers == 2:  # warm both workers' caches first
                     asyncio.run(closed_loop(target, path, bodies, 4, 0.0 + len(bodies) * 0.02))
+                proxy = by_url.get(target)
+                before = (engine_cpu(url), proxy.cpu() if proxy else 0.0, time.process_time())
                 result = asyncio.run(closed_loop(target, path, bodies, c, args.duration))
+                after = (engine_cpu(url), proxy.cpu() if proxy else 0.0, time.process_time())
+                done = result["rps"] * args.duration
+                cpu = {  # ms of CPU per request: who the 2 cores worked for
+                    f"cpu_{who}_ms": 1000 * (b - a) / done
+                    for who, a, b in zip(("engine", "proxy", "client"), before, after, strict=True)
+                }
                 rows.append(
                     {
                         "engine": name,
@@ -379,6 +463,7 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
                         "clients": c,
                         "workers": nworkers,
                         **result,
+                        **cpu,
                     }
                 )
             print(f"{name}: {c} clients done", file=sys.stderr, flush=True)
@@ -443,7 +528,25 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
             "<= +0.5 ms",
         )
     )
+    b = find(rows, engine, "bare relay", 0)
+    if p and b:
+        out.append(
+            (
+                "passthrough, one client: p50 - bare aiohttp relay p50",
+                f"{p['p50'] - b['p50']:+.2f} ms",
+                "(floor)",
+            )
+        )
     for c in (8, 32):
+        b, d = find(rows, engine, "bare relay", 0, c), find(rows, engine, "plain size-10", 0, c)
+        if b and d:
+            out.append(
+                (
+                    f"bare aiohttp relay throughput, {c} clients / direct",
+                    f"{100 * b['rps'] / d['rps']:.0f} %",
+                    "(floor)",
+                )
+            )
         for w in (1, 2):
             p, d = find(rows, engine, "passthrough", 0, c, w), find(rows, engine, "plain size-10", 0, c)
             if p and d:
@@ -516,7 +619,12 @@ def main() -> None:
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "latency.png"))
     parser.add_argument("--json", default="", help="also write the raw rows here")
     parser.add_argument("--serve-child", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--relay-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.relay_child:
+        upstream, port, loop = args.relay_child
+        relay_child(upstream, int(port), loop)
+        return
     if args.serve_child:
         upstream, index, port, caches, workers, loop = args.serve_child
         serve_child(upstream, index, int(port), caches == "1", int(workers), loop)
@@ -536,12 +644,18 @@ def main() -> None:
         f"{len(docs)} documents, {len(queries) - WARMUP} measured queries, loop {args.loop}, "
         f"{os.cpu_count()} cores, load average before: {os.getloadavg()[0]:.2f}"
     )
-    print("\n| engine | request | window | clients | proxy workers | n | p50 ms | p95 ms | p99 ms | req/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| engine | request | window | clients | proxy workers | n | p50 ms | p95 ms | p99 ms | req/s "
+        "| CPU ms/req: engine | proxy | client |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["engine"], r["clients"], r["window"], r["request"], r["workers"])):
+        cpu = " | ".join(
+            f"{r[k]:.2f}" if k in r else "" for k in ("cpu_engine_ms", "cpu_proxy_ms", "cpu_client_ms")
+        )
         print(
             f"| {r['engine']} | {r['request']} | {r['window'] or '-'} | {r['clients']} | {r['workers']} "
-            f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['rps']:.0f} |"
+            f"| {r['n']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['rps']:.0f} | {cpu} |"
         )
     print("\n| engine | measure | this run | target |\n|---|---|---|---|")
     for name in engines:

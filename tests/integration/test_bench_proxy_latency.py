@@ -15,10 +15,26 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     queries = [q["text"] for q in bench.load("queries.jsonl", bench.WARMUP + 3)]
     rows = bench.run_engine("es", elasticsearch_url, docs, queries, args)
     kinds = {(r["request"], r["clients"]) for r in rows}
-    for kind in ("plain size-10", "passthrough", "plain size-N", "rescore N", "rerank warm", "rerank first"):
+    ways = (
+        "plain size-10",
+        "passthrough",
+        "bare relay",
+        "plain size-N",
+        "rescore N",
+        "rerank warm",
+        "rerank first",
+    )
+    for kind in ways:
         assert (kind, 1) in kinds and (kind, 2) in kinds, kind
     assert all(r["n"] > 0 and r["p50"] > 0 and r["rps"] > 0 for r in rows)
+    # Several clients: the CPU each request cost the engine, and the proxy when there is one.
+    for r in (r for r in rows if r["clients"] == 2):
+        assert r["cpu_engine_ms"] > 0, r
+        assert (r["cpu_proxy_ms"] > 0) == (
+            r["request"] not in ("plain size-10", "plain size-N", "rescore N")
+        ), r
     measures = dict((m, v) for m, v, _ in bench.targets(rows, "es"))
     assert measures["passthrough, one client: p50 - direct p50"].endswith("ms")
+    assert measures["passthrough, one client: p50 - bare aiohttp relay p50"].endswith("ms")
     bench.plot(rows, ["es"], [10], str(tmp_path / "latency.png"))
     assert (tmp_path / "latency.png").stat().st_size > 1000
