@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/stats_sweep.py --upstream http://127.0.0.1:9200 [--terms 1000000]
 
 1. Indexes SciFact (`title + " " + text`, standard analyzer, 1 shard) into `bmxtest-stats-bench-*`,
-   then times, on the same index: a bare scan of every id (PIT or scroll, no `_source`), a scan that
+   (`--term-vector yes`: with stored term vectors), then times, on the same index: a bare scan of every id (PIT or scroll, no `_source`), a scan that
    also reads the field's text (`_source` of the field: the cheapest way to read every document),
    and the statistics sweep (scan + `_mtermvectors` + exact accumulation) at a few batch sizes.
 2. Publishes a synthetic vocabulary of `--terms` terms to a private store index and times loading it
@@ -37,10 +37,15 @@ CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
 FIELD = "body"
 
 
-async def setup_index(session: aiohttp.ClientSession, url: str, name: str, shards: int = 1) -> int:
+async def setup_index(
+    session: aiohttp.ClientSession, url: str, name: str, shards: int = 1, term_vector: str = "no"
+) -> int:
+    """SciFact in a fresh index; `term_vector: yes` stores term vectors at index time (a mapping choice a
+    user makes when creating the index: `_mtermvectors` then reads them instead of re-analysing)."""
+    mapping = {"type": "text", "analyzer": "standard", "term_vector": term_vector}
     body = {
         "settings": {"number_of_shards": shards, "number_of_replicas": 0},
-        "mappings": {"properties": {FIELD: {"type": "text", "analyzer": "standard"}}},
+        "mappings": {"properties": {FIELD: mapping}},
     }
     async with session.put(f"{url}/{name}", json=body) as resp:
         assert resp.status == 200, await resp.text()
@@ -170,6 +175,7 @@ async def main() -> None:
     parser.add_argument("--slices", default="1", help="e.g. 1,2,4: also sweep in that many processes")
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--variants", default="100x2,200x2,200x4,500x2", help="batch x concurrency")
+    parser.add_argument("--term-vector", choices=("no", "yes"), default="no", help="the field's mapping")
     args = parser.parse_args()
     url = args.upstream.rstrip("/")
     tag = uuid.uuid4().hex[:8]
@@ -180,7 +186,8 @@ async def main() -> None:
             engine = "elasticsearch" if r.headers.get("X-elastic-product") else "opensearch"
         print(f"engine: {engine} {node['version']}")
         try:
-            n = await setup_index(session, url, name, args.shards)
+            n = await setup_index(session, url, name, args.shards, args.term_vector)
+            print(f"field mapping: term_vector {args.term_vector}")
             best: dict[str, float] = {}
             for _ in range(args.repeat):
                 for label, fn in (("bare id scan", bare_scan), ("scan with _source", source_scan)):
