@@ -1,0 +1,33 @@
+"""A small run of benchmarks/stats_sweep.py (the full runs and their figures are in benchmarks/RESULTS.md):
+on stored term vectors, the sweep runs in one and two slices, every rate is reported against both
+scans, and a small vocabulary publishes and loads back."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_small_sweep_benchmark_reports_every_rate(elasticsearch_url: str) -> None:
+    args = ["--upstream", elasticsearch_url, "--terms", "2000", "--repeat", "1", "--variants", "200x2"]
+    args += ["--slices", "1,2", "--term-vector", "yes"]
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "stats_sweep.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "field mapping: term_vector yes" in out
+    rates = dict(re.findall(r"^\s+(.+?)\s+([\d,]+) docs/s", out, re.M))
+    assert {"bare id scan", "scan with _source"} <= set(rates), out
+    for slices in (1, 2):
+        label = f"sweep {slices} slice(s) batch=200 concurrency=2"
+        assert int(rates[label].replace(",", "")) > 0, out
+    assert '"terms": 2000' in out and '"chunks": 1' in out, out
