@@ -1,11 +1,15 @@
 """Term frequencies from the first stage itself, so a window needs no `_mtermvectors` for them.
 
 For each distinct analysed query token the first stage carries a named `intervals` query matching
-exactly that token (`keyword` analyzer: the token is already analysed). The probes sit in a `filter`
-branch that also holds `match_all`, so they change neither which documents match nor their scores
-(filter clauses do not score; Lucene drops the match-all filter). With `include_named_queries_score`
-(Elasticsearch >= 8.8, OpenSearch >= 2.13) the engine reports, per hit, each matching probe's score
-s = tf / (tf + 1) (the intervals query's saturation with pivot 1), so tf = round(s / (1 - s)).
+exactly that token (`keyword` analyzer: the token is already analysed). The probes sit in an optional
+`should` branch that can never match: a `bool` whose `filter` is a term on an `_id` no document has.
+Lucene skips that branch in the query phase (its scorer is empty), so which documents match, their
+scores, the total and the aggregations are the caller's query's own; the fetch phase still evaluates
+every named query on every hit. With `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
+>= 2.13) the engine reports, per hit, each matching probe's score s = tf / (tf + 1) (the intervals
+query's saturation with pivot 1), so tf = round(s / (1 - s)). A named `match_all` in the same branch
+(`CANARY`) must come back on every hit: a hit without it had its probes rewritten away (an engine
+that folds the never-matching branch into `match_none`), and is read from its term vectors instead.
 
 What the search cannot say is the field's length |D|: it comes from a bounded cache keyed by the
 document version (and caller, as term vectors are), filled by `_mtermvectors` for the hits it misses.
@@ -31,10 +35,16 @@ MAX_PROBES = 64  # distinct tokens probed at most; longer (augmented) queries us
 # float32 scores s = tf/(tf+1) for tf and tf+1 differ by ~1/tf^2, i.e. many float32 steps of ~6e-8
 # below this bound: reading back is exact. Above it a hit's terms come from `_mtermvectors`.
 MAX_TF = 1000
+CANARY = PREFIX + "hit"  # matches every hit: proves the probes were evaluated on it
+NEVER = "\u0000bmx-never-matches"  # an `_id` no document has (ids are at most 512 bytes of UTF-8)
 # Body keys whose answer the probes would change: the caller's own named queries (matched_queries),
-# an explanation or profile (they would show the probes).
+# an explanation or profile (they would show the probes). Highlighting too: the plain highlighter
+# marks the probes' tokens where the caller's query has none (measured on both engines).
 UNSAFE_KEYS = ("explain", "profile")
 NAMED = re.compile(rb'"_name"\s*:')
+# Hits fetched again inside the answer (collapse or nested `inner_hits`, `top_hits` aggregations)
+# report the probes as their `matched_queries` too (measured on both engines).
+NESTED_HITS = re.compile(rb'"(inner_hits|top_hits)"\s*:')
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,12 @@ def why_not(body: Mapping[str, Any], raw: bytes, params: Mapping[str, str]) -> s
     the query, inner hits or a rescore) keeps the answer's `matched_queries` the caller's own."""
     if any(body.get(k) for k in UNSAFE_KEYS) or PARAM in params or "explain" in params:
         return "explain"
+    if "highlight" in body:
+        return "highlight"
     if NAMED.search(raw):
         return "named_queries"
+    if NESTED_HITS.search(raw):
+        return "inner_hits"
     if not isinstance(body.get("query"), Mapping):
         return "no_query"
     return None
@@ -88,15 +102,19 @@ def probe_terms(tokens: Mapping[tuple[str, str], Sequence[str]]) -> Probe | None
 
 
 def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
-    """The first-stage body with the probes in a filter branch that matches every document."""
+    """The first-stage body with the probes in an optional branch that never matches.
+
+    The caller's query is wrapped, never merged into: its own `bool` keeps its clauses and its
+    `minimum_should_match`; the outer `bool` has a `must`, so its one `should` is optional, and a
+    document's score is the caller's query's score alone (the branch never matches)."""
     probes = [
         {"intervals": {f: {"match": {"query": term, "analyzer": "keyword"}, "_name": f"{PREFIX}{i}"}}}
         for i, (f, term) in enumerate(probe.pairs)
     ]
-    query = {
-        "bool": {"must": [body["query"]], "filter": [{"bool": {"should": [*probes, {"match_all": {}}]}}]}
+    never = {
+        "bool": {"filter": [{"term": {"_id": NEVER}}], "should": [*probes, {"match_all": {"_name": CANARY}}]}
     }
-    return {**body, "query": query}
+    return {**body, "query": {"bool": {"must": [body["query"]], "should": [never]}}}
 
 
 Frequencies = dict[str, dict[str, int]]  # field -> token -> tf (tokens absent from the field left out)
@@ -106,22 +124,29 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     """Each hit's term frequencies of the probed tokens per field, removing the probes'
     `matched_queries` from the hits (the caller had none: see `why_not`).
 
-    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF).
+    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF, a
+    score that is no number) or that lacks the `CANARY` (its probes were not evaluated).
     The window's scores are converted at once (float32 as the engine computed them, then tf)."""
     rows: list[tuple[int, int]] = []
     scores: list[float] = []
+    blind: set[int] = set()
     for h, hit in enumerate(hits):
         named = hit.pop("matched_queries", None)
-        for name, score in named.items() if isinstance(named, Mapping) else ():
-            if name.startswith(PREFIX):
+        if not isinstance(named, Mapping) or CANARY not in named:
+            blind.add(h)
+            continue
+        for name, score in named.items():
+            if name.startswith(PREFIX) and name != CANARY:
                 rows.append((h, int(name[len(PREFIX) :])))
-                scores.append(score)
+                scores.append(score if isinstance(score, (int, float)) else float("nan"))
     s = np.array(scores, dtype=np.float32).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
     fields = probe.fields
-    out: list[Frequencies | None] = [{f: {} for f in fields} for _ in hits]
+    out: list[Frequencies | None] = [
+        None if h in blind else {f: {} for f in fields} for h in range(len(hits))
+    ]
     for (h, i), count, ok in zip(rows, counts.tolist(), readable.tolist(), strict=True):
         found = out[h]
         if found is None:

@@ -56,11 +56,35 @@ def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, list[str]]
         engine.call("DELETE", f"/{index}")
 
 
+def _shapes(text: str) -> list[dict]:
+    """First stages the probes must leave exactly as they are: the caller's `bool` with its own
+    `minimum_should_match`, `min_score`, totals counted to a bound or exactly, aggregations."""
+    words = text.split()
+    should = [{"match": {"body": w}} for w in words[:4]]
+    return [
+        {"query": {"match": {"body": text}}, "size": 100},
+        {"query": {"bool": {"should": should, "minimum_should_match": 2}}, "size": 50},
+        {"query": {"match": {"body": text}}, "size": 100, "min_score": 3.0, "track_total_hits": True},
+        {"query": {"match": {"body": text}}, "size": 20, "track_total_hits": 7},
+        {
+            "query": {
+                "bool": {"must": [{"match": {"body": text}}], "filter": [{"exists": {"field": "body"}}]}
+            },
+            "size": 100,
+            "aggs": {
+                "n": {"value_count": {"field": "_seq_no"}},
+                "h": {"histogram": {"field": "_seq_no", "interval": 50}},
+            },
+        },
+    ]
+
+
 def test_probe_scores_read_back_as_the_term_vectors_frequencies(corpus) -> None:
     """Thousands of (hit, term) pairs: tf from the probes equals `_mtermvectors`' term_freq, and the
-    probes change neither the hits, their order, their scores nor the total."""
+    probes change neither the hits, their order, their scores, the total nor the aggregations, for
+    every first-stage shape in `_shapes`."""
     engine, index, queries = corpus
-    pairs = 0
+    pairs = shapes = 0
     for text in queries:
         tokens = [
             t["token"]
@@ -68,27 +92,62 @@ def test_probe_scores_read_back_as_the_term_vectors_frequencies(corpus) -> None:
         ]
         probe = tf_probe.probe_terms({("body", text): tokens})
         assert probe is not None
-        plain = {"query": {"match": {"body": text}}, "size": 100, "_source": False}
-        want = engine.ok("POST", f"/{index}/_search", plain)
+        for plain in _shapes(text):
+            plain = {**plain, "_source": False, "seq_no_primary_term": True}
+            assert tf_probe.why_not(plain, json.dumps(plain).encode(), {}) is None
+            want = engine.ok("POST", f"/{index}/_search", plain)
+            got = engine.ok(
+                "POST", f"/{index}/_search", tf_probe.with_probes(plain, probe), {tf_probe.PARAM: "true"}
+            )
+            assert [(h["_id"], h["_score"]) for h in got["hits"]["hits"]] == [
+                (h["_id"], h["_score"]) for h in want["hits"]["hits"]
+            ]
+            assert got["hits"]["total"] == want["hits"]["total"]
+            assert got["hits"]["max_score"] == want["hits"]["max_score"]
+            assert got.get("aggregations") == want.get("aggregations")
+            shapes += bool(want["hits"]["hits"])
+            hits = got["hits"]["hits"]
+            frequencies = tf_probe.take_frequencies(hits, probe)
+            assert all("matched_queries" not in h for h in hits)
+            docs = [{"_index": index, "_id": h["_id"], "fields": ["body"], **TV} for h in hits]
+            vectors = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"] if docs else []
+            for tf, vector in zip(frequencies, vectors, strict=True):
+                terms = vector["term_vectors"]["body"]["terms"]
+                assert tf is not None, "every hit carries the canary"
+                for _, term in probe.pairs:
+                    pairs += 1
+                    assert tf["body"].get(term, 0) == terms.get(term, {}).get("term_freq", 0), term
+    assert pairs >= 3000 and shapes >= 4 * len(queries)
+
+
+def test_shapes_whose_answer_would_show_the_probes_are_not_probed(corpus) -> None:
+    """Highlighting, `top_hits` and collapse `inner_hits` would show the probes (their tokens
+    highlighted, their names in the inner hits' `matched_queries`): `why_not` refuses them, and the
+    engine proves why (the probed answer differs)."""
+    engine, index, queries = corpus
+    text = queries[0]
+    tokens = [
+        t["token"] for t in engine.ok("POST", f"/{index}/_analyze", {"field": "body", "text": text})["tokens"]
+    ]
+    probe = tf_probe.probe_terms({("body", text): tokens})
+    assert probe is not None
+    query = {"match": {"body": text}}
+    shapes = {
+        "inner_hits": {"query": query, "aggs": {"t": {"top_hits": {"size": 3}}}},
+        "highlight": {"query": {"match_all": {}}, "highlight": {"fields": {"body": {"type": "plain"}}}},
+    }
+    for reason, body in shapes.items():
+        assert tf_probe.why_not(body, json.dumps(body).encode(), {}) == reason
         got = engine.ok(
-            "POST", f"/{index}/_search", tf_probe.with_probes(plain, probe), {tf_probe.PARAM: "true"}
+            "POST", f"/{index}/_search", tf_probe.with_probes(body, probe), {tf_probe.PARAM: "true"}
         )
-        assert [(h["_id"], h["_score"]) for h in got["hits"]["hits"]] == [
-            (h["_id"], h["_score"]) for h in want["hits"]["hits"]
-        ]
-        assert got["hits"]["total"] == want["hits"]["total"]
-        hits = got["hits"]["hits"]
-        frequencies = tf_probe.take_frequencies(hits, probe)
-        assert all("matched_queries" not in h for h in hits)
-        docs = [{"_index": index, "_id": h["_id"], "fields": ["body"], **TV} for h in hits]
-        vectors = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
-        for tf, vector in zip(frequencies, vectors, strict=True):
-            terms = vector["term_vectors"]["body"]["terms"]
-            assert tf is not None
-            for _, term in probe.pairs:
-                pairs += 1
-                assert tf["body"].get(term, 0) == terms.get(term, {}).get("term_freq", 0), term
-    assert pairs >= 3000
+        tf_probe.take_frequencies(got["hits"]["hits"], probe)  # removes the top-level hits' names only
+        want = engine.ok("POST", f"/{index}/_search", body)
+        assert json.dumps(got["hits"]["hits"]) != json.dumps(want["hits"]["hits"]) or json.dumps(
+            got.get("aggregations")
+        ) != json.dumps(want.get("aggregations")), reason
+    collapse = {"query": query, "collapse": {"field": "_id", "inner_hits": {"name": "x"}}}
+    assert tf_probe.why_not(collapse, json.dumps(collapse).encode(), {}) == "inner_hits"
 
 
 async def _build(base: str, index: str) -> CorpusStats:
