@@ -108,8 +108,9 @@ def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
 
 
 def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int, loop: str) -> None:
-    """The proxy: exact statistics swept once, then served from memory by `workers` processes sharing
-    the port (SO_REUSEPORT), each with its own event loop of kind `loop`."""
+    """The proxy: exact statistics (and, in versions that build one, the document-length table) swept
+    once, then served from memory by `workers` processes sharing the port (SO_REUSEPORT), each with its
+    own event loop of kind `loop`."""
     sys.path.insert(0, str(ROOT))
     import multiprocessing
 
@@ -119,12 +120,23 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
-            return await stats_build.build(session, upstream, index, "body", {})
+            if not hasattr(stats_build, "sweep_all"):  # an older version (the baseline)
+                return await stats_build.build(session, upstream, index, "body", {}), None
+            results = await stats_build.sweep_all(session, upstream, index, "body", {})
+            corpus = sum_in_order([r.stats for r in results.values()])
+            tables = {
+                name: r.lengths for name, r in results.items() if getattr(r, "lengths", None) is not None
+            }
+            return corpus, tables or None
 
-    corpus = asyncio.run(sweep())
+    from bmx_rerank.stats.corpus import sum_in_order
+
+    corpus, lengths = asyncio.run(sweep())
     ctx = multiprocessing.get_context("fork")
     procs = [
-        ctx.Process(target=_serve_worker, args=(upstream, index, port, caches, loop, corpus), daemon=True)
+        ctx.Process(
+            target=_serve_worker, args=(upstream, index, port, caches, loop, corpus, lengths), daemon=True
+        )
         for _ in range(workers)
     ]
     for proc in procs:
@@ -143,13 +155,15 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
             proc.join(5)
 
 
-def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus) -> None:
+def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus, lengths) -> None:
     from aiohttp import web
 
     from bmx_rerank.proxy import ProxyConfig, make_app
     from bmx_rerank.rerank.stats_source import FixedStats
 
-    stats = FixedStats({(index, "body"): corpus})
+    # the length table where this version's FixedStats takes one (first sight without _mtermvectors)
+    tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
+    stats = FixedStats({(index, "body"): corpus}, **tables)
     app = make_app(ProxyConfig(upstream=upstream, **cache_option(caches)), lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)

@@ -21,6 +21,7 @@ from bmx_rerank.errors import SearchError
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
+from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS
 from bmx_rerank.stats.sweep import resolve_text_field, sweep_index
 from bmx_rerank.upstream import basic_auth
 
@@ -72,6 +73,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option("--no-progress", is_flag=True, help="No progress bar.")(func)
+    func = _length_options(func)
     func = click.option(
         "--concurrency",
         type=click.IntRange(min=1),
@@ -86,6 +88,27 @@ def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="Documents per _mtermvectors request.",
     )(func)
+
+
+def _length_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option(
+        "--no-lengths",
+        is_flag=True,
+        help="Keep no table of document lengths (the proxy then reads them with _mtermvectors).",
+    )(func)
+    return click.option(
+        "--max-length-docs",
+        type=click.IntRange(min=0),
+        default=MAX_LENGTH_DOCS,
+        show_default=True,
+        help="Documents per index beyond which no length table is kept (~28 bytes each in memory).",
+    )(func)
+
+
+def _max_length_docs(opts: dict[str, Any]) -> int | None:
+    """None when no length table is wanted; pops the length options from `opts`."""
+    skip, bound = opts.pop("no_lengths"), opts.pop("max_length_docs")
+    return None if skip else bound
 
 
 @click.group(name="stats")
@@ -106,17 +129,25 @@ def command() -> None:
 def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None:
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index
     and field."""
+    bound = _max_length_docs(opts)
     sweeps = (
         i
         for f in _distinct(fields)
-        for i in _sweep(stats_build.build_snapshots, index, f, opts, slices=slices)
+        for i in _sweep(stats_build.build_snapshots, index, f, opts, slices=slices, max_length_docs=bound)
     )
     for info in sweeps:
         click.echo(
             f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
             f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
             + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
+            + _lengths_note(info)
         )
+
+
+def _lengths_note(info: stats_store.SnapshotInfo) -> str:
+    if info.length_docs is not None:
+        return f", {info.length_docs} document lengths"
+    return f", no length table ({info.lengths_skipped or 'not recorded'})"
 
 
 @command.command()
@@ -125,8 +156,11 @@ def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None
 @click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
 def refresh(index: str, fields: tuple[str, ...], rebuild: bool, **opts: Any) -> None:
     """Bring the snapshots of INDEX up to date, per field (incremental when only appends happened)."""
+    bound = _max_length_docs(opts)
     for field in _distinct(fields):
-        for out in _sweep(stats_build.refresh, index, field, opts, force_rebuild=rebuild):
+        for out in _sweep(
+            stats_build.refresh, index, field, opts, force_rebuild=rebuild, max_length_docs=bound
+        ):
             snap = out.snapshot.snapshot if out.snapshot else "-"
             click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
 
@@ -150,6 +184,7 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
     if len(fields) != 1:
         raise click.BadParameter("one --field per partial", param_hint="--field")
     base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
+    bound = _max_length_docs(opts)
 
     async def go(session: aiohttp.ClientSession) -> sliced.Partial:
         names = await resolve_text_field(session, base, index, fields[0], headers)
@@ -164,6 +199,7 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
             batch_size=opts["batch_size"],
             concurrency=opts["concurrency"],
             part=(i, n),
+            max_length_docs=bound,
         )
         return sliced.partial(index, fields[0], (i, n), result)
 
@@ -179,6 +215,7 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
 @click.option("--password", envvar="BMX_UPSTREAM_PASSWORD")
 @click.option("--header", "header", multiple=True, envvar="BMX_UPSTREAM_HEADER")
 @click.option("--store", envvar="BMX_STATS_INDEX", default=stats_store.DEFAULT_STORE, show_default=True)
+@_length_options
 def merge(
     files: tuple[str, ...],
     upstream: str,
@@ -186,14 +223,17 @@ def merge(
     password: str | None,
     header: tuple[str, ...],
     store: str,
+    **opts: Any,
 ) -> None:
     """Add up the partial FILES of every slice of one index (`stats partial`), exactly, and publish
-    them as its snapshot."""
+    them as its snapshot (with the slices' length tables merged, when every slice has one)."""
+    bound = _max_length_docs(opts)
     try:
-        result = sliced.merge([sliced.Partial.from_json(orjson.loads(Path(f).read_bytes())) for f in files])
+        partials = [sliced.Partial.from_json(orjson.loads(Path(f).read_bytes())) for f in files]
+        result = sliced.merge(partials, bound)
     except (sliced.MergeError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         _fail(f"cannot merge: {exc}")
-    first = sliced.Partial.from_json(orjson.loads(Path(files[0]).read_bytes()))
+    first = partials[0]
     base, headers = connection(upstream, user, password, header)
 
     async def go(session: aiohttp.ClientSession) -> stats_store.SnapshotInfo:
@@ -205,6 +245,7 @@ def merge(
     click.echo(
         f"{info.index} [{info.field}]: {info.n_docs} docs from {len(files)} slices -> snapshot {info.snapshot}"
         + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
+        + _lengths_note(info)
     )
 
 
@@ -278,9 +319,16 @@ def _print_report(index: str, field: str, report: dict[str, Any], as_json: bool)
         f"stale={report['stale']}"
     )
     for item in report["freshness"]:
+        lengths = (
+            f"{item['length_docs']} document lengths"
+            if item.get("length_docs") is not None
+            else f"no length table ({item.get('lengths_skipped') or 'not recorded'})"
+        )
+        if item.get("length_docs") is not None and item["index"] not in report.get("length_tables", {}):
+            lengths += ", not used (index re-created, or its markers unreadable)"
         click.echo(
             f"  {item['index']}: snapshot {item['snapshot'] or '-'} built {item['built_at'] or '-'} "
-            f"({item['method'] or '-'}), {item['reason']}"
+            f"({item['method'] or '-'}), {item['reason']}; {lengths}"
         )
     for term, data in report["terms"].items():
         click.echo(f"  {term}: df={data['df']} entropy={data['entropy']:.6f}")

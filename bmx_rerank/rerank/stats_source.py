@@ -11,6 +11,7 @@ from typing import Protocol
 from bmx_rerank.errors import SearchError
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.lengths import DocLengths
 
 
 class StatsSource(Protocol):
@@ -20,10 +21,17 @@ class StatsSource(Protocol):
 class FixedStats:
     """Exact statistics given up front, per (index expression, field); a missing pair is a 400.
 
-    `table` stays mutable so a test can add statistics after the proxy started."""
+    `lengths` (same keys) are the length tables of the concrete indices behind each pair (concrete
+    index name -> `DocLengths`, as a sweep built them). `table` and `lengths` stay mutable so a test
+    can add statistics after the proxy started."""
 
-    def __init__(self, table: Mapping[tuple[str, str], CorpusStats]) -> None:
+    def __init__(
+        self,
+        table: Mapping[tuple[str, str], CorpusStats],
+        lengths: Mapping[tuple[str, str], Mapping[str, DocLengths]] | None = None,
+    ) -> None:
         self.table = dict(table)
+        self.lengths = dict(lengths or {})
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         corpus = self.table.get((index_expr, field))
@@ -31,7 +39,9 @@ class FixedStats:
             raise SearchError(
                 400, "bmx_statistics_missing_exception", f"no statistics for [{index_expr}] field [{field}]"
             )
-        return StatsView(corpus, estimated=False, stale=False, built_at=None)
+        return StatsView(
+            corpus, estimated=False, stale=False, built_at=None, lengths=self.lengths.get((index_expr, field))
+        )
 
 
 StatsFactory = Callable[..., StatsSource]  # (session, base_url) -> StatsSource

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -33,10 +34,13 @@ from bmx_rerank.stats.freshness import (
     new_operations,
     same_state,
 )
-from bmx_rerank.stats.store import CHUNK_TERMS, DEFAULT_STORE, SnapshotInfo, now_iso
+from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder
+from bmx_rerank.stats.store import CHUNK_TERMS, DEFAULT_STORE, LENGTH_CHUNK, SnapshotInfo, now_iso
 from bmx_rerank.stats.sweep import (
+    VERSIONS,
     Progress,
     SweepResult,
+    finish_lengths,
     fold_pages,
     index_marks,
     live_count,
@@ -44,8 +48,11 @@ from bmx_rerank.stats.sweep import (
     refresh_index,
     resolve_text_field,
     sweep_index,
+    swept_ref,
 )
 from bmx_rerank.upstream import DocRef, request_json
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 200
 DEFAULT_CONCURRENCY = 4
@@ -92,15 +99,24 @@ async def sweep_all(
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
     slices: int = 1,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> dict[str, SweepResult]:
     """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
-    error when none of them holds a token in the field, unless `allow_empty`."""
+    error when none of them holds a token in the field, unless `allow_empty`. Each keeps a length
+    table of up to `max_length_docs` documents (None: no table)."""
     indices = await resolve_text_field(session, base_url, index_expr, field, headers)
     out: dict[str, SweepResult] = {}
     for name in indices if only is None else [i for i in indices if i in only]:
         if slices > 1:  # parallel processes, merged exactly (stats.sliced)
             out[name] = await sliced.sweep_sliced(
-                base_url, name, field, headers, slices, batch_size=batch_size, concurrency=concurrency
+                base_url,
+                name,
+                field,
+                headers,
+                slices,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                max_length_docs=max_length_docs,
             )
             continue
         result = await sweep_index(
@@ -112,6 +128,7 @@ async def sweep_all(
             batch_size=batch_size,
             concurrency=concurrency,
             progress=progress,
+            max_length_docs=max_length_docs,
         )
         out[name] = result
     if not allow_empty and out and all(r.stats.n_docs == 0 for r in out.values()):
@@ -135,6 +152,7 @@ async def build_snapshots(
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
     slices: int = 1,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> list[SnapshotInfo]:
     """Full sweep of every concrete index behind `index_expr`, each published as a new snapshot.
 
@@ -151,6 +169,7 @@ async def build_snapshots(
         only=only,
         allow_empty=allow_empty,
         slices=slices,
+        max_length_docs=max_length_docs,
     )
     return [
         await publish_sweep(session, base_url, headers, name, field, result, store)
@@ -178,8 +197,14 @@ async def publish_sweep(
         result.seconds,
         "build",
         exact_units=True,
+        lengths=result.lengths,
+        lengths_skipped=result.lengths_skipped,
     )
-    await stats_store.publish(session, base_url, headers, info, result.stats, store, result.units)
+    if result.lengths_skipped and result.lengths_skipped != "not requested":
+        log.warning("no length table", extra={"fields": {"index": index, "reason": result.lengths_skipped}})
+    await stats_store.publish(
+        session, base_url, headers, info, result.stats, store, result.units, result.lengths
+    )
     return info
 
 
@@ -206,6 +231,7 @@ async def refresh(
     concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     force_rebuild: bool = False,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> list[RefreshOutcome]:
     """Bring each concrete index's snapshot up to date: nothing if unchanged, the appended documents
     alone if only appends happened since (proved from sequence numbers and live counts), else a full
@@ -230,7 +256,17 @@ async def refresh(
                 continue
             if current is not None and info.exact_marks and incremental_possible(info.marks, current):
                 outcome = await _try_incremental(
-                    session, base_url, name, field, headers, store, info, current, batch_size, concurrency
+                    session,
+                    base_url,
+                    name,
+                    field,
+                    headers,
+                    store,
+                    info,
+                    current,
+                    batch_size,
+                    concurrency,
+                    max_length_docs,
                 )
             action, reason = "rebuilt", _rebuild_reason(info, current)
         if outcome is None:
@@ -246,6 +282,7 @@ async def refresh(
                 progress=progress,
                 only=[name],
                 allow_empty=len(indices) > 1,
+                max_length_docs=max_length_docs,
             )
             outcome = RefreshOutcome(name, action, reason, new, new.live_docs)
         outcomes.append(outcome)
@@ -275,8 +312,12 @@ async def _try_incremental(
     current: IndexMarks,
     batch_size: int,
     concurrency: int,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> RefreshOutcome | None:
-    """Add the documents appended since the snapshot; None when that would not be exact."""
+    """Add the documents appended since the snapshot; None when that would not be exact.
+
+    The length table grows by the appended documents when the snapshot has one (and lengths are
+    wanted): the table a rebuild would give. A snapshot without one stays without."""
     started = time.perf_counter()
     await refresh_index(session, base_url, name, headers)
     ops = new_operations(info.marks, current)
@@ -288,13 +329,24 @@ async def _try_incremental(
     if not appends_only(ops, found, info.live_docs, live_now):
         return None
     acc = EntropyAccumulator()
+    recorder = None
+    if max_length_docs is not None and info.length_docs is not None:
+        recorder = LengthRecorder(max(0, max_length_docs - info.length_docs))
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         for r in refs.values():
             yield r
 
     await fold_pages(
-        session, base_url, pages(), field, headers, acc, batch_size=batch_size, concurrency=concurrency
+        session,
+        base_url,
+        pages(),
+        field,
+        headers,
+        acc,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        lengths=recorder,
     )
     after = (await index_marks(session, base_url, name, headers)).get(name)
     if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
@@ -303,6 +355,9 @@ async def _try_incremental(
     if old is None:
         return None  # a snapshot without exact sums: rebuild rather than add rounded floats
     total = old + acc.finish_exact()  # integer sums, rounded once: bit-identical to a rebuild
+    lengths, skipped = await _grown_lengths(
+        session, base_url, headers, store, info, recorder, max_length_docs
+    )
     new_info = snapshot_info(
         name,
         field,
@@ -313,9 +368,34 @@ async def _try_incremental(
         time.perf_counter() - started,
         "refresh",
         exact_units=True,
+        lengths=lengths,
+        lengths_skipped=skipped,
     )
-    await stats_store.publish(session, base_url, headers, new_info, total.stats, store, total.units)
+    await stats_store.publish(session, base_url, headers, new_info, total.stats, store, total.units, lengths)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
+
+
+async def _grown_lengths(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    store: str,
+    info: SnapshotInfo,
+    recorder: LengthRecorder | None,
+    max_length_docs: int | None,
+) -> tuple[DocLengths | None, str | None]:
+    """The snapshot's length table with the appended documents' rows, or None and why."""
+    if max_length_docs is None:
+        return None, "not requested"
+    if recorder is None:
+        return None, info.lengths_skipped or "not requested"
+    added, skipped = finish_lengths(recorder)
+    if added is None:
+        return None, f"more than {max_length_docs} documents (--max-length-docs)"
+    old = await stats_store.load_lengths(session, base_url, headers, info, store)
+    if old is None:
+        return None, info.lengths_skipped or "not requested"
+    return old + added, skipped
 
 
 async def _docs_in_seq_range(
@@ -339,11 +419,12 @@ async def _docs_in_seq_range(
             "query": {"range": {"_seq_no": {"gt": lo, "lte": hi}}},
             "sort": [{"_seq_no": "asc"}],
             "track_total_hits": False,
+            **VERSIONS,
         }
         if after is not None:
             body["search_after"] = after
         hits = (await request_json(session, "POST", url, body, headers))["hits"]["hits"]
-        out.extend(DocRef(h["_index"], h["_id"], h.get("_routing")) for h in hits)
+        out.extend(swept_ref(h) for h in hits)
         if len(hits) < page:
             return out
         after = hits[-1]["sort"]
@@ -360,8 +441,11 @@ def snapshot_info(
     method: str,
     *,
     exact_units: bool = False,
+    lengths: DocLengths | None = None,
+    lengths_skipped: str | None = None,
 ) -> SnapshotInfo:
-    """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk)."""
+    """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk,
+    LENGTH_CHUNK documents per length chunk)."""
     n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
     return SnapshotInfo(
         uuid.uuid4().hex,
@@ -378,6 +462,9 @@ def snapshot_info(
         round(seconds, 3),
         method,
         exact_units,
+        None if lengths is None else len(lengths),
+        0 if lengths is None else max(1, -(-len(lengths) // LENGTH_CHUNK)),
+        None if lengths is not None else lengths_skipped,
     )
 
 
@@ -433,5 +520,7 @@ async def describe(
         "stale": view.stale,
         "built_at": view.built_at,
         "freshness": [f.to_json() for f in fresh],
+        # indices whose length table the proxy uses (same index UUID as at the build)
+        "length_tables": {i: len(t) for i, t in sorted((view.lengths or {}).items())},
         "terms": {t: {"df": int(d), "entropy": float(e)} for t, d, e in zip(terms, df, entropy, strict=True)},
     }

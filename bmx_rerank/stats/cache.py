@@ -64,6 +64,7 @@ class _Entry:
     snapshots: tuple[str, ...]  # snapshot ids behind the view; () in estimated mode
     indices: tuple[str, ...]
     estimate: _Estimate | None = None
+    tables: Mapping[str, DocLengths] | None = None  # every loaded length table, before the UUID check
 
 
 @dataclass
@@ -114,6 +115,7 @@ class StatsCache:
         self._entries: LRUCache[_Key, _Entry] = LRUCache(max_entries)
         self._refreshing: dict[_Key, asyncio.Task[_Entry]] = {}
         self._loaded: dict[str, CorpusStats] = {}  # snapshot id -> statistics
+        self._lengths: dict[str, DocLengths | None] = {}  # snapshot id -> its length table
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         """Statistics for an index expression (name, alias, or pattern) and field, summed over the
@@ -199,22 +201,37 @@ class StatsCache:
             for i, info in zip(indices, infos, strict=True)
         ]
         stale = any(v.stale for v in verdicts)
+        same = [
+            i
+            for i, info in zip(indices, infos, strict=True)
+            if info is not None and marks is not None and i in marks and marks[i].uuid == info.marks.uuid
+        ]
         if old is not None and old.snapshots == snapshots:
-            view = StatsView(old.view.corpus, False, stale, old.view.built_at)
-            return _Entry(view, self.clock(), snapshots, tuple(indices))
-        parts = await asyncio.gather(*(self._load(info, headers) for info in infos if info))
+            lengths = _same_index(old.tables, same)
+            view = StatsView(old.view.corpus, False, stale, old.view.built_at, lengths)
+            return _Entry(view, self.clock(), snapshots, tuple(indices), tables=old.tables)
+        loaded = await asyncio.gather(*(self._load(info, headers) for info in infos if info))
+        parts = [corpus for corpus, _ in loaded]
+        tables = {i: t for i, (_, t) in zip(indices, loaded, strict=True) if t is not None}
         built_at = min(info.built_at for info in infos if info)
-        view = StatsView(sum_in_order(parts), False, stale, built_at)
+        view = StatsView(sum_in_order(parts), False, stale, built_at, _same_index(tables, same))
         live = set(snapshots) | {s for e in self._entries.values() for s in e.snapshots}
         self._loaded = {s: c for s, c in self._loaded.items() if s in live}
-        return _Entry(view, self.clock(), snapshots, tuple(indices))
+        self._lengths = {s: t for s, t in self._lengths.items() if s in live}
+        return _Entry(view, self.clock(), snapshots, tuple(indices), tables=tables)
 
-    async def _load(self, info: SnapshotInfo, headers: Mapping[str, str]) -> CorpusStats:
+    async def _load(
+        self, info: SnapshotInfo, headers: Mapping[str, str]
+    ) -> tuple[CorpusStats, DocLengths | None]:
         cached = self._loaded.get(info.snapshot)
         if cached is None:
-            cached = await store.load(self.session, self.base_url, headers, info, self.store)
+            cached, table = await asyncio.gather(
+                store.load(self.session, self.base_url, headers, info, self.store),
+                store.load_lengths(self.session, self.base_url, headers, info, self.store),
+            )
             self._loaded[info.snapshot] = cached
-        return cached
+            self._lengths[info.snapshot] = table
+        return cached, self._lengths.get(info.snapshot)
 
     # estimated mode -----------------------------------------------------------------------------
 
@@ -275,3 +292,11 @@ class StatsCache:
             df[keep],
             self.estimator(df[keep], ttf[keep]),
         )
+
+
+def _same_index(tables: Mapping[str, DocLengths] | None, same: Sequence[str]) -> dict[str, DocLengths] | None:
+    """The length tables of the indices that are still the one their snapshot was built from (same
+    index UUID): a re-created index starts again at `_seq_no` 0, and its documents would match the
+    old index's versions. Unknown markers (no right to read them) count as not the same."""
+    kept = {i: tables[i] for i in same if tables and i in tables}
+    return kept or None

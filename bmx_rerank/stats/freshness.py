@@ -158,6 +158,8 @@ class Freshness:
             "reason": self.reason,
             "operations_since": self.operations_since,
             "age_seconds": _age_seconds(info.built_at) if info else None,
+            "length_docs": info.length_docs if info else None,  # entries of its length table, None: none
+            "lengths_skipped": info.lengths_skipped if info else None,
         }
 
 

@@ -154,3 +154,40 @@ class DocLengths:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+MAX_LENGTH_DOCS = 20_000_000  # documents per index beyond which a build keeps no table (memory bound)
+
+
+class LengthRecorder:
+    """Collects a sweep's (key, seq_no, primary_term, length) rows in numpy blocks (~28 bytes a
+    document), keeping none at all past `limit` rows: the table then does not exist (`over`), and
+    every hit falls back to `_mtermvectors` as without one."""
+
+    def __init__(self, limit: int = MAX_LENGTH_DOCS) -> None:
+        self.limit = limit
+        self.rows = 0
+        self.over = False
+        self._keys: list[np.ndarray] = []
+        self._rest: list[np.ndarray] = []  # (3, n) int64: seq_no, primary_term, length
+
+    def add(self, keys: Sequence[int], rest: Sequence[tuple[int, int, int]]) -> None:
+        if self.over or not keys:
+            return
+        self.rows += len(keys)
+        if self.rows > self.limit:
+            self.over = True
+            self._keys.clear()
+            self._rest.clear()
+            return
+        self._keys.append(np.array(keys, dtype=np.uint64))
+        self._rest.append(np.array(rest, dtype=np.int64).reshape(len(keys), 3))
+
+    def finish(self) -> DocLengths | None:
+        """The table, or None when over the limit."""
+        if self.over:
+            return None
+        if not self._keys:
+            return DocLengths.empty()
+        rest = np.concatenate(self._rest)
+        return DocLengths.from_keys(np.concatenate(self._keys), rest[:, 0], rest[:, 1], rest[:, 2])

@@ -14,6 +14,8 @@ state, is the merge's."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import numpy as np
 
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array, units_to_float
 from bmx_rerank.stats.freshness import IndexMarks, same_state
+from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths
 from bmx_rerank.stats.sweep import Part, SweepResult, sweep_index
 
 FORMAT = "bmx-rerank-partial-1"
@@ -46,6 +49,8 @@ class Partial:
     live_docs: int
     exact_marks: bool
     seconds: float
+    lengths: DocLengths | None = None  # this slice's length table (`stats.lengths`)
+    lengths_skipped: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         stats = self.exact.stats
@@ -63,6 +68,8 @@ class Partial:
             "live_docs": self.live_docs,
             "exact_marks": self.exact_marks,
             "seconds": self.seconds,
+            "lengths": None if self.lengths is None else _lengths_json(self.lengths),
+            "lengths_skipped": self.lengths_skipped,
         }
 
     @classmethod
@@ -87,7 +94,30 @@ class Partial:
             int(data["live_docs"]),
             bool(data["exact_marks"]),
             float(data["seconds"]),
+            None if data.get("lengths") is None else _lengths_from_json(data["lengths"]),
+            data.get("lengths_skipped", "not recorded"),
         )
+
+
+def _lengths_json(table: DocLengths) -> dict[str, Any]:
+    """A length table as compressed little-endian arrays (a JSON list of millions of numbers is not)."""
+    arrays = (table.keys, table.seq_nos, table.primary_terms, table.lengths, table.dropped)
+    raw = b"".join(np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes() for a in arrays)
+    return {
+        "n": len(table),
+        "dropped": int(table.dropped.shape[0]),
+        "blob": base64.b64encode(zlib.compress(raw, 1)).decode(),
+    }
+
+
+def _lengths_from_json(data: Mapping[str, Any]) -> DocLengths:
+    raw = zlib.decompress(base64.b64decode(data["blob"]))
+    n, d = int(data["n"]), int(data["dropped"])
+    if len(raw) != 8 * (4 * n + d):
+        raise MergeError("a partial's length table is truncated")
+    cols = [np.frombuffer(raw, t, n, 8 * n * i) for i, t in enumerate(("<u8", "<i8", "<i8", "<i8"))]
+    dropped = np.frombuffer(raw, "<u8", d, 32 * n)
+    return DocLengths.from_keys(cols[0], cols[1], cols[2], cols[3], dropped)
 
 
 def partial(index: str, field: str, part: Part, result: SweepResult) -> Partial:
@@ -100,10 +130,12 @@ def partial(index: str, field: str, part: Part, result: SweepResult) -> Partial:
         result.live_docs,
         result.exact_marks,
         result.seconds,
+        result.lengths,
+        result.lengths_skipped,
     )
 
 
-def merge(partials: Sequence[Partial]) -> SweepResult:
+def merge(partials: Sequence[Partial], max_length_docs: int | None = MAX_LENGTH_DOCS) -> SweepResult:
     """The statistics of the whole index from all its slices, each exactly once.
 
     Exact only if every slice saw the same index state (`exact_marks` false otherwise, as a sweep
@@ -126,6 +158,7 @@ def merge(partials: Sequence[Partial]) -> SweepResult:
     for p in ordered[1:]:
         total = total + p.exact
     exact = all(p.exact_marks and same_state(p.marks, first.marks) for p in ordered)
+    lengths, skipped = _merged_lengths(ordered, max_length_docs)
     return SweepResult(
         total.stats,
         first.marks,
@@ -133,7 +166,28 @@ def merge(partials: Sequence[Partial]) -> SweepResult:
         exact,
         max(p.seconds for p in ordered),
         total.units,
+        lengths,
+        skipped,
     )
+
+
+def _merged_lengths(
+    ordered: Sequence[Partial], max_length_docs: int | None
+) -> tuple[DocLengths | None, str | None]:
+    """The slices' length tables added up (the table of one sweep of everything), or None and why:
+    a slice without one, or more than `max_length_docs` documents in all."""
+    if max_length_docs is None:
+        return None, "not requested"
+    missing = next((p for p in ordered if p.lengths is None), None)
+    if missing is not None:
+        return None, missing.lengths_skipped or "a slice has no length table"
+    if sum(len(p.lengths) for p in ordered if p.lengths is not None) > max_length_docs:
+        return None, f"more than {max_length_docs} documents (--max-length-docs)"
+    total = DocLengths.empty()
+    for p in ordered:
+        assert p.lengths is not None
+        total = total + p.lengths
+    return total, None
 
 
 def sweep_part(
@@ -144,6 +198,7 @@ def sweep_part(
     part: Part,
     batch_size: int,
     concurrency: int,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> Partial:
     """One slice, swept in this process with its own event loop and connections."""
 
@@ -158,6 +213,7 @@ def sweep_part(
                 batch_size=batch_size,
                 concurrency=concurrency,
                 part=part,
+                max_length_docs=max_length_docs,
             )
 
     return partial(index, field, part, asyncio.run(run()))
@@ -172,6 +228,7 @@ async def sweep_sliced(
     *,
     batch_size: int,
     concurrency: int,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> SweepResult:
     """`index` swept in `slices` parallel processes, merged exactly."""
     loop = asyncio.get_running_loop()
@@ -188,8 +245,9 @@ async def sweep_sliced(
                     (i, slices),
                     batch_size,
                     concurrency,
+                    max_length_docs,
                 )
                 for i in range(slices)
             )
         )
-    return merge(partials)
+    return merge(partials, max_length_docs)

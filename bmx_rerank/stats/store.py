@@ -7,6 +7,9 @@ deprecates new dot-prefixed names, hidden so `*` patterns and Kibana do not pick
   `frombuffer`s, never a JSON array of a million numbers;
 - `exact` documents `{snapshot}|x{seq}`: the same terms' exact entropy sums (integers in 2^-112
   units), read only by an incremental refresh so that it matches a rebuild bit for bit;
+- `lengths` documents `{snapshot}|L{seq}`: the exact document lengths (`stats.lengths.DocLengths`),
+  LENGTH_CHUNK documents each, zlib-compressed little-endian arrays (key, seq_no, primary term,
+  length; then the dropped keys), loaded by the proxy with the statistics;
 - a `meta` document `{snapshot}|meta` describing the snapshot (`SnapshotInfo`);
 - a `pointer` document `ptr|{index}|{field}` naming the current snapshot (with its info).
 Publishing writes chunks and meta under a fresh snapshot id and only then flips the pointer (a single
@@ -37,12 +40,14 @@ from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array
 from bmx_rerank.stats.errors import StatisticsError, corrupt_snapshot
 from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.upstream import request_json
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE = os.environ.get("BMX_STATS_INDEX", "bmx-stats")
 CHUNK_TERMS = 50_000
+LENGTH_CHUNK = 250_000  # documents per `lengths` document: ~7 MB before compression
 FORMAT = 1
 
 STORE_SETTINGS: dict[str, Any] = {
@@ -86,6 +91,9 @@ class SnapshotInfo:
     build_seconds: float
     method: str  # "build" or "refresh"
     exact_units: bool = False  # exact entropy sums stored beside the floats (`exact` documents)
+    length_docs: int | None = None  # documents in the length table (`lengths` documents); None: none
+    length_chunks: int = 0
+    lengths_skipped: str | None = None  # why there is no length table
 
     @property
     def key(self) -> str:
@@ -197,6 +205,60 @@ def decode_units(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> lis
     return units
 
 
+def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dict[str, Any]]:
+    """A length table as compressed chunk payloads, in key order; the dropped keys ride on chunk 0."""
+    chunks = []
+    for seq, start in enumerate(range(0, max(len(table), 1), per_chunk)):
+        end = start + per_chunk
+        dropped = table.dropped if seq == 0 else table.dropped[:0]
+        n = min(len(table), end) - start
+        blob = b"".join(
+            [
+                np.ascontiguousarray(table.keys[start:end], "<u8").tobytes(),
+                np.ascontiguousarray(table.seq_nos[start:end], "<i8").tobytes(),
+                np.ascontiguousarray(table.primary_terms[start:end], "<i8").tobytes(),
+                np.ascontiguousarray(table.lengths[start:end], "<i8").tobytes(),
+                np.ascontiguousarray(dropped, "<u8").tobytes(),
+            ]
+        )
+        chunks.append(
+            {
+                "seq": seq,
+                "n": n,
+                "dropped": len(dropped),
+                "blob": base64.b64encode(zlib.compress(blob, 1)).decode(),
+            }
+        )
+    return chunks
+
+
+def decode_lengths(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> DocLengths:
+    """A length table back from its chunks (any order); checks it holds what the meta promises."""
+    if len(chunks) != info.length_chunks:
+        raise corrupt_snapshot(info.snapshot, f"{len(chunks)} of {info.length_chunks} length chunks found")
+    cols: list[list[np.ndarray]] = [[], [], [], []]
+    dropped = [np.zeros(0, np.uint64)]
+    for chunk in sorted(chunks, key=lambda c: c["seq"]):
+        blob = zlib.decompress(base64.b64decode(chunk["blob"]))
+        n, d = int(chunk["n"]), int(chunk["dropped"])
+        if len(blob) != 8 * (4 * n + d):
+            raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} has {len(blob)} bytes")
+        for i, dtype in enumerate(("<u8", "<i8", "<i8", "<i8")):
+            cols[i].append(np.frombuffer(blob, dtype, n, 8 * n * i))
+        dropped.append(np.frombuffer(blob, "<u8", d, 32 * n))
+    keys, seq, term, length = (np.concatenate(c) if c else np.zeros(0) for c in cols)
+    table = DocLengths(
+        keys.astype(np.uint64),
+        seq.astype(np.int64),
+        term.astype(np.int64),
+        length.astype(np.int64),
+        np.concatenate(dropped).astype(np.uint64),
+    )
+    if len(table) != info.length_docs or (len(table) > 1 and not np.all(table.keys[1:] > table.keys[:-1])):
+        raise corrupt_snapshot(info.snapshot, f"{len(table)} lengths, meta says {info.length_docs}")
+    return table
+
+
 # --- I/O ------------------------------------------------------------------------------------------
 
 
@@ -220,14 +282,21 @@ async def publish(
     stats: CorpusStats,
     store: str = DEFAULT_STORE,
     units: Sequence[int] | None = None,
+    lengths: DocLengths | None = None,
 ) -> None:
     """Write a snapshot, then flip its pointer: readers see the old snapshot or the new, never a mix.
 
     `units` (the exact entropy sums, see `corpus.ExactStats`) go to separate `exact` documents that
-    only an incremental refresh reads; `info.exact_units` must say whether they are given."""
+    only an incremental refresh reads; `info.exact_units` must say whether they are given. `lengths`
+    go to `lengths` documents; `info.length_docs` and `length_chunks` must describe them."""
     await ensure_store(session, base_url, headers, store)
     if info.exact_units != (units is not None):
         raise ValueError("info.exact_units must match whether units are given")
+    length_chunks = encode_lengths(lengths) if lengths is not None else []
+    if (info.length_docs, info.length_chunks) != (
+        (len(lengths), len(length_chunks)) if lengths is not None else (None, 0)
+    ):
+        raise ValueError("info.length_docs and length_chunks must describe the length table given")
     per_chunk = max(1, -(-stats.vocabulary_size // info.n_chunks))
     chunks = encode_chunks(stats, per_chunk)
     if len(chunks) != info.n_chunks:
@@ -257,6 +326,15 @@ async def publish(
             "created_at": created,
         }
         ops.append(("index", f"{info.snapshot}|x{c['seq']}", {**doc, "data": c}))
+    for c in length_chunks:
+        doc = {
+            "kind": "lengths",
+            "key": info.key,
+            "snapshot": info.snapshot,
+            "seq": c["seq"],
+            "created_at": created,
+        }
+        ops.append(("index", f"{info.snapshot}|L{c['seq']}", {**doc, "data": c}))
     ops.append(
         (
             "index",
@@ -346,6 +424,20 @@ async def load_exact(
         _fetch_data(session, base_url, headers, store, _chunk_ids(info, "x"), 8),
     )
     return ExactStats(stats, decode_units(info, chunks))
+
+
+async def load_lengths(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str],
+    info: SnapshotInfo,
+    store: str = DEFAULT_STORE,
+) -> DocLengths | None:
+    """The snapshot's length table, or None for a snapshot stored without one."""
+    if info.length_docs is None:
+        return None
+    ids = [f"{info.snapshot}|L{i}" for i in range(info.length_chunks)]
+    return decode_lengths(info, await _fetch_data(session, base_url, headers, store, ids, 2))
 
 
 def _chunk_ids(info: SnapshotInfo, kind: str) -> list[str]:

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -30,11 +31,13 @@ from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
+from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
 from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json, request_json_retrying
 
 KEEP_ALIVE = "5m"
 Part = tuple[int, int]  # (slice id, number of slices)
 TEXT_TYPES = ("text", "match_only_text")
+VERSIONS = {"seq_no_primary_term": True, "version": True}  # what a scan needs for the length table
 
 
 class Progress(Protocol):
@@ -55,6 +58,18 @@ class SweepResult:
     exact_marks: bool  # no write landed during the sweep: `marks` describe exactly what was counted
     seconds: float
     units: list[int]  # exact entropy sums behind stats.entropy (corpus.ExactStats)
+    lengths: DocLengths | None = None  # each swept document version's length (`stats.lengths`)
+    lengths_skipped: str | None = None  # why there is no table, when there is none
+
+
+@dataclass(frozen=True)
+class SweptRef(DocRef):
+    """A scanned document with the version the scan saw: its length is recorded only if the term
+    vectors read afterwards are of that same `_version`."""
+
+    seq_no: int | None = dataclass_field(default=None, compare=False)
+    primary_term: int | None = dataclass_field(default=None, compare=False)
+    version: int | None = dataclass_field(default=None, compare=False)
 
 
 async def resolve_text_field(
@@ -131,19 +146,21 @@ async def scan_ids(
     page_size: int = 1000,
     totals: list[int] | None = None,
     part: Part | None = None,
+    versions: bool = False,
 ) -> AsyncIterator[list[DocRef]]:
     """Every live document of `index` in pages, from one consistent reader (PIT, else scroll); with
     `part` (i, n), only slice i of n (`slice: {id, max}`: disjoint slices that together hold every
-    document, so n processes or machines can sweep one index).
+    document, so n processes or machines can sweep one index). With `versions`, `SweptRef`s: each
+    hit's `_seq_no`, `_primary_term` and `_version` (for the length table).
 
     Appends the reader's total hit count to `totals` when the first page arrives. Close it
     (`contextlib.aclosing`) when not read to the end: that closes the PIT or scroll at once, while the
     session still works, instead of whenever the generator is collected."""
     pit = await _open_pit(session, base_url, index, headers, part)
     if pit is not None:
-        gen = _scan_pit(session, base_url, pit, headers, page_size, totals, part)
+        gen = _scan_pit(session, base_url, pit, headers, page_size, totals, part, versions)
     else:
-        gen = _scan_scroll(session, base_url, index, headers, page_size, totals, part)
+        gen = _scan_scroll(session, base_url, index, headers, page_size, totals, part, versions)
     async with aclosing(gen):
         async for page in gen:
             yield page
@@ -155,13 +172,16 @@ async def term_vectors(
     refs: Sequence[DocRef],
     field: str,
     headers: Mapping[str, str],
-) -> list[tuple[list[str], list[tuple[str, int]]]]:
+    record: bool = False,
+) -> Folded:
     """Terms and frequencies of each found document (documents deleted since the scan are skipped).
 
     Reads the `_mtermvectors` answer directly into flat lists: at sweep scale, building a
-    `DocTerms` per document costs more than the cluster's own work."""
+    `DocTerms` per document costs more than the cluster's own work. With `record`, also the length
+    rows of the `SweptRef`s whose term vectors are of the scanned `_version` (a document changed in
+    between is left out: it falls back to `_mtermvectors` at query time)."""
     if not refs:
-        return []
+        return [], [], []
     specs = []
     for ref in refs:
         spec: dict[str, Any] = {
@@ -177,6 +197,8 @@ async def term_vectors(
         session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers
     )
     out = []
+    keys: list[int] = []
+    rest: list[tuple[int, int, int]] = []
     for ref, doc in zip(refs, answer["docs"], strict=True):
         if "error" in doc:
             err = doc["error"]
@@ -187,8 +209,18 @@ async def term_vectors(
         if not doc.get("found", False):
             continue
         terms = doc.get("term_vectors", {}).get(field, {}).get("terms", {})
-        out.append((list(terms), [(t, f) for t, v in terms.items() if (f := v["term_freq"]) > 1]))
-    return out
+        repeated = [(t, f) for t, v in terms.items() if (f := v["term_freq"]) > 1]
+        out.append((list(terms), repeated))
+        if record and isinstance(ref, SweptRef) and ref.version is not None:
+            if doc.get("_version") == ref.version and ref.seq_no is not None and ref.primary_term is not None:
+                keys.append(doc_key(ref.id, ref.routing))
+                length = len(terms) + sum(f for _, f in repeated) - len(repeated)
+                rest.append((ref.seq_no, ref.primary_term, length))
+    return out, keys, rest
+
+
+# One batch's documents as (distinct terms, (term, tf > 1) pairs), and its length rows (keys, rest).
+Folded = tuple[list[tuple[list[str], list[tuple[str, int]]]], list[int], list[tuple[int, int, int]]]
 
 
 async def fold_pages(
@@ -202,16 +234,21 @@ async def fold_pages(
     batch_size: int,
     concurrency: int,
     progress: Progress | None = None,
+    lengths: LengthRecorder | None = None,
 ) -> None:
-    """Term frequencies of every page's documents into `acc`, at most `concurrency` batches in flight."""
-    pending: set[asyncio.Task[list[tuple[list[str], list[tuple[str, int]]]]]] = set()
+    """Term frequencies of every page's documents into `acc`, at most `concurrency` batches in flight;
+    with `lengths`, the length of every document (pages of `SweptRef`) into it."""
+    pending: set[asyncio.Task[Folded]] = set()
 
-    def drain(done: set[asyncio.Task[list[tuple[list[str], list[tuple[str, int]]]]]]) -> None:
+    def drain(done: set[asyncio.Task[Folded]]) -> None:
         for task in done:
-            for terms, repeated in task.result():
+            docs, keys, rest = task.result()
+            for terms, repeated in docs:
                 acc.add_split(terms, repeated)
+            if lengths is not None:
+                lengths.add(keys, rest)
         if progress is not None:
-            progress.update(sum(len(t.result()) for t in done))
+            progress.update(sum(len(t.result()[0]) for t in done))
 
     try:
         async for page in pages:
@@ -221,7 +258,11 @@ async def fold_pages(
                     pending -= done
                     drain(done)
                 batch = page[start : start + batch_size]
-                pending.add(asyncio.ensure_future(term_vectors(session, base_url, batch, field, headers)))
+                pending.add(
+                    asyncio.ensure_future(
+                        term_vectors(session, base_url, batch, field, headers, lengths is not None)
+                    )
+                )
         if pending:
             done, _ = await asyncio.wait(pending)
             pending -= done
@@ -244,21 +285,33 @@ async def sweep_index(
     concurrency: int = 4,
     progress: Progress | None = None,
     part: Part | None = None,
+    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> SweepResult:
     """Exact statistics of one concrete index (call `resolve_text_field` first to validate the field);
-    with `part`, of one slice of it (see `scan_ids`; `stats.sliced` adds the slices up exactly)."""
+    with `part`, of one slice of it (see `scan_ids`; `stats.sliced` adds the slices up exactly).
+    Also the length table of up to `max_length_docs` documents (None: no table)."""
     started = time.perf_counter()
     before = (await index_marks(session, base_url, index, headers)).get(index)
     if before is None:
         raise no_index(index)
     await refresh_index(session, base_url, index, headers)
     acc = EntropyAccumulator()
+    recorder = None if max_length_docs is None else LengthRecorder(max_length_docs)
     totals: list[int] = []
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         counted = False
         async with aclosing(
-            scan_ids(session, base_url, index, headers, batch_size * concurrency, totals, part)
+            scan_ids(
+                session,
+                base_url,
+                index,
+                headers,
+                batch_size * concurrency,
+                totals,
+                part,
+                recorder is not None,
+            )
         ) as ids:
             async for page in ids:
                 if progress is not None and totals and not counted:  # several indices share one bar
@@ -277,6 +330,7 @@ async def sweep_index(
             batch_size=batch_size,
             concurrency=concurrency,
             progress=progress,
+            lengths=recorder,
         )
     after = (await index_marks(session, base_url, index, headers)).get(index)
     exact = before.settled and after is not None and same_state(before, after)
@@ -289,7 +343,18 @@ async def sweep_index(
         exact and live == acc.n_seen,
         time.perf_counter() - started,
         result.units,
+        *finish_lengths(recorder),
     )
+
+
+def finish_lengths(recorder: LengthRecorder | None) -> tuple[DocLengths | None, str | None]:
+    """A sweep's length table, or None and why."""
+    if recorder is None:
+        return None, "not requested"
+    table = recorder.finish()
+    if table is None:
+        return None, f"more than {recorder.limit} documents (--max-length-docs)"
+    return table, None
 
 
 async def _open_pit(
@@ -331,7 +396,9 @@ async def _open_pit(
     return pit
 
 
-def _pit_body(pit_id: str, size: int, after: list[Any] | None, part: Part | None = None) -> dict[str, Any]:
+def _pit_body(
+    pit_id: str, size: int, after: list[Any] | None, part: Part | None = None, versions: bool = False
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "size": size,
         "_source": False,
@@ -339,6 +406,8 @@ def _pit_body(pit_id: str, size: int, after: list[Any] | None, part: Part | None
         "sort": [{"_shard_doc": "asc"}],
         "track_total_hits": after is None,
     }
+    if versions:
+        body.update(VERSIONS)
     if after is not None:
         body["search_after"] = after
     if part is not None and part[1] > 1:
@@ -354,13 +423,18 @@ async def _scan_pit(
     page_size: int,
     totals: list[int] | None,
     part: Part | None = None,
+    versions: bool = False,
 ) -> AsyncIterator[list[DocRef]]:
     pit_id = pit[1]
     after: list[Any] | None = None
     try:
         while True:
             answer = await request_json_retrying(
-                session, "POST", f"{base_url}/_search", _pit_body(pit_id, page_size, after, part), headers
+                session,
+                "POST",
+                f"{base_url}/_search",
+                _pit_body(pit_id, page_size, after, part, versions),
+                headers,
             )
             pit_id = answer.get("pit_id", pit_id)
             hits = answer["hits"]["hits"]
@@ -368,7 +442,7 @@ async def _scan_pit(
                 totals.append(int(answer["hits"]["total"]["value"]))
             if not hits:
                 return
-            yield [_ref(h) for h in hits]
+            yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
             after = hits[-1]["sort"]
     finally:
         await _close_pit(session, base_url, (pit[0], pit_id), headers)
@@ -382,8 +456,11 @@ async def _scan_scroll(
     page_size: int,
     totals: list[int] | None,
     part: Part | None = None,
+    versions: bool = False,
 ) -> AsyncIterator[list[DocRef]]:
     body: dict[str, Any] = {"size": page_size, "_source": False, "sort": ["_doc"], "track_total_hits": True}
+    if versions:
+        body.update(VERSIONS)
     if part is not None and part[1] > 1:
         body["slice"] = {"id": part[0], "max": part[1]}
     answer = await request_json(
@@ -394,7 +471,8 @@ async def _scan_scroll(
         totals.append(int(answer["hits"]["total"]["value"]))
     try:
         while answer["hits"]["hits"]:
-            yield [_ref(h) for h in answer["hits"]["hits"]]
+            hits = answer["hits"]["hits"]
+            yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
             answer = await request_json(
                 session,
                 "POST",
@@ -434,6 +512,18 @@ async def _quietly(call: Any) -> None:
 
 def _ref(hit: Mapping[str, Any]) -> DocRef:
     return DocRef(hit["_index"], hit["_id"], hit.get("_routing"))
+
+
+def swept_ref(hit: Mapping[str, Any]) -> SweptRef:
+    """A hit of a scan with `VERSIONS`."""
+    return SweptRef(
+        hit["_index"],
+        hit["_id"],
+        hit.get("_routing"),
+        hit.get("_seq_no"),
+        hit.get("_primary_term"),
+        hit.get("_version"),
+    )
 
 
 def _enc(index_expr: str) -> str:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import orjson
+import pytest
+
 from bmx_rerank.rerank.pipeline import table_lengths
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.stats.corpus import CorpusStats
-from bmx_rerank.stats.lengths import DocLengths, doc_key
+from bmx_rerank.stats.corpus import CorpusStats, ExactStats
+from bmx_rerank.stats.errors import StatisticsError
+from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.lengths import DocLengths, LengthRecorder, doc_key
+from bmx_rerank.stats.sliced import Partial
+from bmx_rerank.stats.store import SnapshotInfo, decode_lengths, encode_lengths
 
 ROWS = (
     ["a", "b", "c", "c"],
@@ -103,3 +110,47 @@ def test_table_lengths_per_field_and_index() -> None:
         {"f": 9, "g": None},
         {"f": None, "g": None},
     ]
+
+
+def _info(table: DocLengths, chunks: int) -> SnapshotInfo:
+    marks = IndexMarks("idx", "uuid", ())
+    return SnapshotInfo(
+        "snap", "idx", "body", 0, 0, 0, 1, 0, marks, True, "2026-01-01T00:00:00+00:00", 1.0, "build",
+        length_docs=len(table), length_chunks=chunks,
+    )  # fmt: skip
+
+
+def test_store_chunks_round_trip_with_dropped_keys() -> None:
+    t = DocLengths.from_keys(
+        [9, 1, 5, 5, 2**64 - 1, 3], [0, 1, 2, 3, 4, 2**40], [1, 1, 1, 1, 3, 2], [1, 2, 3, 4, 5, 0]
+    )
+    chunks = encode_lengths(t, per_chunk=2)
+    assert len(chunks) == 2  # 4 entries, 2 a chunk; the dropped key 5 rides on chunk 0
+    back = decode_lengths(_info(t, 2), list(reversed(chunks)))
+    assert back.same_as(t)
+    assert back.lookup(["x"], [None], [0], [1]) == [None]
+    with pytest.raises(StatisticsError):
+        decode_lengths(_info(t, 3), chunks)  # a chunk missing
+    empty = DocLengths.empty()
+    assert decode_lengths(_info(empty, 1), encode_lengths(empty)).same_as(empty)
+
+
+def test_partial_file_carries_the_length_table() -> None:
+    t = DocLengths.from_keys([9, 1, 5, 5], [0, 1, 2, 3], [1, 1, 1, 1], [1, 2, 3, 4])
+    stats = CorpusStats.from_documents([{"a": 1}])
+    part = Partial(
+        "idx", "body", (0, 1), ExactStats(stats, [1]), IndexMarks("idx", "u", ()), 1, True, 0.1, t, None
+    )
+    back = Partial.from_json(orjson.loads(orjson.dumps(part.to_json())))
+    assert back.lengths is not None and back.lengths.same_as(t)
+    none = Partial.from_json({**part.to_json(), "lengths": None, "lengths_skipped": "not requested"})
+    assert none.lengths is None and none.lengths_skipped == "not requested"
+
+
+def test_recorder_keeps_nothing_past_its_limit() -> None:
+    rec = LengthRecorder(limit=3)
+    rec.add([doc_key("a", None), doc_key("b", None)], [(0, 1, 4), (1, 1, 0)])
+    got = rec.finish()
+    assert got is not None and got.lookup(["a", "b"], [None, None], [0, 1], [1, 1]) == [4, 0]
+    rec.add([doc_key("c", None), doc_key("d", None)], [(2, 1, 4), (3, 1, 0)])
+    assert rec.over and rec.finish() is None
