@@ -127,6 +127,9 @@ class StatsCache:
         if entry is not None:
             if self.clock() - entry.checked_at >= self.check_interval:
                 self._refresh(key, headers, entry)  # in the background: this search gets the view now
+                # ... without its length tables: they are used only while the index UUID behind them
+                # was confirmed within `check_interval` (a re-created index would match old versions)
+                return dataclasses.replace(self._for_caller(index_expr, field, headers, entry), lengths=None)
             return self._for_caller(index_expr, field, headers, entry)
         # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
         # does not cancel it for the others.

@@ -59,6 +59,8 @@ def test_four_slices_in_processes_equal_one_process_bit_for_bit(index) -> None:
     assert one.stats.n_docs == DOCS and one.live_docs == four.live_docs == DOCS
     assert four.stats.same_as(one.stats) and four.units == one.units
     assert four.exact_marks and four.marks == one.marks
+    assert one.lengths is not None and four.lengths is not None and len(one.lengths) == DOCS
+    assert four.lengths.same_as(one.lengths), "merged length tables must equal one sweep's"
 
 
 def test_partial_files_from_several_machines_merge_exactly_and_every_slice_is_needed_once(index) -> None:
@@ -69,6 +71,8 @@ def test_partial_files_from_several_machines_merge_exactly_and_every_slice_is_ne
     files = [orjson.loads(orjson.dumps(p.to_json())) for p in parts]  # what each machine writes
     merged = sliced.merge([sliced.Partial.from_json(f) for f in reversed(files)])
     assert merged.stats.same_as(one.stats) and merged.units == one.units
+    assert merged.lengths is not None and one.lengths is not None and merged.lengths.same_as(one.lengths)
+    assert sliced.merge(parts, max_length_docs=DOCS - 1).lengths is None  # over the bound: no table
     with pytest.raises(sliced.MergeError):
         sliced.merge(parts[:2])
     with pytest.raises(sliced.MergeError):
@@ -94,11 +98,15 @@ def test_cli_partials_then_merge_publish_the_snapshot_one_build_publishes(index,
         merged = runner.invoke(stats_cli, ["merge", *files, "--upstream", engine.url, "--store", store])
         assert merged.exit_code == 0 and f"{DOCS} docs from 2 slices" in merged.output, merged.output
         sliced_stats = asyncio.run(_published(engine.url, name, store))
+        sliced_lengths = asyncio.run(_published_lengths(engine.url, name, store))
         built = runner.invoke(stats_cli, ["build", name, *common, "--slices", "2"])
         assert built.exit_code == 0, built.output
         one = asyncio.run(_whole(engine.url, name))
         assert sliced_stats.stats.same_as(one.stats) and sliced_stats.units == one.units
         assert asyncio.run(_published(engine.url, name, store)).units == one.units
+        assert one.lengths is not None and sliced_lengths is not None and sliced_lengths.same_as(one.lengths)
+        built_lengths = asyncio.run(_published_lengths(engine.url, name, store))
+        assert built_lengths is not None and built_lengths.same_as(one.lengths)
     finally:
         engine.call("DELETE", f"/{store}*")
 
@@ -107,3 +115,9 @@ async def _published(base: str, name: str, store: str):
     async with aiohttp.ClientSession() as session:
         pointers = await stats_store.read_pointers(session, base, {}, [(name, "body")], store)
         return await stats_store.load_exact(session, base, {}, pointers[(name, "body")], store)
+
+
+async def _published_lengths(base: str, name: str, store: str):
+    async with aiohttp.ClientSession() as session:
+        pointers = await stats_store.read_pointers(session, base, {}, [(name, "body")], store)
+        return await stats_store.load_lengths(session, base, {}, pointers[(name, "body")], store)

@@ -225,6 +225,9 @@ def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
     rebuilt = run(lambda s: stats_build.build(s, engine.url, small_index, FIELD, {}))
     assert fresh.stale is False and fresh.corpus.n_docs == 450
     assert fresh.corpus.same_as(rebuilt), "incremental refresh must match a rebuild bit for bit"
+    (swept,) = run(lambda s: stats_build.sweep_all(s, engine.url, small_index, FIELD, {})).values()
+    assert fresh.lengths is not None and swept.lengths is not None and len(swept.lengths) == 450
+    assert fresh.lengths[small_index].same_as(swept.lengths), "refreshed length table == a rebuild's"
 
     _bulk(engine, small_index, {docs[0][0]: "completely new words here", docs[460][0]: docs[460][1]})
     engine.ok("DELETE", f"/{small_index}/_doc/{docs[1][0]}", params={"refresh": "true"})
@@ -233,6 +236,9 @@ def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
     fresh = run(snapshot_now)
     rebuilt = run(lambda s: stats_build.build(s, engine.url, small_index, FIELD, {}))
     assert fresh.corpus.same_as(rebuilt) and fresh.corpus.n_docs == 450
+    (swept,) = run(lambda s: stats_build.sweep_all(s, engine.url, small_index, FIELD, {})).values()
+    assert fresh.lengths is not None and swept.lengths is not None
+    assert fresh.lengths[small_index].same_as(swept.lengths)
     (out,) = run(lambda s: stats_build.refresh(s, engine.url, small_index, FIELD, {}, store=store))
     assert out.action == "unchanged"
 
