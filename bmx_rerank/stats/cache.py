@@ -129,7 +129,8 @@ class StatsCache:
                 self._refresh(key, headers, entry)  # in the background: this search gets the view now
                 # ... without its length tables: they are used only while the index UUID behind them
                 # was confirmed within `check_interval` (a re-created index would match old versions)
-                return dataclasses.replace(self._for_caller(index_expr, field, headers, entry), lengths=None)
+                view = self._for_caller(index_expr, field, headers, entry)
+                return view if view.lengths is None else dataclasses.replace(view, lengths=None)
             return self._for_caller(index_expr, field, headers, entry)
         # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
         # does not cancel it for the others.
