@@ -19,7 +19,8 @@ from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.freshness import IndexMarks, ShardMark
-from bmx_rerank.stats.store import SnapshotInfo, encode_chunks
+from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.store import SnapshotInfo, encode_chunks, encode_lengths
 
 TOKEN = "Basic c2VjcmV0"
 OTHER = "Basic b3RoZXI="  # a second user allowed to read the index
@@ -34,10 +35,15 @@ class FakeCluster:
         self.snapshots: dict[str, tuple[SnapshotInfo, list[dict[str, Any]]]] = {}
         self.current: str | None = None
         self.auth: dict[str, list[str]] = {}  # Authorization header of each call, per endpoint
+        self.uuid = "u1"
+        self.lengths: dict[str, list[dict[str, Any]]] = {}
 
-    def publish(self, name: str, docs: list[dict[str, int]]) -> CorpusStats:
+    def publish(
+        self, name: str, docs: list[dict[str, int]], lengths: DocLengths | None = None
+    ) -> CorpusStats:
         stats = CorpusStats.from_documents(docs)
         chunks = encode_chunks(stats, 2)
+        self.lengths[name] = encode_lengths(lengths, 1) if lengths is not None else []
         marks = IndexMarks("idx", "u1", (ShardMark(0, self.seq_no, self.seq_no, self.seq_no),))
         info = SnapshotInfo(
             name,
@@ -53,6 +59,8 @@ class FakeCluster:
             f"2026-01-01T00:00:0{len(self.snapshots)}+00:00",
             0.1,
             "build",
+            length_docs=None if lengths is None else len(lengths),
+            length_chunks=len(self.lengths[name]),
         )
         self.snapshots[name] = (info, chunks)
         self.current = name
@@ -86,7 +94,7 @@ class FakeCluster:
         self._auth(request, "stats")
         seq = {"max_seq_no": self.seq_no, "local_checkpoint": self.seq_no, "global_checkpoint": self.seq_no}
         shards = {"0": [{"routing": {"primary": True}, "seq_no": seq}]}
-        return web.json_response({"indices": {"idx": {"uuid": "u1", "shards": shards}}})
+        return web.json_response({"indices": {"idx": {"uuid": self.uuid, "shards": shards}}})
 
     async def count(self, request: web.Request) -> web.Response:
         self._auth(request, "count")
@@ -115,9 +123,12 @@ class FakeCluster:
             else:
                 self.calls["chunk"] += 1
                 snap, seq = doc_id.split("|")
-                docs.append(
-                    {"_id": doc_id, "found": True, "_source": {"data": self.snapshots[snap][1][int(seq)]}}
+                data = (
+                    self.lengths[snap][int(seq[1:])]
+                    if seq.startswith("L")
+                    else self.snapshots[snap][1][int(seq)]
                 )
+                docs.append({"_id": doc_id, "found": True, "_source": {"data": data}})
         return web.json_response({"docs": docs})
 
 
@@ -168,6 +179,38 @@ async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(
     await cache.settled()
     view = await cache.get("idx", "body", headers)
     assert view.corpus.same_as(second) and view.stale is False and fake.calls["chunk"] == 3
+
+
+async def test_length_tables_serve_only_the_index_they_were_built_from_while_confirmed(cluster):
+    fake, session, url = cluster
+    table = DocLengths.from_rows(["a", "b", "c"], [None, None, "r"], [3, 4, 5], [1, 1, 2], [7, 0, 9])
+    fake.publish("s1", [{"a": 1}], lengths=table)
+    clock = Clock()
+    cache = StatsCache(session, url, check_interval=5.0, clock=clock)
+    headers = {"Authorization": TOKEN}
+    view = await cache.get("idx", "body", headers)
+    assert view.lengths is not None and view.lengths["idx"].same_as(table)
+    assert fake.calls["chunk"] == 1 + 3  # one term chunk, three length chunks (one entry each)
+
+    clock.now = 5.0  # due for a re-check: served at once, without tables until it confirmed the UUID
+    assert (await cache.get("idx", "body", headers)).lengths is None
+    await cache.settled()
+    assert (await cache.get("idx", "body", headers)).lengths is not None
+
+    fake.uuid = "u2"  # deleted and re-created under the same name: its _seq_no start again at 0
+    clock.now = 10.0
+    await cache.get("idx", "body", headers)
+    await cache.settled()
+    view = await cache.get("idx", "body", headers)
+    assert view.lengths is None and view.stale is True and not view.corpus.same_as(CorpusStats.empty())
+
+    fake.uuid = "u1"
+    fake.publish("s2", [{"a": 1}])  # a snapshot without a table
+    clock.now = 20.0
+    await cache.get("idx", "body", headers)
+    await cache.settled()
+    view = await cache.get("idx", "body", headers)
+    assert view.lengths is None and view.built_at == "2026-01-01T00:00:01+00:00"
 
 
 async def test_concurrent_callers_share_one_check(cluster):
