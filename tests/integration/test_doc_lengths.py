@@ -17,7 +17,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 
+from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import pipeline, tf_probe
 from bmx_rerank.stats import build as stats_build
@@ -245,3 +247,14 @@ def test_stats_show_reports_the_table(corpus) -> None:
     }
     pointers = _run(lambda s: stats_store.read_pointers(s, engine.url, {}, [(index, "body")], store))
     assert pointers[(index, "body")].length_chunks == 1
+
+    runner = CliRunner()
+    common = [index, "--field", "body", "--upstream", engine.url, "--store", store]
+    shown = runner.invoke(stats_cli, ["show", *common])
+    assert shown.exit_code == 0 and f"{len(texts)} document lengths" in shown.output, shown.output
+    built = runner.invoke(stats_cli, ["build", *common, "--no-progress", "--max-length-docs", "10"])
+    assert built.exit_code == 0 and "no length table (more than 10 documents" in built.output, built.output
+    shown = runner.invoke(stats_cli, ["show", *common])
+    assert "no length table (more than 10 documents (--max-length-docs))" in shown.output, shown.output
+    built = runner.invoke(stats_cli, ["build", *common, "--no-progress", "--no-lengths"])
+    assert built.exit_code == 0 and "no length table (not requested)" in built.output, built.output
