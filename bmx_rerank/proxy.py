@@ -36,7 +36,7 @@ from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, TermVectorCache
-from bmx_rerank.rerank.pipeline import Reranker, SideCalls
+from bmx_rerank.rerank.pipeline import PROBE_MODES, Reranker, SideCalls
 from bmx_rerank.rerank.plan import Plan, plan_search
 from bmx_rerank.rerank.spec import DEFAULT_WINDOW, MAX_WINDOW
 from bmx_rerank.rerank.stats_source import StatsSource
@@ -89,9 +89,9 @@ class ProxyConfig:
     connect_timeout: float = 10.0
     cache_bytes: int = 256 << 20  # term-vector cache, bytes (estimated)
     widen: bool = True
-    # Term frequencies from the first stage (rerank/tf_probe): off by default, measured slower than the
-    # term-vector cache on warm windows (benchmarks/RESULTS.md).
-    tf_probes: bool = False
+    # Term frequencies from the first stage (rerank/tf_probe): "auto" probes new windows only (see
+    # `Reranker._probe`), "on" every search that can, "off" none; True/False mean "on"/"off".
+    tf_probes: str | bool = "auto"
     upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
     upstream_cert: str | None = None  # client certificate (PEM) for https nodes
     upstream_key: str | None = None
@@ -115,6 +115,10 @@ class ProxyConfig:
             raise ValueError("max_augment and cache_bytes must be >= 0")
         if self.timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("timeouts must be > 0 seconds")
+        if isinstance(self.tf_probes, bool):
+            self.tf_probes = "on" if self.tf_probes else "off"
+        if self.tf_probes not in PROBE_MODES:
+            raise ValueError(f"tf_probes must be one of {PROBE_MODES}, got {self.tf_probes!r}")
 
 
 def split_upstream(url: str) -> tuple[str, str | None]:
@@ -170,7 +174,7 @@ def make_app(
             cache=TermVectorCache(config.cache_bytes),
             timeout=config.timeout,
             on_error=config.on_rerank_error,
-            probes=config.tf_probes,
+            probes=str(config.tf_probes),
             identity_headers=config.identity_headers,
         )
         state["applied"] = AppliedConfigs(

@@ -20,6 +20,7 @@ from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
 from bmx_rerank.proxy import ProxyConfig, json_log_handler, make_app, serve_forever
 from bmx_rerank.rerank.candidates import DEFAULT_CACHE_BYTES, IDENTITY_HEADERS
+from bmx_rerank.rerank.pipeline import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.store import DEFAULT_STORE
 
@@ -61,6 +62,21 @@ class ByteSize(click.ParamType):
         if match is None or unit not in SIZE_UNITS:
             self.fail(f"expected a size such as 1048576, 64MiB or 1GB, got {value!r}", param, ctx)
         return int(match.group(1)) * SIZE_UNITS[unit]
+
+
+class ProbeMode(click.ParamType):
+    """auto, on or off; a boolean (a config file's `tf-probes = true`, an environment's 1/0) is on/off."""
+
+    name = "[auto|on|off]"
+
+    def convert(self, value, param, ctx) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        mode = str(value).strip().lower()
+        mode = {"true": "on", "yes": "on", "1": "on", "false": "off", "no": "off", "0": "off"}.get(mode, mode)
+        if mode not in PROBE_MODES:
+            self.fail(f"expected auto, on or off, got {value!r}", param, ctx)
+        return mode
 
 
 def statistics_source(
@@ -196,11 +212,15 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option(
-    "--tf-probes/--no-tf-probes",
-    default=False,
-    help="Term frequencies from the first stage (named intervals probes) where the cluster can; "
-    "else from _mtermvectors.",
+    "--tf-probes",
+    type=ProbeMode(),
+    default="auto",
+    is_flag=False,
+    flag_value="on",
+    help="Term frequencies from the first stage (named intervals probes): auto (new windows whose "
+    "lengths are known), on (every search that can; bare --tf-probes), off (_mtermvectors and its cache).",
 )
+@click.option("--no-tf-probes", is_flag=True, default=False, help="Same as --tf-probes off.")
 @click.option(
     "--workers",
     default=1,
@@ -264,7 +284,8 @@ def command(
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
-    tf_probes: bool,
+    tf_probes: str,
+    no_tf_probes: bool,
     workers: int,
     loop: str,
     max_body: int,
@@ -321,7 +342,7 @@ def command(
         max_concurrent_reranks=max_concurrent_reranks,
         on_overload=on_overload,
         identity_headers=identity,
-        tf_probes=tf_probes,
+        tf_probes="off" if no_tf_probes else tf_probes,
     )
     logging.basicConfig(level=log_level.upper(), handlers=[json_log_handler(sys.stderr)], force=True)
     stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity)

@@ -17,12 +17,19 @@ every request. Why each part is there:
 - field: the terms of one field.
 
 The cache is bounded in bytes (an estimate of each entry's Python objects), not entries: one entry of
-a long document weighs as much as thousands of short ones."""
+a long document weighs as much as thousands of short ones.
+
+An entry is either a document's full term vectors (`_mtermvectors`) or a partial one, a `ProbedDoc`:
+the frequencies of the tokens a first stage probed (rerank/tf_probe), 0 included, and the exact
+length. A partial entry answers only a window whose tokens in that field it all knows; partial entries
+of one key merge (the union of their tokens: both are exact for that document version), and a full
+entry always wins over a partial one."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -80,9 +87,30 @@ def cache_key(hit: Mapping[str, Any], field: str, who: str) -> CacheKey | None:
     return (who, hit["_index"], str(hit["_id"]), seq, term, field)
 
 
+@dataclass(frozen=True)
+class ProbedDoc(DocTerms):
+    """Some tokens' frequencies in one document version, and its exact field length.
+
+    `tf` holds every token it knows, those the document lacks with 0 (exact for that token); any
+    other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`)."""
+
+    doc_length: int = 0
+
+    @property
+    def length(self) -> int:  # type: ignore[override]
+        return self.doc_length
+
+
 def entry_bytes(terms: DocTerms) -> int:
-    """Estimated memory of one cached document's term frequencies."""
+    """Estimated memory of one cached document's term frequencies (a partial entry's 0s included)."""
     return ENTRY_OVERHEAD + sum(TERM_BYTES + len(t) for t in terms.tf)
+
+
+def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
+    """Two partial entries of one document version: the union of the tokens they know."""
+    return ProbedDoc(
+        new.ref, True, {**old.tf, **new.tf}, new.version, new.seq_no, new.primary_term, new.doc_length
+    )
 
 
 class TermVectorCache:
@@ -92,13 +120,28 @@ class TermVectorCache:
         self.max_bytes = max_bytes
         self._items: LRUCache[CacheKey, DocTerms] = LRUCache(max(1, max_bytes), getsizeof=entry_bytes)
 
-    def get(self, key: CacheKey | None) -> DocTerms | None:
+    def get(self, key: CacheKey | None, needs: Collection[str] | None = None) -> DocTerms | None:
+        """The entry, if it answers for every token in `needs` (None: every term, so full term
+        vectors only); a partial entry that does not is a miss."""
         if key is None or self.max_bytes <= 0:
             return None
-        return self._items.get(key)
+        entry = self._items.get(key)
+        if isinstance(entry, ProbedDoc) and (needs is None or any(t not in entry.tf for t in needs)):
+            return None
+        return entry
 
     def put(self, key: CacheKey | None, terms: DocTerms) -> None:
-        if key is None or self.max_bytes <= 0 or not terms.found or entry_bytes(terms) > self.max_bytes:
+        """Keep `terms` under `key`: a partial entry merges with a partial one already there and
+        never replaces a full one."""
+        if key is None or self.max_bytes <= 0 or not terms.found:
+            return
+        if isinstance(terms, ProbedDoc):
+            old = self._items.get(key)
+            if old is not None and not isinstance(old, ProbedDoc):
+                return  # full term vectors know every token
+            if old is not None:
+                terms = merged(old, terms)
+        if entry_bytes(terms) > self.max_bytes:
             return  # a document bigger than the whole cache is not kept
         self._items[key] = terms
 

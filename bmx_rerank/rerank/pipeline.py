@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,6 +51,11 @@ Pair = tuple[str, str]  # (field, text): one text analysed with one field's sear
 # analysis, the once-per-cluster parameter check): past it the search goes without probes, so a slow
 # cluster answers within --timeout plus this, not twice the timeout.
 PROBE_WAIT = 0.5
+PROBE_MODES = ("auto", "on", "off")
+# `auto` probes a window this caller has not had reranked within SEEN_TTL seconds: a repeated one goes
+# unprobed, its frequencies from the term-vector cache. At most SEEN_WINDOWS (caller, window) pairs.
+SEEN_TTL = 600.0
+SEEN_WINDOWS = 16384
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 
@@ -67,7 +72,11 @@ class SideCalls:
     stats: dict[str, asyncio.Task[StatsView]]
     body: dict[str, Any] | None = None
     params: dict[str, str] = field(default_factory=dict)
+    window: str = ""  # digest of the window request (see `window_digest`)
     probe: tf_probe.Probe | None = None  # term frequencies come with the first stage's hits
+    # why the first stage carries no probes (marker `tf_probes`; None: it does); `first_stage` decides,
+    # and a first stage that skips it (an `_msearch` item, the client wrapper) is "not_tried"
+    unprobed_because: str | None = "not_tried"
     unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # body, params without probes
     frequencies: list[tf_probe.Frequencies | None] | None = None  # per hit, read from the probes
 
@@ -110,7 +119,18 @@ def scoring_tree(plan: Plan) -> Node:
     return plan.scoring if plan.scoring is not None else Text(plan.spec.field, plan.query_text)
 
 
-def window_request(index_expr: str, plan: Plan) -> tuple[dict[str, Any] | None, dict[str, str]]:
+def window_digest(index_expr: str, plan: Plan) -> str:
+    """What identifies a window request: the index expression, the first-stage body (which asks for
+    0..window_size, the same for every page of one query) and the parameters, the caller's
+    `preference` included."""
+    return hashlib.sha256(
+        orjson.dumps([index_expr, plan.body, sorted(plan.params.items())], option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+
+
+def window_request(
+    index_expr: str, plan: Plan, digest: str | None = None
+) -> tuple[dict[str, Any] | None, dict[str, str]]:
     """The first-stage body and query parameters for the window.
 
     - `preference`: the caller's if given, else one derived from the index and the window request
@@ -121,10 +141,7 @@ def window_request(index_expr: str, plan: Plan) -> tuple[dict[str, Any] | None, 
     params = dict(plan.params)
     body = None if plan.body is None else {**plan.body, "version": True}
     if "preference" not in params:
-        digest = hashlib.sha256(
-            orjson.dumps([index_expr, plan.body, sorted(params.items())], option=orjson.OPT_SORT_KEYS)
-        ).hexdigest()
-        params["preference"] = f"bmx-{digest[:16]}"
+        params["preference"] = f"bmx-{(digest or window_digest(index_expr, plan))[:16]}"
     return body, params
 
 
@@ -144,7 +161,7 @@ class Reranker:
         llm: LLMProvider | None = None,
         lengths: tf_probe.LengthCache | None = None,
         analyses: AnalysisCache | None = None,
-        probes: bool = False,
+        probes: str = "off",
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
     ) -> None:
         if on_error not in ON_ERROR:
@@ -163,7 +180,11 @@ class Reranker:
         self.llm = llm
         self.lengths = lengths if lengths is not None else tf_probe.LengthCache()
         self.analyses = analyses if analyses is not None else AnalysisCache()
+        if probes not in PROBE_MODES:
+            raise ValueError(f"probes must be one of {PROBE_MODES}, got {probes!r}")
         self.probes = probes
+        # (caller, window digest) of windows reranked lately with their documents cached (`auto`)
+        self._seen: TTLCache[tuple[str, str], bool] = TTLCache(maxsize=SEEN_WINDOWS, ttl=SEEN_TTL)
         self._named_scores: bool | None = None  # does the cluster report named query scores?
         # (index expression, fields) whose probes the cluster refused (not text with positions): not
         # probed again for a while.
@@ -191,41 +212,78 @@ class Reranker:
         stats = {
             f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(scoring_tree(plan))
         }
-        body, params = window_request(index_expr, plan)
-        return SideCalls(index_expr, plan, tokens, stats, body, params)
+        digest = window_digest(index_expr, plan)
+        body, params = window_request(index_expr, plan, digest)
+        return SideCalls(index_expr, plan, tokens, stats, body, params, digest)
 
     async def first_stage(self, side: SideCalls, headers: Mapping[str, str]) -> None:
-        """Add term-frequency probes to the first-stage request where they are safe (see tf_probe):
-        the first stage then waits for the query's tokens."""
+        """Add term-frequency probes to the first-stage request where they are safe (see tf_probe)
+        and, in `auto`, where they pay; else note why not (`side.unprobed_because`)."""
+        side.unprobed_because = await self._probe(side, headers)
+
+    async def _probe(self, side: SideCalls, headers: Mapping[str, str]) -> str | None:
+        """Put the probes in `side`'s request and return None, or return why not.
+
+        `auto` probes only a window this caller has not had reranked lately (a repeated one is served
+        by the term-vector cache, as cheaply as without probes) and only when the lengths will not need
+        `_mtermvectors` either: a field's statistics carry a length table, or the length cache is on.
+        What it waits for (the tokens, the parameter check, the statistics) is bounded by PROBE_WAIT."""
         body, params = side.body, side.params
         assert side.plan.spec is not None
-        if not self.probes or side.tokens is None or body is None:
-            return
+        if self.probes == "off":
+            return "off"
+        if side.tokens is None or body is None:
+            return "index_pattern"  # tokens are known only once the hits name their index
         if side.plan.spec.augment.provider == "prf":
-            return  # feedback reads every term of the window's documents: their term vectors
-        if tf_probe.why_not(body, orjson.dumps(body), params):
-            return
+            return "prf"  # feedback reads every term of the window's documents: their term vectors
+        if why := tf_probe.why_not(body, orjson.dumps(body), params):
+            return why
+        auto = self.probes == "auto"
+        if auto and self._seen_window(side, headers):
+            return "seen"
+        tables = auto and self.lengths.capacity <= 0  # without the length cache: only a length table
+        wait = PROBE_WAIT if self.timeout is None else min(PROBE_WAIT, self.timeout / 4)
         try:
-            tokens = await asyncio.wait_for(
-                self._probe_tokens(side, headers), min(PROBE_WAIT, self.timeout / 4)
-            )
+            tokens, views = await asyncio.wait_for(self._probe_inputs(side, headers, tables), wait)
         except (SearchError, asyncio.TimeoutError):
-            return  # `finish` analyses again on the hits' index, or fails (falls back) as it would have
+            return "timeout"  # `finish` analyses again on the hits' index, or fails as it would have
         if tokens is None:
-            return
+            return "no_named_scores"
+        if tables and not any(v.lengths is not None for v in views):
+            return "no_lengths"
         probe = tf_probe.probe_terms(tokens)
-        if probe is not None and (side.index_expr, probe.fields) not in self._refused:
-            side.probe, side.unprobed = probe, (body, params)
-            side.body = tf_probe.with_probes(body, probe)
-            side.params = {**params, tf_probe.PARAM: "true"}
+        if probe is None:
+            return "tokens"  # none, or more than MAX_PROBES
+        if (side.index_expr, probe.fields) in self._refused:
+            return "refused"
+        side.probe, side.unprobed = probe, (body, params)
+        side.body = tf_probe.with_probes(body, probe)
+        side.params = {**params, tf_probe.PARAM: "true"}
+        return None
 
-    async def _probe_tokens(self, side: SideCalls, headers: Mapping[str, str]) -> list[list[str]] | None:
-        """The query's tokens when the cluster takes probes, else None; the shared analysis task is
-        shielded, so giving up on probes never cancels it."""
+    def _seen_window(self, side: SideCalls, headers: Mapping[str, str]) -> bool:
+        """Whether this caller had this window reranked lately with its documents cached (never when
+        the term-vector cache is off)."""
+        return (
+            self.cache.max_bytes > 0 and (caller(headers, self.identity_headers), side.window) in self._seen
+        )
+
+    async def _probe_inputs(
+        self, side: SideCalls, headers: Mapping[str, str], tables: bool
+    ) -> tuple[dict[Pair, list[str]] | None, list[StatsView]]:
+        """The query's tokens when the cluster takes probes (else None) and, with `tables`, the
+        statistics views that could be had. The shared tasks are shielded: giving up on probes never
+        cancels them, and a failed statistics lookup fails the rerank later, as without probes."""
         if not await self._reports_named_scores(side.index_expr, headers):
-            return None
+            return None, []
         assert side.tokens is not None
-        return await asyncio.shield(side.tokens)
+        tokens = await asyncio.shield(side.tokens)
+        if not tables:
+            return tokens, []
+        views = await asyncio.gather(
+            *(asyncio.shield(t) for t in side.stats.values()), return_exceptions=True
+        )
+        return tokens, [v for v in views if isinstance(v, StatsView)]
 
     def drop_probes(self, side: SideCalls) -> bool:
         """After the cluster refused a first stage with probes: the request without them, to send
@@ -238,6 +296,7 @@ class Reranker:
         self._refused[(side.index_expr, side.probe.fields)] = True
         side.body, side.params = side.unprobed
         side.probe = side.unprobed = None
+        side.unprobed_because = "refused"
         return True
 
     async def _reports_named_scores(self, index: str, headers: Mapping[str, str]) -> bool:
@@ -319,16 +378,35 @@ class Reranker:
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
         tokens = await self._tokens_after(side, hits, headers)
-        terms, views = await asyncio.gather(
-            self._probed_terms(hits, side.frequencies, names, headers, side.stats)
-            if side.probe is not None and side.frequencies is not None and side.probe.covers(tokens)
-            else self._term_vectors(hits, names, headers),
+        who = caller(headers, self.identity_headers)
+        probe = side.probe
+        probed = (
+            probe is not None
+            and side.frequencies is not None
+            and probe.covers(tokens)
+            and set(names) <= set(probe.fields)
+        )
+        # what a cached entry must know per field: the window's tokens; PRF reads every term
+        needs = None if spec.augment.provider == "prf" else {f: set(_field_tokens(tokens, f)) for f in names}
+        (terms, fetched), views = await asyncio.gather(
+            self._probed_terms(hits, side.frequencies, names, headers, side.stats)  # type: ignore[arg-type]
+            if probed
+            else self._term_vectors(hits, names, headers, needs),
             asyncio.gather(*(self._complete(side.stats[f], _field_tokens(tokens, f)) for f in names)),
         )
         alive = [i for i, t in enumerate(terms) if t is not None]
+        if probed:  # the probed frequencies (partial entries) and any term vectors fetched, for next time
+            for i in alive:
+                for f, doc in terms[i].items():  # type: ignore[union-attr]
+                    self.cache.put(cache_key(hits[i], f, who), doc)
+        if alive and self.cache.max_bytes > 0:
+            self._seen[(who, side.window)] = True
         marker = {
             "reranked": True,
             **base,
+            # where the frequencies came from, and why the first stage carried no probes (None: it did)
+            "tf": "probes" if probed else "termvectors" if fetched else "cache",
+            "tf_probes": side.unprobed_because,
             "estimated": any(v.estimated for v in views),
             # which fields have no exact snapshot (a policy scores a query's other fields too)
             "estimated_fields": [f for f, v in zip(names, views, strict=True) if v.estimated],
@@ -447,10 +525,15 @@ class Reranker:
         )
 
     async def _term_vectors(
-        self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]
-    ) -> list[dict[str, DocTerms] | None]:
+        self,
+        hits: Sequence[Mapping[str, Any]],
+        names: Sequence[str],
+        headers: Mapping[str, str],
+        needs: Mapping[str, Collection[str]] | None = None,
+    ) -> tuple[list[dict[str, DocTerms] | None], int]:
         """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
-        `_mtermvectors` for all fields.
+        `_mtermvectors` for all fields; and how many hits that fetched. A cached partial entry serves
+        only if it knows every token of `needs[field]` (None: full term vectors only).
 
         A hit is dropped when its document is gone (deleted between the first stage and this call) or
         changed (its term vectors carry another `_version` than the hit: updated, and refreshed, in
@@ -460,7 +543,9 @@ class Reranker:
         who = caller(headers, self.identity_headers)
         found: list[dict[str, DocTerms]] = []
         for hit in hits:
-            cached = {f: self.cache.get(cache_key(hit, f, who)) for f in names}
+            cached = {
+                f: self.cache.get(cache_key(hit, f, who), None if needs is None else needs[f]) for f in names
+            }
             found.append({f: d for f, d in cached.items() if d is not None})
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
         self.metrics.cache.labels("hit").inc(sum(len(d) for d in found))
@@ -493,7 +578,7 @@ class Reranker:
                 for f, terms in by_field.items():
                     found[i].setdefault(f, terms)
                     self.cache.put(cache_key(hits[i], f, who), terms)
-        return [None if i in gone else d for i, d in enumerate(found)]
+        return [None if i in gone else d for i, d in enumerate(found)], len(missing)
 
     async def _probed_terms(
         self,
@@ -502,7 +587,7 @@ class Reranker:
         names: Sequence[str],
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
-    ) -> list[dict[str, DocTerms] | None]:
+    ) -> tuple[list[dict[str, DocTerms] | None], int]:
         """`_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the length cache, else from the statistics snapshot's
         length table (`StatsView.lengths`, exact document versions only); `_mtermvectors` only for the
@@ -510,7 +595,7 @@ class Reranker:
 
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
         refs = doc_refs(hits)
-        who = caller(headers)
+        who = caller(headers, self.identity_headers)
         keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
         lengths = [
             {f: self.lengths.get(k) for f, k in key.items()} if tf is not None else {}
@@ -555,7 +640,7 @@ class Reranker:
                 found[i] = {
                     f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
                 }
-        return found
+        return found, len(missing)
 
     async def _timed(self, call: str, awaitable: Awaitable[Any]) -> Any:
         start = time.perf_counter()

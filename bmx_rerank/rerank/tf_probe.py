@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from bmx_rerank.rerank.candidates import CacheKey
-from bmx_rerank.upstream import DocRef, DocTerms
+from bmx_rerank.rerank.candidates import CacheKey, ProbedDoc
+from bmx_rerank.upstream import DocRef
 
 PARAM = "include_named_queries_score"
 PREFIX = "_bmx_tf_"
@@ -57,21 +57,13 @@ class Probe:
     def fields(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(f for f, _ in self.pairs))
 
+    def tokens(self, field: str) -> list[str]:
+        return [t for f, t in self.pairs if f == field]
+
     def covers(self, tokens: Mapping[tuple[str, str], Sequence[str]]) -> bool:
         """Whether every (field, token) a rerank scores was probed."""
         probed = set(self.pairs)
         return all((f, t) in probed for (f, _), toks in tokens.items() for t in toks)
-
-
-@dataclass(frozen=True)
-class ProbedDoc(DocTerms):
-    """A hit's query-term frequencies from the probes, with its field length from the length cache."""
-
-    doc_length: int = 0
-
-    @property
-    def length(self) -> int:
-        return self.doc_length
 
 
 def why_not(body: Mapping[str, Any], raw: bytes, params: Mapping[str, str]) -> str | None:
@@ -117,7 +109,7 @@ def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
     return {**body, "query": {"bool": {"must": [body["query"]], "should": [never]}}}
 
 
-Frequencies = dict[str, dict[str, int]]  # field -> token -> tf (tokens absent from the field left out)
+Frequencies = dict[str, dict[str, int]]  # field -> probed token -> tf (0: not in the field)
 
 
 def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequencies | None]:
@@ -145,7 +137,8 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
     fields = probe.fields
     out: list[Frequencies | None] = [
-        None if h in blind else {f: {} for f in fields} for h in range(len(hits))
+        None if h in blind else {f: dict.fromkeys(probe.tokens(f), 0) for f in fields}
+        for h in range(len(hits))
     ]
     for (h, i), count, ok in zip(rows, counts.tolist(), readable.tolist(), strict=True):
         found = out[h]
@@ -160,7 +153,8 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
 
 
 def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:
-    """The hit's terms in one field as the scoring core reads them: probed tfs, cached length."""
+    """The hit's terms in one field as the scoring core reads them: probed tfs (0 for a probed token
+    the field lacks), its exact length."""
     version, seq, term = hit.get("_version"), hit.get("_seq_no"), hit.get("_primary_term")
     return ProbedDoc(ref, True, dict(tf), version, seq, term, doc_length=length)
 

@@ -16,8 +16,11 @@ from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.lengths import DocLengths
 from tests.integration.conftest import EngineClient
+from tests.integration.recorder import Recorder
 from tests.integration.test_proxy import ProxyThread
 
 pytestmark = pytest.mark.integration
@@ -155,11 +158,12 @@ async def _build(base: str, index: str) -> CorpusStats:
         return await stats_build.build(session, base, index, "body", {})
 
 
-def _search(url: str, index: str, text: str) -> dict:
+def _search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
     body = {
         "query": {"match": {"body": text}},
         "size": 100,
         "ext": {"bmx": {"field": "body", "window_size": 100}},
+        **(extra or {}),
     }
     req = urllib.request.Request(
         f"{url}/{index}/_search",
@@ -178,14 +182,15 @@ def _scores(answer: dict) -> list[tuple[str, float]]:
 
 def _same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> None:
     assert [i for i, _ in a] == [i for i, _ in b]
-    assert all(abs(x - y) <= 1e-9 for (_, x), (_, y) in zip(a, b, strict=True))
+    assert all(abs(x - y) <= 1e-6 for (_, x), (_, y) in zip(a, b, strict=True))
 
 
 def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpus) -> None:
     engine, index, queries = corpus
     stats = FixedStats({})
-    probed = ProxyThread(engine.url, stats, tf_probes=True)
-    fetched = ProxyThread(engine.url, stats, tf_probes=False)
+    recorder = Recorder(engine.url)
+    probed = ProxyThread(recorder.url, stats, tf_probes="on")
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
     try:
         stats.table[(index, "body")] = probed.run(_build(engine.url, index))
         seen: list[str] = []
@@ -197,9 +202,10 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
             _same(_scores(a), _scores(b))
             seen += [i for i, _ in _scores(a)[:3]]
         reranker = probed.app[STATE]["reranker"]
-        assert len(reranker.lengths) > 0 and len(reranker.cache) == 0, (
-            "the probed proxy fetched no term vectors"
-        )
+        assert len(reranker.lengths) > 0
+        tv = [d for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
+        assert {tuple(d["fields"]) for d in tv} == {("body",)}
+        assert len(tv) < 100 * len(queries), "only the lengths the length cache missed"
         # Documents change between two searches: longer, with the query's terms more often. Both proxies
         # have them cached at their old versions; each must see the new ones.
         text = queries[0]
@@ -217,3 +223,137 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
     finally:
         probed.close()
         fetched.close()
+        recorder.close()
+
+
+class _Traced:
+    """One search through a proxy in front of a `Recorder`: its answer, whether its first stage
+    carried probes, and the ids `_mtermvectors` was asked for."""
+
+    def __init__(
+        self, recorder: Recorder, url: str, index: str, text: str, extra: dict | None = None
+    ) -> None:
+        recorder.clear()
+        self.answer = _search(url, index, text, extra)
+        bodies = [json.dumps(r.body) for r in recorder.requests("_search")]
+        self.probed = any("_bmx_tf_" in b for b in bodies)
+        self.fetched = [d["_id"] for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
+        self.marker = self.answer["_bmx"]
+        self.scores = _scores(self.answer)
+
+
+def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpus) -> None:
+    """`auto` (the default): a new window goes probed, the same window again goes unprobed with its
+    frequencies from the cache (no `_mtermvectors`), a document updated in between and new documents
+    in a repeated query's window are fetched; every answer equals the `_mtermvectors` path's."""
+    engine, index, queries = corpus
+    stats = FixedStats({})
+    recorder = Recorder(engine.url)
+    auto = ProxyThread(recorder.url, stats)
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
+    texts = queries[5:10]
+    try:
+        stats.table[(index, "body")] = auto.run(_build(engine.url, index))
+        for text in texts:
+            first = _Traced(recorder, auto.url, index, text)
+            assert first.probed and first.marker["tf"] == "probes" and first.marker["tf_probes"] is None
+            _same(first.scores, _scores(_search(fetched.url, index, text)))
+            again = _Traced(recorder, auto.url, index, text)
+            assert not again.probed and again.fetched == []
+            assert (again.marker["tf"], again.marker["tf_probes"]) == ("cache", "seen")
+            _same(again.scores, first.scores)
+        # An unprobed search (highlight) over documents cached partially for other tokens: they miss.
+        text = queries[12]
+        highlight = _Traced(recorder, auto.url, index, text, {"highlight": {"fields": {"body": {}}}})
+        assert not highlight.probed and highlight.marker["tf_probes"] == "highlight"
+        ids = [i for i, _ in highlight.scores]
+        assert highlight.marker["tf"] == "termvectors" and sorted(highlight.fetched) == sorted(ids)
+        _same(
+            highlight.scores,
+            _scores(_search(fetched.url, index, text, {"highlight": {"fields": {"body": {}}}})),
+        )
+        # A document of a seen window is updated: its new version misses the cache and is fetched.
+        text = texts[0]
+        top = _scores(_search(auto.url, index, text))[0][0]
+        lines = [json.dumps({"index": {"_index": index, "_id": top}}), json.dumps({"body": f"{text} {text}"})]
+        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        after = _Traced(recorder, auto.url, index, text)
+        assert not after.probed and top in after.fetched and after.marker["tf"] == "termvectors"
+        assert after.marker["tf_probes"] == "seen"
+        _same(after.scores, _scores(_search(fetched.url, index, text)))
+        # New documents enter a repeated query's window: they are fetched, the others come from the cache.
+        text = texts[1]
+        new = [f"new-{n}" for n in range(3)]
+        lines = []
+        for n, doc_id in enumerate(new):
+            lines += [
+                json.dumps({"index": {"_index": index, "_id": doc_id}}),
+                json.dumps({"body": text * (n + 1)}),
+            ]
+        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        grown = _Traced(recorder, auto.url, index, text)
+        ids = [i for i, _ in grown.scores]
+        assert set(new) <= set(ids) and set(new) <= set(grown.fetched)
+        assert len(grown.fetched) < len(ids), "the rest of the window came from the cache"
+        assert not grown.probed and grown.marker["tf"] == "termvectors"
+        _same(grown.scores, _scores(_search(fetched.url, index, text)))
+    finally:
+        auto.close()
+        fetched.close()
+        recorder.close()
+
+
+class _WithLengths:
+    """Exact statistics and a length table of every document version (as a statistics sweep writes)."""
+
+    def __init__(self, corpus: CorpusStats, index: str, table: DocLengths) -> None:
+        self.corpus, self.index, self.table = corpus, index, table
+
+    async def get(self, index_expr: str, field: str, headers) -> StatsView:
+        return StatsView(self.corpus, False, False, None, lengths={self.index: self.table})
+
+
+def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corpus) -> None:
+    """With the length table (and the length cache off, so the table decides), a new window needs no
+    `_mtermvectors` at all; a document updated after the table was written is fetched."""
+    engine, index, queries = corpus
+    hits = engine.ok(
+        "POST",
+        f"/{index}/_search",
+        {"query": {"match_all": {}}, "size": 2000, "_source": False, "seq_no_primary_term": True},
+    )["hits"]["hits"]
+    docs = [{"_index": index, "_id": h["_id"], "fields": ["body"], **TV} for h in hits]
+    vectors = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
+    lengths = [sum(t["term_freq"] for t in v["term_vectors"]["body"]["terms"].values()) for v in vectors]
+    table = DocLengths.from_rows(
+        [h["_id"] for h in hits],
+        [None] * len(hits),
+        [h["_seq_no"] for h in hits],
+        [h["_primary_term"] for h in hits],
+        lengths,
+    )
+    recorder = Recorder(engine.url)
+    stats = FixedStats({})
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
+    try:
+        stats.table[(index, "body")] = fetched.run(_build(engine.url, index))
+        source = _WithLengths(stats.table[(index, "body")], index, table)
+        auto = ProxyThread(recorder.url, source)
+        auto.app[STATE]["reranker"].lengths = tf_probe.LengthCache(0)
+        try:
+            for text in queries[10:15]:
+                got = _Traced(recorder, auto.url, index, text)
+                assert got.probed and got.fetched == [] and got.marker["tf"] == "probes"
+                _same(got.scores, _scores(_search(fetched.url, index, text)))
+            text = queries[15]
+            top = _scores(_search(fetched.url, index, text))[0][0]
+            lines = [json.dumps({"index": {"_index": index, "_id": top}}), json.dumps({"body": f"{text} x"})]
+            assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+            got = _Traced(recorder, auto.url, index, text)
+            assert got.probed and got.fetched == [top], "only the version the table does not hold"
+            _same(got.scores, _scores(_search(fetched.url, index, text)))
+        finally:
+            auto.close()
+    finally:
+        fetched.close()
+        recorder.close()

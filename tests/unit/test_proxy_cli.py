@@ -181,3 +181,22 @@ def test_a_port_in_use_is_a_one_line_error():
             main, ["serve", "--upstream", "http://127.0.0.1:9200", "--listen", f"127.0.0.1:{port}"]
         )
     assert result.exit_code == 1 and "cannot serve on" in result.output and "Traceback" not in result.output
+
+
+def test_tf_probes_auto_by_default_on_off_and_the_old_flags(served, monkeypatch, tmp_path):
+    def mode(*args: str) -> str:
+        result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", *args])
+        assert result.exit_code == 0, result.output
+        return served["state"]["config"].tf_probes
+
+    assert mode() == "auto"
+    assert mode("--tf-probes") == "on", "the old flag alone"
+    assert mode("--no-tf-probes") == "off"
+    assert [mode("--tf-probes", m) for m in ("auto", "on", "off", "OFF")] == ["auto", "on", "off", "off"]
+    path = tmp_path / "serve.toml"
+    path.write_text("tf-probes = false\n")
+    assert mode("--config", str(path)) == "off"
+    monkeypatch.setenv("BMX_RERANK_TF_PROBES", "on")
+    assert mode("--config", str(path)) == "on", "the environment over the file"
+    result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", "--tf-probes", "sometimes"])
+    assert result.exit_code == 2 and "auto, on or off" in result.output

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.candidates import ProbedDoc, TermVectorCache, entry_bytes
+from bmx_rerank.upstream import DocRef, DocTerms
 
 
 def _why(body: dict, params: dict | None = None) -> str | None:
@@ -52,5 +55,131 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
         {"_id": "6", "matched_queries": {"_bmx_tf_1": "NaN", ok: 1.0}},
     ]
     got = tf_probe.take_frequencies(hits, probe)
-    assert got == [{"body": {"a": 3, "b": 1}}, {"body": {}}, None, None, None, None]
+    assert got == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
     assert all("matched_queries" not in h for h in hits)
+
+
+def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
+    return ProbedDoc(DocRef("i", "d"), True, tf, 1, 5, 1, doc_length=length)
+
+
+def _full(tf: dict[str, int]) -> DocTerms:
+    return DocTerms(DocRef("i", "d"), True, tf, 1, 5, 1)
+
+
+KEY = ("alice", "i", "d", 5, 1, "body")
+
+
+def test_a_partial_entry_answers_only_for_the_tokens_it_knows():
+    cache = TermVectorCache()
+    cache.put(KEY, _probed({"a": 2, "b": 0}))
+    assert cache.get(KEY, {"a", "b"}) == _probed({"a": 2, "b": 0})
+    assert cache.get(KEY, {"a"}).length == 9
+    assert cache.get(KEY, {"a", "c"}) is None, "c is unknown, not 0"
+    assert cache.get(KEY) is None, "a reader of every term (PRF) wants full term vectors"
+    assert cache.get(("bob", *KEY[1:]), {"a"}) is None, "never shared across callers"
+    assert cache.get((*KEY[:3], 6, 1, "body"), {"a"}) is None, "another version of the document"
+
+
+def test_partial_entries_merge_and_a_full_entry_always_wins():
+    cache = TermVectorCache()
+    cache.put(KEY, _probed({"a": 2, "b": 0}))
+    cache.put(KEY, _probed({"c": 1}))
+    assert cache.get(KEY, {"a", "b", "c"}) == _probed({"a": 2, "b": 0, "c": 1})
+    assert cache.bytes == entry_bytes(_probed({"a": 2, "b": 0, "c": 1})), "the merged entry's weight"
+    full = _full({"a": 2, "c": 1, "d": 6})
+    cache.put(KEY, full)
+    assert cache.get(KEY, {"zzz"}) is full and cache.get(KEY) is full
+    cache.put(KEY, _probed({"e": 0}))
+    assert cache.get(KEY) is full, "a partial entry never replaces full term vectors"
+    assert cache.bytes == entry_bytes(full) and len(cache) == 1
+
+
+def test_partial_entries_count_against_the_byte_bound():
+    one = _probed({f"t{n}": n for n in range(10)})
+    cache = TermVectorCache(max_bytes=2 * entry_bytes(one) + 10)
+    for n in range(3):
+        cache.put(("u", "i", str(n), 1, 1, "f"), one)
+    assert len(cache) == 2 and cache.bytes <= cache.max_bytes
+    assert cache.get(("u", "i", "0", 1, 1, "f"), {"t1"}) is None, "the oldest was evicted"
+    # a merge that outgrows the whole cache is not kept (the smaller entry stays)
+    tiny = TermVectorCache(max_bytes=entry_bytes(one))
+    tiny.put(KEY, one)
+    tiny.put(KEY, _probed({"another": 1}))
+    assert tiny.get(KEY, {"t1"}) == one and tiny.bytes <= tiny.max_bytes
+    assert TermVectorCache(0).get(KEY, {"a"}) is None
+
+
+@pytest.mark.parametrize("cache_bytes", [1 << 20, 0])
+async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranked(cache_bytes):
+    """The decision alone (`Reranker._probe`), against an in-process cluster stub: the tokens and the
+    named-scores check answer at once."""
+    import asyncio
+
+    from bmx_rerank.metrics import Metrics
+    from bmx_rerank.rerank.pipeline import Reranker
+    from bmx_rerank.rerank.plan import plan_search
+    from bmx_rerank.rerank.stats_source import FixedStats
+    from bmx_rerank.stats.cache import StatsView
+
+    class Stub(Reranker):
+        async def _reports_named_scores(self, index, headers):
+            return True
+
+        async def _tokens(self, index, plan, headers):
+            return {("body", "a b"): ["a", "b"]}
+
+    class Tables:  # statistics with (`{}`) or without (None) a length table
+        def __init__(self, lengths):
+            self.lengths = lengths
+
+        async def get(self, index_expr, field, headers):
+            return StatsView(None, False, False, None, lengths=self.lengths)  # type: ignore[arg-type]
+
+    def reranker(mode: str, stats=None, **kw) -> Reranker:
+        cache = TermVectorCache(cache_bytes)
+        return Stub(None, "http://x", stats or FixedStats({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
+
+    body = {"query": {"match": {"body": "a b"}}, "ext": {"bmx": {"field": "body"}}}
+    plan = plan_search(body, {})
+    alice, bob = {"Authorization": "Basic YWxpY2U="}, {"Authorization": "Basic Ym9i"}
+
+    async def decide(r: Reranker, headers, b=plan) -> str | None:
+        side = r.start("docs", b, headers)
+        await r.first_stage(side, headers)
+        side.cancel()
+        await asyncio.sleep(0)
+        assert (side.probe is None) == (side.unprobed_because is not None)
+        if side.probe is not None:
+            assert side.params[tf_probe.PARAM] == "true" and "_bmx_tf_0" in orjson.dumps(side.body).decode()
+        return side.unprobed_because
+
+    auto = reranker("auto")
+    assert await decide(auto, alice) is None
+    side = auto.start("docs", plan, alice)
+    auto._seen[(caller_of(auto, alice), side.window)] = True  # as `_rerank` does after the window
+    side.cancel()
+    assert await decide(auto, alice) == ("seen" if cache_bytes else None)
+    assert await decide(auto, bob) is None, "another caller's windows are its own"
+    other = plan_search({**body, "query": {"match": {"body": "a b c"}}}, {})
+    assert await decide(auto, alice, other) is None, "a new window"
+    mine = plan_search(body, {"preference": "_local"})
+    assert await decide(auto, alice, mine) is None, "the caller's preference is part of the window"
+    assert await decide(reranker("on"), alice) is None
+    on = reranker("on")
+    on._seen = auto._seen
+    assert await decide(on, alice) is None, "on probes seen windows too"
+    assert await decide(reranker("off"), alice) == "off"
+    # without the length cache, auto probes only where a field's statistics carry a length table
+    no_cache = tf_probe.LengthCache(0)
+    assert await decide(reranker("auto", Tables(None), lengths=no_cache), alice) == "no_lengths"
+    assert await decide(reranker("auto", FixedStats({}), lengths=no_cache), alice) == "no_lengths"
+    assert await decide(reranker("auto", Tables({}), lengths=no_cache), alice) is None
+    highlight = plan_search({**body, "highlight": {"fields": {"body": {}}}}, {})
+    assert await decide(auto, bob, highlight) == "highlight"
+
+
+def caller_of(r, headers) -> str:
+    from bmx_rerank.rerank.candidates import caller
+
+    return caller(headers, r.identity_headers)
