@@ -479,7 +479,7 @@ class Reranker:
         pairs = list(
             dict.fromkeys(p for leaf in leaves(tree) for p in leaf_queries(leaf, plan.spec.augment.queries))
         )
-        who = caller(headers)
+        who = caller(headers, self.identity_headers)
 
         def cached(f: str, text: str) -> Awaitable[list[str]]:
             key = (who, index, f"analyzer:{by_field[f]}" if by_field[f] else f"field:{f}", text)
@@ -577,7 +577,9 @@ class Reranker:
                     continue
                 for f, terms in by_field.items():
                     found[i].setdefault(f, terms)
-                    self.cache.put(cache_key(hits[i], f, who), terms)
+                    key = cache_key(hits[i], f, who)
+                    self.cache.put(key, terms)
+                    self.lengths.put(key, terms.length)  # a later probed window needs only this
         return [None if i in gone else d for i, d in enumerate(found)], len(missing)
 
     async def _probed_terms(

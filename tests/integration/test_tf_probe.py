@@ -16,7 +16,6 @@ from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
-from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.lengths import DocLengths
 from tests.integration.conftest import EngineClient
@@ -272,6 +271,11 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
             highlight.scores,
             _scores(_search(fetched.url, index, text, {"highlight": {"fields": {"body": {}}}})),
         )
+        # The same query without highlight is another window request: probed, its lengths all from the
+        # length cache that `_mtermvectors` filled just before.
+        plain = _Traced(recorder, auto.url, index, text)
+        assert plain.probed and plain.fetched == [] and plain.marker["tf"] == "probes"
+        _same(plain.scores, highlight.scores)
         # A document of a seen window is updated: its new version misses the cache and is fetched.
         text = texts[0]
         top = _scores(_search(auto.url, index, text))[0][0]
@@ -303,16 +307,6 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
         recorder.close()
 
 
-class _WithLengths:
-    """Exact statistics and a length table of every document version (as a statistics sweep writes)."""
-
-    def __init__(self, corpus: CorpusStats, index: str, table: DocLengths) -> None:
-        self.corpus, self.index, self.table = corpus, index, table
-
-    async def get(self, index_expr: str, field: str, headers) -> StatsView:
-        return StatsView(self.corpus, False, False, None, lengths={self.index: self.table})
-
-
 def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corpus) -> None:
     """With the length table (and the length cache off, so the table decides), a new window needs no
     `_mtermvectors` at all; a document updated after the table was written is fetched."""
@@ -337,7 +331,7 @@ def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corp
     fetched = ProxyThread(engine.url, stats, tf_probes="off")
     try:
         stats.table[(index, "body")] = fetched.run(_build(engine.url, index))
-        source = _WithLengths(stats.table[(index, "body")], index, table)
+        source = FixedStats(stats.table, lengths={(index, "body"): {index: table}})
         auto = ProxyThread(recorder.url, source)
         auto.app[STATE]["reranker"].lengths = tf_probe.LengthCache(0)
         try:

@@ -600,6 +600,17 @@ async def test_analysis_happens_once_per_query_text(proxy, client):
     assert body["_bmx"]["wqa_mode"] == "merged"
 
 
+async def test_identity_headers_tell_callers_apart_in_the_analysis_cache_too(cluster, client):
+    """With `--identity-header x-user`, two users are two callers for every cache, analysis included."""
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, identity_headers=("x-user",))
+    search = {"size": 1, "ext": {"bmx": {"field": "body", "query": "t3", "window_size": 5}}}
+    for user in ("a", "a", "b"):
+        assert (await post(client, f"{url}/docs/_search", search, headers={"X-User": user}))[0] == 200
+    assert fake.analyze_calls == 2, "once per user"
+    await runner.cleanup()
+
+
 async def test_a_caller_without_mapping_rights_does_not_decide_the_analyzer_of_others(proxy, client):
     fake, url = proxy
     fake.search_analyzer = "synonyms"
