@@ -35,6 +35,13 @@ class Metrics:
         self.cache = Counter(
             "bmx_termvector_cache", "Term-vector cache lookups, by result", ["result"], registry=self.registry
         )
+        self.tf = Counter(
+            "bmx_tf_windows",
+            "Reranked windows by where their term frequencies came from (probes, cache, termvectors) and "
+            "why the first stage carried no probes (probed when it did)",
+            ["source", "probes"],
+            registry=self.registry,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -401,11 +401,13 @@ class Reranker:
                     self.cache.put(cache_key(hits[i], f, who), doc)
         if alive and self.cache.max_bytes > 0:
             self._seen[(who, side.window)] = True
+        source = "probes" if probed else "termvectors" if fetched else "cache"
+        self.metrics.tf.labels(source, side.unprobed_because or "probed").inc()
         marker = {
             "reranked": True,
             **base,
             # where the frequencies came from, and why the first stage carried no probes (None: it did)
-            "tf": "probes" if probed else "termvectors" if fetched else "cache",
+            "tf": source,
             "tf_probes": side.unprobed_because,
             "estimated": any(v.estimated for v in views),
             # which fields have no exact snapshot (a policy scores a query's other fields too)

@@ -261,6 +261,9 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
             assert not again.probed and again.fetched == []
             assert (again.marker["tf"], again.marker["tf_probes"]) == ("cache", "seen")
             _same(again.scores, first.scores)
+        metrics = auto.app[STATE]["metrics"].render().decode()
+        assert f'bmx_tf_windows_total{{probes="probed",source="probes"}} {len(texts)}.0' in metrics
+        assert f'bmx_tf_windows_total{{probes="seen",source="cache"}} {len(texts)}.0' in metrics
         # An unprobed search (highlight) over documents cached partially for other tokens: they miss.
         text = queries[12]
         highlight = _Traced(recorder, auto.url, index, text, {"highlight": {"fields": {"body": {}}}})
