@@ -226,7 +226,9 @@ class Reranker:
 
         `auto` probes only a window this caller has not had reranked lately (a repeated one is served
         by the term-vector cache, as cheaply as without probes) and only when the lengths will not need
-        `_mtermvectors` either: a field's statistics carry a length table, or the length cache is on.
+        `_mtermvectors` either: a field's statistics carry a length table. (Without one, a new window's
+        lengths are rarely all in the length cache: probes would then cost the first stage ~20 % and
+        still fetch term vectors; `on` takes that bet.)
         What it waits for (the tokens, the parameter check, the statistics) is bounded by PROBE_WAIT."""
         body, params = side.body, side.params
         assert side.plan.spec is not None
@@ -241,7 +243,7 @@ class Reranker:
         auto = self.probes == "auto"
         if auto and self._seen_window(side, headers):
             return "seen"
-        tables = auto and self.lengths.capacity <= 0  # without the length cache: only a length table
+        tables = auto  # a length cache cannot say before the search whether it holds these hits
         wait = PROBE_WAIT if self.timeout is None else min(PROBE_WAIT, self.timeout / 4)
         try:
             tokens, views = await asyncio.wait_for(self._probe_inputs(side, headers, tables), wait)

@@ -16,7 +16,7 @@ from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
-from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.corpus import CorpusStats, sum_in_order
 from bmx_rerank.stats.lengths import DocLengths
 from tests.integration.conftest import EngineClient
 from tests.integration.recorder import Recorder
@@ -157,6 +157,14 @@ async def _build(base: str, index: str) -> CorpusStats:
         return await stats_build.build(session, base, index, "body", {})
 
 
+async def _build_tables(base: str, index: str) -> tuple[CorpusStats, dict[str, DocLengths]]:
+    """The statistics and the document-length table of each concrete index, from one sweep."""
+    async with aiohttp.ClientSession() as session:
+        results = await stats_build.sweep_all(session, base, index, "body", {})
+    tables = {name: r.lengths for name, r in results.items() if r.lengths is not None}
+    return sum_in_order([r.stats for r in results.values()]), tables
+
+
 def _search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
     body = {
         "query": {"match": {"body": text}},
@@ -252,7 +260,10 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
     fetched = ProxyThread(engine.url, stats, tf_probes="off")
     texts = queries[5:10]
     try:
-        stats.table[(index, "body")] = auto.run(_build(engine.url, index))
+        # `auto` probes only where the statistics carry a length table (a sweep's, as `stats build` keeps)
+        stats.table[(index, "body")], stats.lengths[(index, "body")] = auto.run(
+            _build_tables(engine.url, index)
+        )
         for text in texts:
             first = _Traced(recorder, auto.url, index, text)
             assert first.probed and first.marker["tf"] == "probes" and first.marker["tf_probes"] is None

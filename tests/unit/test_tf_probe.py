@@ -138,7 +138,7 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
 
     def reranker(mode: str, stats=None, **kw) -> Reranker:
         cache = TermVectorCache(cache_bytes)
-        return Stub(None, "http://x", stats or FixedStats({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
+        return Stub(None, "http://x", stats or Tables({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
 
     body = {"query": {"match": {"body": "a b"}}, "ext": {"bmx": {"field": "body"}}}
     plan = plan_search(body, {})
@@ -170,11 +170,13 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     on._seen = auto._seen
     assert await decide(on, alice) is None, "on probes seen windows too"
     assert await decide(reranker("off"), alice) == "off"
-    # without the length cache, auto probes only where a field's statistics carry a length table
-    no_cache = tf_probe.LengthCache(0)
-    assert await decide(reranker("auto", Tables(None), lengths=no_cache), alice) == "no_lengths"
-    assert await decide(reranker("auto", FixedStats({}), lengths=no_cache), alice) == "no_lengths"
-    assert await decide(reranker("auto", Tables({}), lengths=no_cache), alice) is None
+    # auto probes only where a field's statistics carry a length table, length cache or not (it cannot
+    # say before the search whether it holds the new window's documents); `on` probes regardless
+    for cache in (tf_probe.LengthCache(0), tf_probe.LengthCache()):
+        assert await decide(reranker("auto", Tables(None), lengths=cache), alice) == "no_lengths"
+        assert await decide(reranker("auto", FixedStats({}), lengths=cache), alice) == "no_lengths"
+        assert await decide(reranker("auto", Tables({}), lengths=cache), alice) is None
+        assert await decide(reranker("on", Tables(None), lengths=cache), alice) is None
     highlight = plan_search({**body, "highlight": {"fields": {"body": {}}}}, {})
     assert await decide(auto, bob, highlight) == "highlight"
 
