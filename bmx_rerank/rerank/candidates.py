@@ -80,9 +80,15 @@ def caller(headers: Mapping[str, str], names: Iterable[str] = IDENTITY_HEADERS) 
 
 def cache_key(hit: Mapping[str, Any], field: str, who: str) -> CacheKey | None:
     """The cache key of a hit for caller `who`, or None when the cluster did not return its sequence
-    number."""
+    number (or, as `doc_refs` says, where it lives)."""
     seq, term = hit.get("_seq_no"), hit.get("_primary_term")
-    if not isinstance(seq, int) or not isinstance(term, int) or seq < 0:
+    if (
+        not isinstance(seq, int)
+        or not isinstance(term, int)
+        or seq < 0
+        or "_id" not in hit
+        or "_index" not in hit
+    ):
         return None
     return (who, hit["_index"], str(hit["_id"]), seq, term, field)
 
@@ -125,7 +131,10 @@ class TermVectorCache:
         vectors only); a partial entry that does not is a miss."""
         if key is None or self.max_bytes <= 0:
             return None
-        entry = self._items.get(key)
+        try:
+            entry = self._items[key]  # one lookup (and LRU touch), where `.get` makes two
+        except KeyError:
+            return None
         if isinstance(entry, ProbedDoc) and (needs is None or any(t not in entry.tf for t in needs)):
             return None
         return entry

@@ -543,15 +543,14 @@ class Reranker:
         changed (its term vectors carry another `_version` than the hit: updated, and refreshed, in
         between). A changed document's terms are not cached: they are not the hit's version, and
         `_mtermvectors` does not say which `_seq_no` they are (the next search's hit will)."""
-        refs = doc_refs(hits)
         who = caller(headers, self.identity_headers)
         found: list[dict[str, DocTerms]] = []
+        get = self.cache.get
         for hit in hits:
-            cached = {
-                f: self.cache.get(cache_key(hit, f, who), None if needs is None else needs[f]) for f in names
-            }
+            cached = {f: get(cache_key(hit, f, who), None if needs is None else needs[f]) for f in names}
             found.append({f: d for f, d in cached.items() if d is not None})
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
+        refs = dict(zip(missing, doc_refs([hits[i] for i in missing]), strict=True))  # only those fetched
         self.metrics.cache.labels("hit").inc(sum(len(d) for d in found))
         self.metrics.cache.labels("miss").inc(len(hits) * len(names) - sum(len(d) for d in found))
         gone: set[int] = set()
