@@ -12,7 +12,6 @@ the proxy timed it, each upstream call, and the proxy's own time (the rest); the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import signal
@@ -30,21 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
     sys.path.insert(0, str(ROOT))
-    import aiohttp
     from aiohttp import web
+    from proxy_latency import cache_option, stats_source, sweep_stats
     from pyinstrument import Profiler
 
     from bmx_rerank.proxy import ProxyConfig, make_app
-    from bmx_rerank.rerank.stats_source import FixedStats
-    from bmx_rerank.stats import build as stats_build
 
-    async def sweep():
-        async with aiohttp.ClientSession() as session:
-            return await stats_build.build(session, upstream, index, "body", {})
-
-    stats = FixedStats({(index, "body"): asyncio.run(sweep())})
-    from proxy_latency import cache_option
-
+    stats = stats_source(index, *sweep_stats(upstream, index))  # the length table too, as `stats build`
     app = make_app(
         ProxyConfig(upstream=upstream, **cache_option(caches == "1" if isinstance(caches, str) else caches)),
         lambda s, b: stats,

@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,16 +108,14 @@ def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
 # ---- the proxy, in child processes ------------------------------------------------------------------
 
 
-def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int, loop: str) -> None:
-    """The proxy: exact statistics (and, in versions that build one, the document-length table) swept
-    once, then served from memory by `workers` processes sharing the port (SO_REUSEPORT), each with its
-    own event loop of kind `loop`."""
+def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
+    """Exact statistics of the index's `body` and, in versions that build one, each concrete index's
+    document-length table (what `stats build` keeps), from one sweep."""
     sys.path.insert(0, str(ROOT))
-    import multiprocessing
-
     import aiohttp
 
     from bmx_rerank.stats import build as stats_build
+    from bmx_rerank.stats.corpus import sum_in_order
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
@@ -129,9 +128,24 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
             }
             return corpus, tables or None
 
-    from bmx_rerank.stats.corpus import sum_in_order
+    return asyncio.run(sweep())
 
-    corpus, lengths = asyncio.run(sweep())
+
+def stats_source(index: str, corpus: Any, lengths: dict | None) -> Any:
+    """FixedStats with the length table where this version's FixedStats takes one."""
+    from bmx_rerank.rerank.stats_source import FixedStats
+
+    tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
+    return FixedStats({(index, "body"): corpus}, **tables)
+
+
+def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int, loop: str) -> None:
+    """The proxy: exact statistics (and, in versions that build one, the document-length table) swept
+    once, then served from memory by `workers` processes sharing the port (SO_REUSEPORT), each with its
+    own event loop of kind `loop`."""
+    import multiprocessing
+
+    corpus, lengths = sweep_stats(upstream, index)
     ctx = multiprocessing.get_context("fork")
     procs = [
         ctx.Process(
@@ -159,11 +173,8 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
     from aiohttp import web
 
     from bmx_rerank.proxy import ProxyConfig, make_app
-    from bmx_rerank.rerank.stats_source import FixedStats
 
-    # the length table where this version's FixedStats takes one (first sight without _mtermvectors)
-    tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
-    stats = FixedStats({(index, "body"): corpus}, **tables)
+    stats = stats_source(index, corpus, lengths)  # with lengths: first sights without _mtermvectors
     app = make_app(ProxyConfig(upstream=upstream, **cache_option(caches)), lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
