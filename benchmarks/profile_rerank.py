@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, free_port, index_corpus, load, rerank  # noqa: E402
+from proxy_latency import Http, engine_cpu, free_port, index_corpus, load, process_cpu, rerank  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,6 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
     sys.path.insert(0, str(ROOT))
     from aiohttp import web
     from proxy_latency import cache_option, stats_source, sweep_stats
-    from pyinstrument import Profiler
 
     from bmx_rerank.proxy import ProxyConfig, make_app
 
@@ -47,17 +46,20 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
     import uvloop
 
     uvloop.install()
-    profiler = Profiler(interval=0.0005)
+    if out:  # else no profiler: the proxy's own CPU per request, undisturbed
+        from pyinstrument import Profiler
 
-    async def start(_app) -> None:
-        profiler.start()
+        profiler = Profiler(interval=0.0005)
 
-    async def stop(_app) -> None:
-        profiler.stop()
-        Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+        async def start(_app) -> None:
+            profiler.start()
 
-    app.on_startup.append(start)
-    app.on_shutdown.append(stop)
+        async def stop(_app) -> None:
+            profiler.stop()
+            Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+
+        app.on_startup.append(start)
+        app.on_shutdown.append(stop)
     print("ready", flush=True)
     web.run_app(app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None)
 
@@ -81,7 +83,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt")
+    parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt", help='"": no profiler')
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -114,10 +116,12 @@ def main() -> None:
             for q in queries:
                 proxy.ok("POST", path, ask(q))
         before = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
+        cpu_before = (process_cpu(proc.pid), engine_cpu(args.upstream), time.process_time())
         start = time.perf_counter()
         for q in queries:
             proxy.ok("POST", path, ask(q))
         wall = (time.perf_counter() - start) / len(queries) * 1000
+        cpu_after = (process_cpu(proc.pid), engine_cpu(args.upstream), time.process_time())
         after = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
     finally:
         proc.send_signal(signal.SIGINT)
@@ -126,6 +130,12 @@ def main() -> None:
     n = len(queries)
     print(f"{args.mode} reranks, window {args.window}, {n} requests, load average {os.getloadavg()[0]:.1f}")
     print(f"client-side mean: {wall:.2f} ms/request")
+    cpu = [(b - a) * 1000 / n for a, b in zip(cpu_before, cpu_after, strict=True)]
+    print(
+        f"CPU per request: proxy {cpu[0]:.2f} ms{' (under the profiler)' if args.profile_out else ''}, "
+        f"engine {cpu[1]:.2f} ms, "
+        f"client {cpu[2]:.2f} ms"
+    )
     whole = (after["whole rerank"][0] - before.get("whole rerank", (0, 0))[0]) * 1000 / n
     print(f"proxy-timed rerank (first stage included): {whole:.2f} ms/request")
     for key, (total, count) in sorted(after.items()):
@@ -134,7 +144,8 @@ def main() -> None:
         t0, c0 = before.get(key, (0.0, 0.0))
         if count - c0:
             print(f"  upstream {key:<12} {(total - t0) * 1000 / n:7.2f} ms/request ({int(count - c0)} calls)")
-    print(f"profile of the proxy process: {args.profile_out}")
+    if args.profile_out:
+        print(f"profile of the proxy process: {args.profile_out}")
 
 
 if __name__ == "__main__":

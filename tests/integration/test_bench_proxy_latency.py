@@ -38,3 +38,20 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     assert measures["passthrough, one client: p50 - bare aiohttp relay p50"].endswith("ms")
     bench.plot(rows, ["es"], [10], str(tmp_path / "latency.png"))
     assert (tmp_path / "latency.png").stat().st_size > 1000
+
+
+def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:
+    """benchmarks/profile_rerank.py, a few first sights without the profiler: the proxy's timers and
+    the CPU each request cost the proxy, the engine and the client."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(bench.__file__).with_name("profile_rerank.py")
+    args = ["--upstream", elasticsearch_url, "--mode", "first", "--requests", "5", "--profile-out", ""]
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    cpu = re.search(r"CPU per request: proxy ([\d.]+) ms, engine ([\d.]+) ms, client ([\d.]+) ms", run.stdout)
+    assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, run.stdout
+    assert re.search(r"upstream search\s+[\d.]+ ms/request \(5 calls\)", run.stdout), run.stdout
