@@ -8,12 +8,13 @@ error passes through as `UpstreamError`, an unreachable cluster is a 502 and a s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import aiohttp
+import msgspec
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -32,6 +33,40 @@ TERM_VECTOR_PARAMETERS = {
     "offsets": False,
     "payloads": False,
 }
+
+
+class TermFreq(msgspec.Struct, gc=False):
+    term_freq: int
+
+
+class FieldVectors(msgspec.Struct, gc=False):
+    terms: dict[str, TermFreq] = {}
+
+
+class VectorsDoc(msgspec.Struct, gc=False):
+    """One document of an `_mtermvectors` answer, only the keys read (the rest are skipped undecoded).
+
+    Decoded into typed structs (msgspec) rather than dicts: a term's `{"term_freq": n}` costs a small
+    struct instead of a dict, which halves the decoding of an answer, the sidecar's largest cost per
+    document (benchmarks/RESULTS.md, sweep throughput)."""
+
+    found: bool = False
+    version: int | None = msgspec.field(name="_version", default=None)
+    seq_no: int | None = msgspec.field(name="_seq_no", default=None)
+    primary_term: int | None = msgspec.field(name="_primary_term", default=None)
+    term_vectors: dict[str, FieldVectors] = {}
+    error: Any = None
+
+    def terms(self, field_name: str) -> dict[str, TermFreq]:
+        vectors = self.term_vectors.get(field_name)
+        return {} if vectors is None else vectors.terms
+
+
+class _VectorsAnswer(msgspec.Struct, gc=False):
+    docs: list[VectorsDoc]
+
+
+_decode_vectors = msgspec.json.Decoder(_VectorsAnswer).decode
 
 
 @dataclass(frozen=True)
@@ -107,8 +142,10 @@ async def request_json(
     body: Any = None,
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    decode: Callable[[bytes], Any] = orjson.loads,
 ) -> Any:
-    """One JSON call to the cluster; its error answers become `UpstreamError`, failures 502/504."""
+    """One JSON call to the cluster; its error answers become `UpstreamError`, failures 502/504.
+    `decode` parses a successful answer's body (orjson, or a typed msgspec decoder)."""
     data = None if body is None else orjson.dumps(body)
     # identity: the session may not decompress (the proxy's passes compressed bodies through untouched)
     hdrs = {
@@ -125,9 +162,10 @@ async def request_json(
             if resp.status >= 400:
                 raise _upstream_error(resp.status, payload, resp.content_type)
             if len(payload) > THREAD_BYTES:  # a large answer is parsed off the event loop
-                return await asyncio.to_thread(orjson.loads, payload)
-            return orjson.loads(payload) if payload else None
-    except orjson.JSONDecodeError as exc:  # a 2xx that is not JSON (cut, or a middlebox's page)
+                return await asyncio.to_thread(decode, payload)
+            return decode(payload) if payload else None
+    except (orjson.JSONDecodeError, msgspec.DecodeError) as exc:  # a 2xx that is not JSON (cut, or a
+        # middlebox's page), or not of the shape a typed decoder expects
         raise unreachable(f"{method} {_path(url)} answered with a body that is not JSON") from exc
     except asyncio.TimeoutError as exc:
         raise timed_out(f"{method} {_path(url)} took longer than {timeout}s") from exc
@@ -154,6 +192,7 @@ async def request_json_retrying(
     headers: Mapping[str, str] | None = None,
     timeout: float | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
+    decode: Callable[[bytes], Any] = orjson.loads,
 ) -> Any:
     """`request_json` for idempotent calls, retried on connection errors and 429s (bounded, with backoff)."""
     async for attempt in AsyncRetrying(
@@ -163,7 +202,7 @@ async def request_json_retrying(
         reraise=True,
     ):
         with attempt:
-            return await request_json(session, method, url, body, headers, timeout)
+            return await request_json(session, method, url, body, headers, timeout, decode)
     raise AssertionError("unreachable: AsyncRetrying either returns or re-raises")
 
 
@@ -242,6 +281,22 @@ async def mtermvectors_fields(
     realtime: bool | None = None,
 ) -> list[dict[str, DocTerms]]:
     """Like `mtermvectors`, for several fields in one call: per document, its terms in each field."""
+    found = await fetch_vectors(session, base_url, docs, fields, headers, timeout, attempts, realtime)
+    return [{f: _doc_terms(ref, doc, f) for f in fields} for ref, doc in zip(docs, found, strict=True)]
+
+
+async def fetch_vectors(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    docs: Sequence[DocRef],
+    fields: Sequence[str],
+    headers: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    attempts: int = DEFAULT_ATTEMPTS,
+    realtime: bool | None = None,
+) -> list[VectorsDoc]:
+    """The `_mtermvectors` answer for `docs` (term frequencies only), one `VectorsDoc` each, in order;
+    a document the cluster answered with an error raises it (`raise_doc_error`)."""
     if not docs:
         return []
     specs = []
@@ -252,28 +307,37 @@ async def mtermvectors_fields(
         specs.append({**spec, **TERM_VECTOR_PARAMETERS})
     query = "" if realtime is None else f"?realtime={'true' if realtime else 'false'}"
     answer = await request_json_retrying(
-        session, "POST", f"{base_url}/_mtermvectors{query}", {"docs": specs}, headers, timeout, attempts
+        session,
+        "POST",
+        f"{base_url}/_mtermvectors{query}",
+        {"docs": specs},
+        headers,
+        timeout,
+        attempts,
+        _decode_vectors,
     )
-    return [
-        {f: _doc_terms(ref, doc, f) for f in fields} for ref, doc in zip(docs, answer["docs"], strict=True)
-    ]
+    for ref, doc in zip(docs, answer.docs, strict=True):
+        if doc.error is not None:
+            raise_doc_error(ref, doc.error)
+    return answer.docs
 
 
-def _doc_terms(ref: DocRef, doc: Mapping[str, Any], field_name: str) -> DocTerms:
-    if "error" in doc:
-        err = doc["error"]
-        reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
-        raise UpstreamError(
-            500, "bmx_termvectors_exception", f"term vectors of [{ref.index}][{ref.id}]: {reason}"
-        )
-    terms = doc.get("term_vectors", {}).get(field_name, {}).get("terms", {})
+def raise_doc_error(ref: DocRef, err: Any) -> None:
+    """A document's error in an `_mtermvectors` answer, as the `UpstreamError` the caller gets."""
+    reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
+    raise UpstreamError(
+        500, "bmx_termvectors_exception", f"term vectors of [{ref.index}][{ref.id}]: {reason}"
+    )
+
+
+def _doc_terms(ref: DocRef, doc: VectorsDoc, field_name: str) -> DocTerms:
     return DocTerms(
         ref,
-        bool(doc.get("found", False)),
-        {t: int(v["term_freq"]) for t, v in terms.items()},
-        doc.get("_version"),
-        doc.get("_seq_no"),
-        doc.get("_primary_term"),
+        doc.found,
+        {t: v.term_freq for t, v in doc.terms(field_name).items()},
+        doc.version,
+        doc.seq_no,
+        doc.primary_term,
     )
 
 

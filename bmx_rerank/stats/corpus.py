@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,16 +169,22 @@ class EntropyAccumulator:
         terms = [t for t, c in doc.items() if c > 0]
         self.add_split(terms, [(t, int(c)) for t, c in doc.items() if c > 1])
 
-    def add_split(self, terms: Sequence[str], repeated: Sequence[tuple[str, int]]) -> None:
-        """One document as its distinct terms, plus (term, tf) for the few with tf > 1.
+    def add_split(
+        self, terms: Collection[str], repeated: Sequence[tuple[str, int]], length: int | None = None
+    ) -> None:
+        """One document as its distinct terms, plus (term, tf) for the few with tf > 1, and its length
+        if the caller has it (it must equal the sum of the frequencies).
 
         Most terms occur once per document: those cost one C-level count of a string whose hash
-        is cached; only the repeated ones are counted as (term, tf) pairs."""
+        is cached; only the repeated ones are counted as (term, tf) pairs. `terms` may be a dict's
+        keys: counted without copying them into a list."""
         self.n_seen += 1
         if not terms:
             return
         self.n_docs += 1
-        self.total_length += len(terms) + sum(tf for _, tf in repeated) - len(repeated)
+        if length is None:
+            length = len(terms) + sum(tf for _, tf in repeated) - len(repeated)
+        self.total_length += length
         self._terms.update(terms)
         if repeated:
             self._pairs.update(repeated)

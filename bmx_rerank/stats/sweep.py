@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from operator import itemgetter
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -32,7 +33,7 @@ from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
-from bmx_rerank.upstream import TERM_VECTOR_PARAMETERS, DocRef, request_json, request_json_retrying
+from bmx_rerank.upstream import DocRef, fetch_vectors, request_json, request_json_retrying
 
 KEEP_ALIVE = "5m"
 Part = tuple[int, int]  # (slice id, number of slices)
@@ -180,47 +181,28 @@ async def term_vectors(
     `DocTerms` per document costs more than the cluster's own work. With `record`, also the length
     rows of the `SweptRef`s whose term vectors are of the scanned `_version` (a document changed in
     between is left out: it falls back to `_mtermvectors` at query time)."""
-    if not refs:
-        return [], [], []
-    specs = []
-    for ref in refs:
-        spec: dict[str, Any] = {
-            "_index": ref.index,
-            "_id": ref.id,
-            "fields": [field],
-            **TERM_VECTOR_PARAMETERS,
-        }
-        if ref.routing is not None:
-            spec["routing"] = ref.routing
-        specs.append(spec)
-    answer = await request_json_retrying(
-        session, "POST", f"{base_url}/_mtermvectors", {"docs": specs}, headers
-    )
+    docs = await fetch_vectors(session, base_url, refs, [field], headers)
     out = []
     keys: list[int] = []
     rest: list[tuple[int, int, int]] = []
-    for ref, doc in zip(refs, answer["docs"], strict=True):
-        if "error" in doc:
-            err = doc["error"]
-            reason = err.get("reason", str(err)) if isinstance(err, dict) else str(err)
-            raise UpstreamError(
-                500, "bmx_termvectors_exception", f"term vectors of [{ref.index}][{ref.id}]: {reason}"
-            )
-        if not doc.get("found", False):
+    for ref, doc in zip(refs, docs, strict=True):
+        if not doc.found:
             continue
-        terms = doc.get("term_vectors", {}).get(field, {}).get("terms", {})
-        repeated = [(t, f) for t, v in terms.items() if (f := v["term_freq"]) > 1]
-        out.append((list(terms), repeated))
+        terms = doc.terms(field)
+        repeated = [(t, f) for t, v in terms.items() if (f := v.term_freq) > 1]
+        length = len(terms) + sum(map(itemgetter(1), repeated)) - len(repeated)
+        out.append((terms.keys(), repeated, length))
         if record and isinstance(ref, SweptRef) and ref.version is not None:
-            if doc.get("_version") == ref.version and ref.seq_no is not None and ref.primary_term is not None:
+            if doc.version == ref.version and ref.seq_no is not None and ref.primary_term is not None:
                 keys.append(doc_key(ref.id, ref.routing))
-                length = len(terms) + sum(f for _, f in repeated) - len(repeated)
                 rest.append((ref.seq_no, ref.primary_term, length))
     return out, keys, rest
 
 
-# One batch's documents as (distinct terms, (term, tf > 1) pairs), and its length rows (keys, rest).
-Folded = tuple[list[tuple[list[str], list[tuple[str, int]]]], list[int], list[tuple[int, int, int]]]
+# One batch's documents as (distinct terms, (term, tf > 1) pairs, length), and its length rows (keys, rest).
+Folded = tuple[
+    list[tuple[Collection[str], list[tuple[str, int]], int]], list[int], list[tuple[int, int, int]]
+]
 
 
 async def fold_pages(
@@ -243,8 +225,8 @@ async def fold_pages(
     def drain(done: set[asyncio.Task[Folded]]) -> None:
         for task in done:
             docs, keys, rest = task.result()
-            for terms, repeated in docs:
-                acc.add_split(terms, repeated)
+            for terms, repeated, length in docs:
+                acc.add_split(terms, repeated, length)
             if lengths is not None:
                 lengths.add(keys, rest)
         if progress is not None:

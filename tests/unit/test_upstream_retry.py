@@ -11,7 +11,7 @@ from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
 def flaky(failures: list[BaseException]):
     calls = []
 
-    async def fake(session, method, url, body=None, headers=None, timeout=None):
+    async def fake(session, method, url, body=None, headers=None, timeout=None, decode=None):
         calls.append(url)
         if failures:
             raise failures.pop(0)
