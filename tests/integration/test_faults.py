@@ -132,8 +132,9 @@ class Setup:
 
 
 @pytest.fixture
-def setup(corpus: Corpus) -> Iterator[Setup]:
-    """A fresh proxy (empty caches) behind a fresh fault injector in front of the engine."""
+def setup(corpus: Corpus, request: pytest.FixtureRequest) -> Iterator[Setup]:
+    """A fresh proxy (empty caches) behind a fresh fault injector in front of the engine; its
+    `--tf-probes` mode is the test's indirect parameter (default `auto`)."""
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url)
     irunner, iurl = loop.run(start_server(injector.app()))
@@ -141,7 +142,9 @@ def setup(corpus: Corpus) -> Iterator[Setup]:
     def stats(session: aiohttp.ClientSession, base: str) -> StatsCache:
         return StatsCache(session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT)
 
-    app = make_app(ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT), stats)
+    probes = getattr(request, "param", "auto")
+    config = ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT, tf_probes=probes)
+    app = make_app(config, stats)
     prunner, purl = loop.run(start_server(app))
     yield Setup(corpus, loop, injector, purl)
     loop.loop.call_soon_threadsafe(injector.release)
@@ -378,6 +381,8 @@ SIDECAR_FAULTS = [
 ]
 
 
+# Probes off: with the snapshot's length table, `auto` reranks a first sight without `_mtermvectors`.
+@pytest.mark.parametrize("setup", ["off"], indirect=True)
 @pytest.mark.parametrize("path,action", SIDECAR_FAULTS, ids=[f"{p}-{a}" for p, a in SIDECAR_FAULTS])
 def test_sidecar_call_failing_while_search_works_falls_back_marked(setup: Setup, path: str, action: str):
     setup.injector.rules.append(Rule(re.escape(path), action))
