@@ -55,3 +55,20 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
     cpu = re.search(r"CPU per request: proxy ([\d.]+) ms, engine ([\d.]+) ms, client ([\d.]+) ms", run.stdout)
     assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, run.stdout
     assert re.search(r"upstream search\s+[\d.]+ ms/request \(5 calls\)", run.stdout), run.stdout
+
+
+def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -> None:
+    """benchmarks/ab_proxies.py with this checkout on both sides: both proxies rerank, each line has
+    its p50, its ratio to the plain search and its CPU per request."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(bench.__file__).resolve().parents[1]
+    args = [str(root), str(root), "--mode", "first", "--queries", "3", "--upstream", elasticsearch_url]
+    script = root / "benchmarks" / "ab_proxies.py"
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
+    assert len(lines) == 2 and all(float(p) > 0 and float(cpu) > 0 for p, _, cpu in lines), run.stdout

@@ -31,3 +31,14 @@ def test_small_sweep_benchmark_reports_every_rate(elasticsearch_url: str) -> Non
         label = f"sweep {slices} slice(s) batch=200 concurrency=2"
         assert int(rates[label].replace(",", "")) > 0, out
     assert '"terms": 2000' in out and '"chunks": 1' in out, out
+
+
+def test_term_vector_size_benchmark_reports_both_mappings(elasticsearch_url: str) -> None:
+    """benchmarks/term_vector_size.py on 300 documents: stored term vectors make the index bigger."""
+    script = ROOT / "benchmarks" / "term_vector_size.py"
+    args = ["--upstream", elasticsearch_url, "--docs", "300"]
+    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = re.search(r"300 documents: term_vector no ([\d,]+) bytes, yes ([\d,]+) bytes", run.stdout)
+    assert found, run.stdout
+    assert int(found.group(2).replace(",", "")) > int(found.group(1).replace(",", "")), run.stdout

@@ -1,0 +1,92 @@
+"""Two versions of the proxy side by side against one engine, interleaved query by query: p50 of a
+reranked search (window 100, one client) through each, next to a plain search of the window, and
+each proxy's CPU per request. What changed in the code, apart from what changed in the machine.
+
+    .venv/bin/python benchmarks/ab_proxies.py OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
+        [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200]
+
+Each checkout runs its own `benchmarks/proxy_latency.py --serve-child` (statistics swept by that
+version; `first`: every cache off) with its own code and the interpreter at CHECKOUT/.venv."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_latency import Http, free_port, index_corpus, load, plain, process_cpu, rerank  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("checkouts", nargs=2)
+    parser.add_argument("--mode", choices=("warm", "first"), default="warm")
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--queries", type=int, default=120)
+    parser.add_argument("--upstream", default="http://127.0.0.1:9200")
+    args = parser.parse_args()
+    engine = Http(args.upstream)
+    index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
+    index_corpus(engine, index, load("corpus.jsonl", 0))
+    procs, proxies = [], []
+    try:
+        for checkout in (Path(c).resolve() for c in args.checkouts):
+            port = free_port()
+            cmd = [str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/proxy_latency.py")]
+            cmd += [
+                "--serve-child",
+                args.upstream,
+                index,
+                str(port),
+                "1" if args.mode == "warm" else "0",
+                "1",
+            ]
+            proc = subprocess.Popen([*cmd, "uvloop"], stdout=subprocess.PIPE, text=True, cwd=checkout)
+            procs.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            proxies.append(Http(f"http://127.0.0.1:{port}"))
+        time.sleep(1.5)
+        path = f"/{index}/_search"
+        queries = [q["text"] for q in load("queries.jsonl", args.queries)]
+        if args.mode == "warm":
+            for q in queries:
+                for proxy in proxies:
+                    proxy.ok("POST", path, rerank(q, args.window))
+        direct: list[float] = []
+        through: list[list[float]] = [[], []]
+        before = [process_cpu(p.pid) for p in procs]
+        for _ in range(2):
+            for q in queries:
+                start = time.perf_counter()
+                engine.ok("POST", path, plain(q, args.window))
+                direct.append(time.perf_counter() - start)
+                for k, proxy in enumerate(proxies):
+                    start = time.perf_counter()
+                    answer = proxy.ok("POST", path, rerank(q, args.window))
+                    through[k].append(time.perf_counter() - start)
+                    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+        after = [process_cpu(p.pid) for p in procs]
+        base = statistics.median(direct) * 1000
+        print(
+            f"{args.mode}, window {args.window}, {len(direct)} searches each; plain size-{args.window}: {base:.2f} ms"
+        )
+        for k, checkout in enumerate(args.checkouts):
+            p50 = statistics.median(through[k]) * 1000
+            cpu = (after[k] - before[k]) * 1000 / len(through[k])
+            print(f"  {checkout}: p50 {p50:.2f} ms ({p50 / base:.2f}x), proxy CPU {cpu:.2f} ms/request")
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        engine.call("DELETE", f"/{index}")
+
+
+if __name__ == "__main__":
+    main()
