@@ -12,7 +12,6 @@ import json
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -28,23 +27,12 @@ from bmx_rerank.stats import sweep
 from bmx_rerank.stats.cache import StatsCache
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread
+from tests.integration.test_tf_probe import TV, _lines
 
 pytestmark = pytest.mark.integration
 
-SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
 DOCS = 400
 QUERIES = 12
-TV = {"term_statistics": False, "field_statistics": False, "positions": False, "offsets": False}
-
-
-def _lines(name: str, limit: int) -> list[dict]:
-    out = []
-    with open(SCIFACT / name) as fh:
-        for line in fh:
-            out.append(json.loads(line))
-            if len(out) >= limit:
-                break
-    return out
 
 
 def _create(engine: EngineClient, index: str, texts: dict[str, str]) -> None:
