@@ -397,10 +397,6 @@ class Reranker:
             asyncio.gather(*(self._complete(side.stats[f], _field_tokens(tokens, f)) for f in names)),
         )
         alive = [i for i, t in enumerate(terms) if t is not None]
-        if probed:  # the probed frequencies (partial entries) and any term vectors fetched, for next time
-            for i in alive:
-                for f, doc in terms[i].items():  # type: ignore[union-attr]
-                    self.cache.put(cache_key(hits[i], f, who), doc)
         if alive and self.cache.max_bytes > 0:
             self._seen[(who, side.window)] = True
         source = "probes" if probed else "termvectors" if fetched else "cache"
@@ -597,6 +593,7 @@ class Reranker:
         stage reported them, its lengths from the length cache, else from the statistics snapshot's
         length table (`StatsView.lengths`, exact document versions only); `_mtermvectors` only for the
         hits both miss (their lengths are then remembered), dropped as `_term_vectors` drops them.
+        What it finds goes into the term-vector cache, as `_term_vectors`' fetches do.
 
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
         refs = doc_refs(hits)
@@ -645,6 +642,9 @@ class Reranker:
                 found[i] = {
                     f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
                 }
+        for key, by_field in zip(keys, found, strict=True):  # for next time (probed: partial entries)
+            for f, doc in (by_field or {}).items():
+                self.cache.put(key[f], doc)
         return found, len(missing)
 
     async def _timed(self, call: str, awaitable: Awaitable[Any]) -> Any:
