@@ -115,17 +115,12 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
     import aiohttp
 
     from bmx_rerank.stats import build as stats_build
-    from bmx_rerank.stats.corpus import sum_in_order
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
-            if not hasattr(stats_build, "sweep_all"):  # an older version (the baseline)
+            if not hasattr(stats_build, "build_with_lengths"):  # an older version (the baseline)
                 return await stats_build.build(session, upstream, index, "body", {}), None
-            results = await stats_build.sweep_all(session, upstream, index, "body", {})
-            corpus = sum_in_order([r.stats for r in results.values()])
-            tables = {
-                name: r.lengths for name, r in results.items() if getattr(r, "lengths", None) is not None
-            }
+            corpus, tables = await stats_build.build_with_lengths(session, upstream, index, "body", {})
             return corpus, tables or None
 
     return asyncio.run(sweep())
@@ -283,8 +278,19 @@ def free_port() -> int:
 
 
 class Proxy:
+    """A proxy (or the bare relay) in a child process; `checkout`: another checkout's code and venv
+    (benchmarks/ab_proxies.py), else this one's."""
+
     def __init__(
-        self, upstream: str, index: str, *, caches: bool, workers: int, loop: str, relay: bool = False
+        self,
+        upstream: str,
+        index: str,
+        *,
+        caches: bool,
+        workers: int,
+        loop: str,
+        relay: bool = False,
+        checkout: Path | None = None,
     ) -> None:
         self.port = free_port()
         if relay:
@@ -299,7 +305,12 @@ class Proxy:
                 str(workers),
                 loop,
             ]
-        self.child = subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE, text=True)
+        python, script = sys.executable, __file__
+        if checkout is not None:
+            python, script = str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/proxy_latency.py")
+        self.child = subprocess.Popen(
+            [python, script, *argv], stdout=subprocess.PIPE, text=True, cwd=checkout
+        )
         assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
         self.url = f"http://127.0.0.1:{self.port}"
         for _ in range(200):
@@ -562,45 +573,41 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
                 "(floor)",
             )
         )
+
+    def share(measure: str, a: dict, b: dict, target: str) -> None:
+        """A throughput row: a's requests/s as a share of b's, when both were measured."""
+        if a and b:
+            out.append((measure, f"{100 * a['rps'] / b['rps']:.0f} %", target))
+
     for c in (8, 32):
-        b, d = find(rows, engine, "bare relay", 0, c), find(rows, engine, "plain size-10", 0, c)
-        if b and d:
-            out.append(
-                (
-                    f"bare aiohttp relay throughput, {c} clients / direct",
-                    f"{100 * b['rps'] / d['rps']:.0f} %",
-                    "(floor)",
-                )
-            )
+        direct = find(rows, engine, "plain size-10", 0, c)
+        share(
+            f"bare aiohttp relay throughput, {c} clients / direct",
+            find(rows, engine, "bare relay", 0, c),
+            direct,
+            "(floor)",
+        )
         for w in (1, 2):
-            p, d = find(rows, engine, "passthrough", 0, c, w), find(rows, engine, "plain size-10", 0, c)
-            if p and d:
-                out.append(
-                    (
-                        f"passthrough throughput, {c} clients, {w} worker(s) / direct",
-                        f"{100 * p['rps'] / d['rps']:.0f} %",
-                        ">= 90 %",
-                    )
-                )
+            passthrough = find(rows, engine, "passthrough", 0, c, w)
+            share(
+                f"passthrough throughput, {c} clients, {w} worker(s) / direct", passthrough, direct, ">= 90 %"
+            )
+    plain100 = find(rows, engine, "plain size-N", 100, 8)
     for w in (1, 2):
-        r, d = find(rows, engine, "rerank warm", 100, 8, w), find(rows, engine, "plain size-N", 100, 8)
-        if r and d:
-            out.append(
-                (
-                    f"reranked (warm) throughput, 8 clients, {w} worker(s) / plain size-100",
-                    f"{100 * r['rps'] / d['rps']:.0f} %",
-                    ">= 100 %",
-                )
-            )
-        r = find(rows, engine, "rerank first", 100, 8, w)
-        if r and d:
-            out.append(
-                (
-                    f"reranked (first sight) throughput, 8 clients, {w} worker(s) / plain size-100",
-                    f"{100 * r['rps'] / d['rps']:.0f} %",
-                    "(none)",
-                )
-            )
+        warm = find(rows, engine, "rerank warm", 100, 8, w)
+        share(
+            f"reranked (warm) throughput, 8 clients, {w} worker(s) / plain size-100",
+            warm,
+            plain100,
+            ">= 100 %",
+        )
+        first = find(rows, engine, "rerank first", 100, 8, w)
+        share(
+            f"reranked (first sight) throughput, 8 clients, {w} worker(s) / plain size-100",
+            first,
+            plain100,
+            "(none)",
+        )
     return out
 
 

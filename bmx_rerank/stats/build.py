@@ -73,6 +73,32 @@ async def build(
     progress: Progress | None = None,
 ) -> CorpusStats:
     """Exact statistics of `field` over every live document of an index, alias or pattern (summed)."""
+    found = await build_with_lengths(
+        session,
+        base_url,
+        index,
+        field,
+        headers,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        progress=progress,
+    )
+    return found[0]
+
+
+async def build_with_lengths(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    index: str,
+    field: str,
+    headers: Mapping[str, str],
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    progress: Progress | None = None,
+) -> tuple[CorpusStats, dict[str, DocLengths]]:
+    """`build`'s statistics and, from the same sweep, each concrete index's document-length table
+    (those a sweep kept: see `sweep_index`), as a `FixedStats` takes them."""
     results = await sweep_all(
         session,
         base_url,
@@ -83,7 +109,8 @@ async def build(
         concurrency=concurrency,
         progress=progress,
     )
-    return sum_in_order([r.stats for r in results.values()])
+    tables = {name: r.lengths for name, r in results.items() if r.lengths is not None}
+    return sum_in_order([r.stats for r in results.values()]), tables
 
 
 async def sweep_all(

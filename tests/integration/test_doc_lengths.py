@@ -27,7 +27,8 @@ from bmx_rerank.stats import sweep
 from bmx_rerank.stats.cache import StatsCache
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread
-from tests.integration.test_tf_probe import TV, _lines
+from tests.integration.test_tf_probe import TV, _lines, _same, _scores
+from tests.integration.test_tf_probe import _search as _answer
 
 pytestmark = pytest.mark.integration
 
@@ -73,26 +74,8 @@ def _run(coro_fn: Any) -> Any:
 
 
 def _search(url: str, index: str, text: str) -> list[tuple[str, float]]:
-    body = {
-        "query": {"match": {"body": text}},
-        "size": 100,
-        "ext": {"bmx": {"field": "body", "window_size": 100}},
-    }
-    req = urllib.request.Request(
-        f"{url}/{index}/_search",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        answer = json.loads(resp.read())
-    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
-    return [(h["_id"], h["_score"]) for h in answer["hits"]["hits"]]
-
-
-def _same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> None:
-    assert [i for i, _ in a] == [i for i, _ in b]
-    assert all(abs(x - y) <= 1e-6 for (_, x), (_, y) in zip(a, b, strict=True))
+    """A reranked search's (id, score) pairs, as test_tf_probe asks it."""
+    return _scores(_answer(url, index, text))
 
 
 def _termvector_calls(url: str) -> float:

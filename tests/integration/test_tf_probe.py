@@ -8,6 +8,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,7 +17,6 @@ from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
-from bmx_rerank.stats.corpus import CorpusStats, sum_in_order
 from bmx_rerank.stats.lengths import DocLengths
 from tests.integration.conftest import EngineClient
 from tests.integration.recorder import Recorder
@@ -152,17 +152,11 @@ def test_shapes_whose_answer_would_show_the_probes_are_not_probed(corpus) -> Non
     assert tf_probe.why_not(collapse, json.dumps(collapse).encode(), {}) == "inner_hits"
 
 
-async def _build(base: str, index: str) -> CorpusStats:
+async def _build(base: str, index: str, sweep: Any = stats_build.build) -> Any:
+    """The statistics of `body` (`stats_build.build`), or whatever `sweep` returns (with their tables:
+    `stats_build.build_with_lengths`)."""
     async with aiohttp.ClientSession() as session:
-        return await stats_build.build(session, base, index, "body", {})
-
-
-async def _build_tables(base: str, index: str) -> tuple[CorpusStats, dict[str, DocLengths]]:
-    """The statistics and the document-length table of each concrete index, from one sweep."""
-    async with aiohttp.ClientSession() as session:
-        results = await stats_build.sweep_all(session, base, index, "body", {})
-    tables = {name: r.lengths for name, r in results.items() if r.lengths is not None}
-    return sum_in_order([r.stats for r in results.values()]), tables
+        return await sweep(session, base, index, "body", {})
 
 
 def _search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
@@ -262,7 +256,7 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
     try:
         # `auto` probes only where the statistics carry a length table (a sweep's, as `stats build` keeps)
         stats.table[(index, "body")], stats.lengths[(index, "body")] = auto.run(
-            _build_tables(engine.url, index)
+            _build(engine.url, index, stats_build.build_with_lengths)
         )
         for text in texts:
             first = _Traced(recorder, auto.url, index, text)
