@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, free_port, index_corpus, load, plain, process_cpu, rerank  # noqa: E402
+from proxy_latency import Http, Proxy, index_corpus, load, plain, rerank  # noqa: E402
 
 
 def main() -> None:
@@ -35,44 +34,40 @@ def main() -> None:
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
     index_corpus(engine, index, load("corpus.jsonl", 0))
-    procs, proxies = [], []
+    proxies: list[Proxy] = []
     try:
-        for checkout in (Path(c).resolve() for c in args.checkouts):
-            port = free_port()
-            cmd = [str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/proxy_latency.py")]
-            cmd += [
-                "--serve-child",
-                args.upstream,
-                index,
-                str(port),
-                "1" if args.mode == "warm" else "0",
-                "1",
-            ]
-            proc = subprocess.Popen([*cmd, "uvloop"], stdout=subprocess.PIPE, text=True, cwd=checkout)
-            procs.append(proc)
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            proxies.append(Http(f"http://127.0.0.1:{port}"))
-        time.sleep(1.5)
+        for checkout in args.checkouts:
+            proxies.append(
+                Proxy(
+                    args.upstream,
+                    index,
+                    caches=args.mode == "warm",
+                    workers=1,
+                    loop="uvloop",
+                    checkout=Path(checkout).resolve(),
+                )
+            )
+        conns = [Http(proxy.url) for proxy in proxies]
         path = f"/{index}/_search"
         queries = [q["text"] for q in load("queries.jsonl", args.queries)]
         if args.mode == "warm":
             for q in queries:
-                for proxy in proxies:
-                    proxy.ok("POST", path, rerank(q, args.window))
+                for conn in conns:
+                    conn.ok("POST", path, rerank(q, args.window))
         direct: list[float] = []
         through: list[list[float]] = [[], []]
-        before = [process_cpu(p.pid) for p in procs]
+        before = [proxy.cpu() for proxy in proxies]
         for _ in range(2):
             for q in queries:
                 start = time.perf_counter()
                 engine.ok("POST", path, plain(q, args.window))
                 direct.append(time.perf_counter() - start)
-                for k, proxy in enumerate(proxies):
+                for k, conn in enumerate(conns):
                     start = time.perf_counter()
-                    answer = proxy.ok("POST", path, rerank(q, args.window))
+                    answer = conn.ok("POST", path, rerank(q, args.window))
                     through[k].append(time.perf_counter() - start)
                     assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
-        after = [process_cpu(p.pid) for p in procs]
+        after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
             f"{args.mode}, window {args.window}, {len(direct)} searches each; plain size-{args.window}: {base:.2f} ms"
@@ -82,9 +77,8 @@ def main() -> None:
             cpu = (after[k] - before[k]) * 1000 / len(through[k])
             print(f"  {checkout}: p50 {p50:.2f} ms ({p50 / base:.2f}x), proxy CPU {cpu:.2f} ms/request")
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+        for proxy in proxies:
+            proxy.stop()
         engine.call("DELETE", f"/{index}")
 
 

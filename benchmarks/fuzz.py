@@ -22,7 +22,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.fuzzing import Raw, Servers, gzip_bomb, nest, problems, requests, rss_kib, running, send  # noqa: E402
+from benchmarks.proxyproc import proc_status  # noqa: E402
+from tests.fuzzing import Raw, Servers, gzip_bomb, nest, problems, requests, running, send  # noqa: E402
 from tests.unit.test_fuzz_proxy import RAW_HTTP, bmx_body  # noqa: E402
 
 EXTREMES = [
@@ -54,7 +55,7 @@ def main() -> None:
     proc = ctx.Process(target=child, args=(ports, stop), daemon=True)
     proc.start()
     servers = Servers(proxy_port=ports.get(timeout=60))
-    start_rss = rss_kib(proc.pid)["VmRSS"]
+    start_rss = proc_status(proc.pid)["VmRSS"]
     statuses: Counter[int] = Counter()
     found: list[str] = []
     sent = 0
@@ -96,7 +97,7 @@ def main() -> None:
 
     generated()
     seconds = time.perf_counter() - t0
-    mem = rss_kib(proc.pid)
+    mem = proc_status(proc.pid)
     stop.set()
     proc.join(30)
     report = {

@@ -40,8 +40,8 @@ class Proxy:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) of a process, KiB."""
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process (this one by default), KiB, from /proc."""
     out = {}
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:

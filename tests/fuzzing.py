@@ -604,14 +604,3 @@ def gzip_bomb(inflated: int) -> bytes:
     out.append(comp.compress(b"}"))
     out.append(comp.flush())
     return b"".join(out)
-
-
-def rss_kib(pid: int | str = "self") -> dict[str, int]:
-    """VmRSS and VmHWM (peak) of a process, KiB, from /proc."""
-    out = {}
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0])
-    return out
