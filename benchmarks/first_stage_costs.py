@@ -1,98 +1,94 @@
-"""Engine-side cost of the first-stage variants, one client, interleaved (ES or OpenSearch):
-plain size-10/100/1000, size-100 without _source, the same with term-frequency probes
-(benchmarks RESULTS, issue 11), a page of 10 by ids, and `_mtermvectors` of 100 hits.
+"""Engine-side cost of the first-stage variants, one client, interleaved (ES or OpenSearch): plain
+size-10/100/1000, size-100 without _source, the term-frequency probes in the placement the proxy uses
+(`tf_probe.with_probes`: a `should` branch that never matches) and in the earlier one (a `filter` with
+`match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
+Each probed answer is checked against the plain one: the same ids and scores, and the probes reported.
 
-    .venv/bin/python benchmarks/first_stage_costs.py http://127.0.0.1:9200
+    .venv/bin/python benchmarks/first_stage_costs.py http://127.0.0.1:9200 [QUERIES]
+
+QUERIES (default 220) SciFact queries, the first 20 unmeasured.
 """
 
 import statistics
 import sys
 import time
 import uuid
+from pathlib import Path
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from proxy_latency import Http, index_corpus, load
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from proxy_latency import Http, index_corpus, load  # noqa: E402
 
-url = sys.argv[1]
-e = Http(url)
-idx = f"bmxtest-costs-{uuid.uuid4().hex[:8]}"
-index_corpus(e, idx, load("corpus.jsonl", 0))
-qs = [q["text"] for q in load("queries.jsonl", 220)]
-T = {
-    k: []
-    for k in [
-        "s10",
-        "s100",
-        "s100 nosrc",
-        "s100 nosrc+probe",
-        "ids10",
-        "s1000",
-        "s1000 nosrc+probe",
-        "mtv100",
+from bmx_rerank.rerank import tf_probe  # noqa: E402
+
+WARMUP = 20
+
+
+def old_placement(query: dict, probe: tf_probe.Probe) -> dict:
+    """The probes as the proxy placed them before: scored by the query phase as a filter."""
+    named = [
+        {"intervals": {f: {"match": {"query": t, "analyzer": "keyword"}, "_name": f"{tf_probe.PREFIX}{i}"}}}
+        for i, (f, t) in enumerate(probe.pairs)
     ]
-}
+    return {"bool": {"must": [query], "filter": [{"bool": {"should": [*named, {"match_all": {}}]}}]}}
 
 
-def t(k, path, body):
-    s = time.perf_counter()
-    r = e.ok("POST", path, body)
-    T[k].append((time.perf_counter() - s) * 1000)
-    return r
+def main() -> None:
+    url, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 220
+    e = Http(url)
+    idx = f"bmxtest-costs-{uuid.uuid4().hex[:8]}"
+    index_corpus(e, idx, load("corpus.jsonl", 0))
+    times: dict[str, list[float]] = {}
+    named = f"/{idx}/_search?{tf_probe.PARAM}=true"
+
+    def t(k: str, path: str, body: dict) -> dict:
+        start = time.perf_counter()
+        r = e.ok("POST", path, body)
+        times.setdefault(k, []).append((time.perf_counter() - start) * 1000)
+        return r
+
+    def same(a: dict, b: dict) -> None:
+        ids = [(h["_id"], h["_score"]) for h in a["hits"]["hits"]]
+        assert ids == [(h["_id"], h["_score"]) for h in b["hits"]["hits"]], "probes changed the hits"
+        assert any(h.get("matched_queries") for h in a["hits"]["hits"]), "no probe reported"
+
+    try:
+        for q in (q["text"] for q in load("queries.jsonl", n)):
+            tokens = e.ok("POST", f"/{idx}/_analyze", {"field": "body", "text": q})["tokens"]
+            probe = tf_probe.probe_terms({("body", q): [x["token"] for x in tokens]})
+            orig = {"match": {"body": q}}
+            t("s10", f"/{idx}/_search", {"query": orig, "size": 10})
+            r = t("s100", f"/{idx}/_search", {"query": orig, "size": 100})
+            t("s100 nosrc", f"/{idx}/_search", {"query": orig, "size": 100, "_source": False})
+            if probe is not None:
+                now = tf_probe.with_probes({"query": orig, "size": 100}, probe)
+                same(t("s100 + probes (never-matching branch)", named, now), r)
+                same(
+                    t(
+                        "s100 + probes (filter + match_all, before)",
+                        named,
+                        {"query": old_placement(orig, probe), "size": 100},
+                    ),
+                    r,
+                )
+                t("s100 nosrc + probes (never-matching branch)", named, {**now, "_source": False})
+            ids = [h["_id"] for h in r["hits"]["hits"][:10]]
+            page = {"query": {"bool": {"must": [orig], "filter": [{"ids": {"values": ids}}]}}, "size": 10}
+            t("ids10", f"/{idx}/_search", page)
+            t("s1000", f"/{idx}/_search", {"query": orig, "size": 1000})
+            fields = {
+                "term_statistics": False,
+                "field_statistics": False,
+                "positions": False,
+                "offsets": False,
+            }
+            docs = [{"_index": idx, "_id": h["_id"], "fields": ["body"], **fields} for h in r["hits"]["hits"]]
+            t("mtv100", "/_mtermvectors", {"docs": docs})
+        for k, v in times.items():
+            print(f"{k:45s} p50 {statistics.median(v[WARMUP:] or v):7.2f} ms")
+    finally:
+        e.call("DELETE", f"/{idx}")
 
 
-try:
-    for q in qs:
-        toks = list(
-            dict.fromkeys(
-                x["token"] for x in e.ok("POST", f"/{idx}/_analyze", {"field": "body", "text": q})["tokens"]
-            )
-        )
-        orig = {"match": {"body": q}}
-        named = [
-            {"intervals": {"body": {"match": {"query": x, "analyzer": "keyword"}, "_name": f"_bmx_tf_{i}"}}}
-            for i, x in enumerate(toks)
-        ]
-        wrapped = {"bool": {"must": [orig], "filter": [{"bool": {"should": [*named, {"match_all": {}}]}}]}}
-        t("s10", f"/{idx}/_search", {"query": orig, "size": 10})
-        r = t("s100", f"/{idx}/_search", {"query": orig, "size": 100})
-        t("s100 nosrc", f"/{idx}/_search", {"query": orig, "size": 100, "_source": False})
-        t(
-            "s100 nosrc+probe",
-            f"/{idx}/_search?include_named_queries_score=true",
-            {"query": wrapped, "size": 100, "_source": False, "seq_no_primary_term": True},
-        )
-        ids = [h["_id"] for h in r["hits"]["hits"][:10]]
-        t(
-            "ids10",
-            f"/{idx}/_search",
-            {"query": {"bool": {"must": [orig], "filter": [{"ids": {"values": ids}}]}}, "size": 10},
-        )
-        t("s1000", f"/{idx}/_search", {"query": orig, "size": 1000})
-        t(
-            "s1000 nosrc+probe",
-            f"/{idx}/_search?include_named_queries_score=true",
-            {"query": wrapped, "size": 1000, "_source": False, "seq_no_primary_term": True},
-        )
-        t(
-            "mtv100",
-            "/_mtermvectors",
-            {
-                "docs": [
-                    {
-                        "_index": idx,
-                        "_id": h["_id"],
-                        "fields": ["body"],
-                        "term_statistics": False,
-                        "field_statistics": False,
-                        "positions": False,
-                        "offsets": False,
-                    }
-                    for h in r["hits"]["hits"]
-                ]
-            },
-        )
-    for k, v in T.items():
-        v = v[20:]
-        print(f"{k:22s} p50 {statistics.median(v):7.2f}")
-finally:
-    e.call("DELETE", f"/{idx}")
+if __name__ == "__main__":
+    main()

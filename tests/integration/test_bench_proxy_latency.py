@@ -72,3 +72,26 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
     assert run.returncode == 0, run.stderr[-2000:]
     lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
     assert len(lines) == 2 and all(float(p) > 0 and float(cpu) > 0 for p, _, cpu in lines), run.stdout
+
+
+def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elasticsearch_url: str) -> None:
+    """benchmarks/first_stage_costs.py on a few queries: every variant timed; the script itself asserts
+    that each probed first stage answers the plain one's ids and scores, with the probes reported."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(bench.__file__).with_name("first_stage_costs.py")
+    run = subprocess.run(
+        [sys.executable, str(script), elasticsearch_url, "23"], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = dict(re.findall(r"^(.+?)\s+p50\s+([\d.]+) ms$", run.stdout, re.M))
+    for row in (
+        "s100",
+        "s100 + probes (never-matching branch)",
+        "s100 + probes (filter + match_all, before)",
+        "mtv100",
+    ):
+        assert float(rows[row]) > 0, run.stdout
