@@ -19,6 +19,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
+from bmx_rerank.identity import basic_auth, forwardable_headers  # noqa: F401  (proxy.py, client.py import them here)
 
 # Sidecar-originated reads are idempotent: a dropped connection is retried a few times, quickly.
 # Client requests are never retried (a retried write could apply twice).
@@ -93,46 +94,6 @@ class DocTerms:
     def length(self) -> int:
         """Summed once: a warm window reads the lengths of the same cached documents again and again."""
         return sum(self.tf.values())
-
-
-# Headers about the client's own body, its encoding, the connection or the host: never repeated on the
-# sidecar's calls, which have bodies and answers of their own.
-NOT_FORWARDED = frozenset(
-    (
-        "host",
-        "content-length",
-        "content-type",
-        "content-encoding",
-        "content-md5",
-        "accept",
-        "accept-encoding",
-        "expect",
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    )
-)
-
-
-def basic_auth(user: str, password: str | None) -> str:
-    """An `Authorization` value for HTTP Basic credentials (UTF-8, as Elasticsearch reads them): the one
-    place URL userinfo, `--user/--password` and a client's `http_auth` become a header."""
-    return aiohttp.BasicAuth(user, password or "", encoding="utf-8").encode()
-
-
-def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The caller's headers to repeat on the sidecar's own calls: all but those of `NOT_FORWARDED`.
-
-    Not a list of known credential headers: a cluster may authenticate with any header (OpenSearch's
-    proxy authentication `x-proxy-user`/`x-proxy-roles`, a JWT in a header of its choosing, run-as,
-    cookies), and a sidecar call that lacked one would run with other rights than the caller's."""
-    return {k: v for k, v in headers.items() if k.lower() not in NOT_FORWARDED}
 
 
 async def request_json(

@@ -18,12 +18,12 @@ import orjson
 from yarl import URL
 
 from bmx_rerank.errors import SearchError
+from bmx_rerank.identity import basic_auth
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS
 from bmx_rerank.stats.sweep import resolve_text_field, sweep_index
-from bmx_rerank.upstream import basic_auth
 
 T = TypeVar("T")
 

@@ -27,8 +27,7 @@ entry always wins over a partial one."""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -36,24 +35,11 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
+from bmx_rerank.identity import IDENTITY_HEADERS, caller  # noqa: F401  (pipeline.py, proxy.py import them here)
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocRef, DocTerms
 
 CacheKey = tuple[str, str, str, int, int, str]
-# The headers that say who is asking, on Elasticsearch and OpenSearch: credentials (basic, bearer, API
-# key, cookies), secondary authorization, run-as and impersonation, proxy authentication. Configurable
-# (`serve --identity-header`) for a cluster that authenticates with a header of its own.
-IDENTITY_HEADERS = (
-    "authorization",
-    "cookie",
-    "es-secondary-authorization",
-    "es-security-runas-user",
-    "opendistro_security_impersonate_as",
-    "securitytenant",
-    "x-proxy-user",
-    "x-proxy-roles",
-    "x-forwarded-for",
-)
 DEFAULT_CACHE_BYTES = 256 << 20
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
@@ -68,14 +54,6 @@ def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
         routing = hit.get("_routing")
         refs.append(DocRef(hit["_index"], str(hit["_id"]), None if routing is None else str(routing)))
     return refs
-
-
-def caller(headers: Mapping[str, str], names: Iterable[str] = IDENTITY_HEADERS) -> str:
-    """Who is asking: a digest of the authentication headers among `headers` (never the credentials
-    themselves). Anonymous callers (no such header) share one identity, as they share their rights."""
-    wanted = {n.lower() for n in names}
-    items = sorted((k.lower(), v) for k, v in headers.items() if k.lower() in wanted)
-    return hashlib.sha256(repr(items).encode()).hexdigest()
 
 
 def cache_key(hit: Mapping[str, Any], field: str, who: str) -> CacheKey | None:

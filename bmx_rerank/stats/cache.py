@@ -17,7 +17,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
-from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, caller
+from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge

@@ -20,9 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from bmx_rerank.cli.stats import command as stats_command
+from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, caller
+from bmx_rerank.rerank.candidates import TermVectorCache, cache_key
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.stats_source import FixedStats

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bmx_rerank import scoring
+from bmx_rerank.identity import caller
 from bmx_rerank.rerank.candidates import (
     TermVectorCache,
     cache_key,
-    caller,
     candidate_features,
     doc_refs,
     entry_bytes,

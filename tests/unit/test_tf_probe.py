@@ -182,6 +182,6 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
 
 
 def caller_of(r, headers) -> str:
-    from bmx_rerank.rerank.candidates import caller
+    from bmx_rerank.identity import caller
 
     return caller(headers, r.identity_headers)
