@@ -13,7 +13,6 @@ remembered and means "no configuration": it never fails the search."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +23,7 @@ from cachetools import TTLCache
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.rerank.spec import RerankSpec, parse_spec
+from bmx_rerank.singleflight import SingleFlight
 from bmx_rerank.stats.store import DEFAULT_STORE, ensure_store, now_iso
 from bmx_rerank.upstream import request_json
 
@@ -124,7 +124,7 @@ class AppliedConfigs:
         self.timeout = timeout
         self.enabled = ttl > 0
         self._cache: TTLCache[str, Any] = TTLCache(maxsize=MAX_INDICES, ttl=max(ttl, 1e-9))
-        self._reading: dict[str, asyncio.Future[Any]] = {}
+        self._reading: SingleFlight[str, Any] = SingleFlight()
 
     async def policy(self, index: str | None, body: Any, headers: Mapping[str, str]) -> RerankSpec | None:
         """The applied spec for a search on `index` without `ext.bmx`, or None (no configuration, the
@@ -136,12 +136,7 @@ class AppliedConfigs:
         cached = self._cache.get(index)
         if cached is None:
             # One read per index at a time: concurrent searches when the entry expires share it.
-            pending = self._reading.get(index)
-            if pending is None:
-                pending = asyncio.ensure_future(self._read(index, headers))
-                self._reading[index] = pending
-                pending.add_done_callback(lambda _f: self._reading.pop(index, None))
-            cached = await asyncio.shield(pending)
+            cached = await self._reading.run(index, lambda: self._read(index, headers))
             if cached is None:
                 return None
         return None if cached is _ENGINE else cached

@@ -31,6 +31,7 @@ import orjson
 from cachetools import LRUCache
 
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.singleflight import SingleFlight
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocTerms
 
@@ -252,7 +253,7 @@ class LLMProvider:
         self._session = session
         self._own_session = session is None
         self._cache: LRUCache[tuple[str, int], tuple[str, ...]] = LRUCache(maxsize=config.cache_size)
-        self._inflight: dict[tuple[str, int], asyncio.Future[tuple[str, ...]]] = {}
+        self._inflight: SingleFlight[tuple[str, int], tuple[str, ...]] = SingleFlight()
         self.calls = 0  # HTTP calls made (tests and metrics)
 
     async def queries(self, query: str, count: int) -> tuple[str, ...]:
@@ -261,12 +262,7 @@ class LLMProvider:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        pending = self._inflight.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(self._fetch(query, count))
-            self._inflight[key] = pending
-            pending.add_done_callback(lambda _f: self._inflight.pop(key, None))
-        result = await asyncio.shield(pending)
+        result = await self._inflight.run(key, lambda: self._fetch(query, count))
         self._cache[key] = result
         return result
 

@@ -18,6 +18,7 @@ from cachetools import LRUCache
 
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
+from bmx_rerank.singleflight import SingleFlight
 from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
@@ -113,7 +114,7 @@ class StatsCache:
         self.timeout = timeout
         self.identity_headers = tuple(identity_headers)
         self._entries: LRUCache[_Key, _Entry] = LRUCache(max_entries)
-        self._refreshing: dict[_Key, asyncio.Task[_Entry]] = {}
+        self._refreshing: SingleFlight[_Key, _Entry] = SingleFlight()
         self._loaded: dict[str, CorpusStats] = {}  # snapshot id -> statistics
         self._lengths: dict[str, DocLengths | None] = {}  # snapshot id -> its length table
 
@@ -126,7 +127,8 @@ class StatsCache:
         entry = self._entries.get(key)
         if entry is not None:
             if self.clock() - entry.checked_at >= self.check_interval:
-                self._refresh(key, headers, entry)  # in the background: this search gets the view now
+                # in the background, never two at once for one key: this search gets the view now
+                self._refreshing.start(key, lambda: self._refreshed(key, dict(headers), entry))
                 # ... without its length tables: they are used only while the index UUID behind them
                 # was confirmed within `check_interval` (a re-created index would match old versions)
                 view = self._for_caller(index_expr, field, headers, entry)
@@ -134,28 +136,12 @@ class StatsCache:
             return self._for_caller(index_expr, field, headers, entry)
         # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
         # does not cancel it for the others.
-        fresh = await asyncio.shield(self._refresh(key, headers, None))
+        fresh = await self._refreshing.run(key, lambda: self._refreshed(key, dict(headers), None))
         return self._for_caller(index_expr, field, headers, fresh)
 
     async def settled(self) -> None:
         """Wait for the background refreshes under way (tests, shutdown)."""
-        while self._refreshing:
-            await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
-
-    def _refresh(self, key: _Key, headers: Mapping[str, str], old: _Entry | None) -> asyncio.Task[_Entry]:
-        """The refresh of `key` under way, or a new one: never two at once for one key."""
-        task = self._refreshing.get(key)
-        if task is None:
-            task = asyncio.ensure_future(self._refreshed(key, dict(headers), old))
-            self._refreshing[key] = task
-            task.add_done_callback(lambda t: self._done(key, t))
-        return task
-
-    def _done(self, key: _Key, task: asyncio.Task[_Entry]) -> None:
-        if self._refreshing.get(key) is task:
-            del self._refreshing[key]
-        if not task.cancelled():
-            task.exception()  # retrieved: a background failure was handled (or raised to the waiters)
+        await self._refreshing.settled()
 
     async def _refreshed(self, key: _Key, headers: Mapping[str, str], old: _Entry | None) -> _Entry:
         _, index_expr, field = key
