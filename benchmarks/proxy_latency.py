@@ -128,7 +128,7 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
 
 def stats_source(index: str, corpus: Any, lengths: dict | None) -> Any:
     """FixedStats with the length table where this version's FixedStats takes one."""
-    from bmx_rerank.rerank.stats_source import FixedStats
+    from bmx_rerank.stats.source import FixedStats
 
     tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
     return FixedStats({(index, "body"): corpus}, **tables)

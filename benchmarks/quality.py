@@ -31,9 +31,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.upstream import request_json
 

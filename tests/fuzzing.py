@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.rerank.spec import KEYS as EXT_BMX_KEYS
-from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.stats.source import FixedStats
 from tests.unit.test_proxy import CORPUS, DOCS  # the unit tests' fake corpus, one copy
 
 UPSTREAM_TAG = "X-Fake-Upstream"

@@ -58,9 +58,9 @@ async def evaluation_step(
 async def run(
     upstream: str, queries: tuple[str, ...], size: int, window: int, serve: bool, eval_queries: int = 0
 ) -> None:
-    from bmx_rerank.cli.serve import statistics_source
     from bmx_rerank.proxy import ProxyConfig, make_app, split_upstream, start_server
     from bmx_rerank.stats.build import build_snapshots
+    from bmx_rerank.stats.source import statistics_source
 
     # http://user:pass@host: the demo's own calls use the URL; its searches through the proxy carry the
     # same credentials as a header, as any client would (the proxy itself holds none).

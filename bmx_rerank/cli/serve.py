@@ -10,7 +10,7 @@ import multiprocessing
 import re
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from bmx_rerank.proxy import ProxyConfig, json_log_handler, make_app, serve_fore
 from bmx_rerank.rerank.candidates import DEFAULT_CACHE_BYTES
 from bmx_rerank.rerank.pipeline import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
+from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.stats.store import DEFAULT_STORE
 
 ENV_PREFIX = "BMX_RERANK"  # every option also from BMX_RERANK_<OPTION>, e.g. BMX_RERANK_UPSTREAM
@@ -78,25 +79,6 @@ class ProbeMode(click.ParamType):
         if mode not in PROBE_MODES:
             self.fail(f"expected auto, on or off, got {value!r}", param, ctx)
         return mode
-
-
-def statistics_source(
-    check_interval: float,
-    store: str = DEFAULT_STORE,
-    timeout: float = 60.0,
-    identity: Sequence[str] = IDENTITY_HEADERS,
-):
-    """The cluster-backed statistics cache (bmx_rerank.stats.cache), built per session at startup."""
-    from bmx_rerank.stats.cache import StatsCache
-
-    return lambda session, base_url: StatsCache(
-        session,
-        base_url,
-        check_interval=check_interval,
-        store=store,
-        timeout=timeout,
-        identity_headers=identity,
-    )
 
 
 def read_config(path: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import aiohttp
 
 from bmx_rerank.evaluation.configs import Candidate
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.upstream import request_json
 
 Run = dict[str, dict[str, float]]  # query id -> {doc id: score}, the shape ir-measures reads
@@ -64,8 +65,6 @@ async def run_all(
     stats_factory: Callable[..., Any] | None = None,
 ) -> Runs:
     """Every query under every candidate; `progress(n)` after each n searches."""
-    from bmx_rerank.cli.serve import statistics_source
-
     upstream = upstream.rstrip("/")
     app = make_app(ProxyConfig(upstream=upstream, applied_ttl=0), stats_factory or statistics_source(60.0))
     runner, proxy = await start_server(app)

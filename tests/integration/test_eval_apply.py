@@ -17,11 +17,11 @@ from click.testing import CliRunner
 
 from bmx_rerank.applied import delete_config, read_config, write_config
 from bmx_rerank.cli import main
-from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.client import BMXClient
 from bmx_rerank.evaluation.data import read_qrels, read_queries
 from bmx_rerank.policy import parse_rule
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.stats.source import statistics_source
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import SCIFACT, ProxyThread, _bulk
 

@@ -26,9 +26,9 @@ from bmx_rerank.policy import parse_rules
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import plan_search
-from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import request_json
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread, _bulk

@@ -18,10 +18,10 @@ import pytest
 
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
-from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.source import FixedStats
 from tests.integration.conftest import EngineClient
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"

@@ -14,9 +14,9 @@ import pytest
 
 from bmx_rerank import scoring
 from bmx_rerank.rerank.candidates import candidate_features
-from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, analyze, mtermvectors
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import SHARED, ProxyThread, _bulk

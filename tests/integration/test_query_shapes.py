@@ -13,7 +13,7 @@ import pytest
 
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.rerank.plan import mentions
-from bmx_rerank.rerank.stats_source import FixedStats
+from bmx_rerank.stats.source import FixedStats
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread, _build, _bulk
 

@@ -15,9 +15,9 @@ import pytest
 
 from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.source import FixedStats
 from tests.integration.conftest import EngineClient
 from tests.integration.recorder import Recorder
 from tests.integration.test_proxy import ProxyThread

@@ -25,10 +25,10 @@ import pytest
 import trustme
 from yarl import URL
 
-from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.nodes import NodePool, server_ssl
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.stats.source import statistics_source
 from tests.integration.conftest import EngineClient
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream, start_server
 from bmx_rerank.rerank.candidates import candidate_features
-from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats.corpus import CorpusStats
+from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, DocTerms
 
 DOCS = {

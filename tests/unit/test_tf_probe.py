@@ -119,8 +119,8 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     from bmx_rerank.metrics import Metrics
     from bmx_rerank.rerank.pipeline import Reranker
     from bmx_rerank.rerank.plan import plan_search
-    from bmx_rerank.rerank.stats_source import FixedStats
     from bmx_rerank.stats.cache import StatsView
+    from bmx_rerank.stats.source import FixedStats
 
     class Stub(Reranker):
         async def _reports_named_scores(self, index, headers):
