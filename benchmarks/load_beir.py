@@ -14,6 +14,7 @@ import asyncio
 import aiohttp
 
 from bmx_rerank.evaluation.beir import FIELD, load_beir, shared_dataset
+from bmx_rerank.upstream import Cluster
 
 
 async def load(upstream: str, index: str, dataset: str, analyzer: str) -> int:
@@ -21,7 +22,7 @@ async def load(upstream: str, index: str, dataset: str, analyzer: str) -> int:
     if root is None:
         raise SystemExit(f"no shared dataset {dataset} (set BMX_BEIR_DIR)")
     async with aiohttp.ClientSession() as session:
-        return await load_beir(session, upstream, index, root, analyzer=analyzer)
+        return await load_beir(Cluster(session, upstream), index, root, analyzer=analyzer)
 
 
 def main() -> None:

@@ -114,13 +114,16 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
     sys.path.insert(0, str(ROOT))
     import aiohttp
 
+    from bmx_rerank import upstream as cluster_calls
     from bmx_rerank.stats import build as stats_build
 
     async def sweep():
         async with aiohttp.ClientSession() as session:
+            make = getattr(cluster_calls, "Cluster", None)  # an older version takes (session, url)
+            target = (session, upstream) if make is None else (make(session, upstream),)
             if not hasattr(stats_build, "build_with_lengths"):  # an older version (the baseline)
-                return await stats_build.build(session, upstream, index, "body", {}), None
-            corpus, tables = await stats_build.build_with_lengths(session, upstream, index, "body", {})
+                return await stats_build.build(*target, index, "body", {}), None
+            corpus, tables = await stats_build.build_with_lengths(*target, index, "body", {})
             return corpus, tables or None
 
     return asyncio.run(sweep())

@@ -35,7 +35,7 @@ from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.stats.store import DEFAULT_STORE
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster, request_json
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
 FIELD = "text"
@@ -140,7 +140,7 @@ async def run(argv: list[str] | None = None) -> dict[str, float]:
     async with aiohttp.ClientSession() as session:
         await index_corpus(session, upstream, index, docs, args.shards, args.analyzer, args.fields)
         for name in FIELDS if args.fields else (FIELD,):
-            await build_snapshots(session, upstream, index, name, {}, store=args.store)
+            await build_snapshots(Cluster(session, upstream), index, name, {}, store=args.store)
         stats = statistics_source(60.0, args.store)
         runner, proxy = await start_server(make_app(ProxyConfig(upstream=upstream), stats))
         variants: dict[str, tuple[str, dict | None, str | None]] = {

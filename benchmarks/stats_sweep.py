@@ -32,6 +32,8 @@ from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats import sweep
 from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.sweep import SweepOptions
+from bmx_rerank.upstream import Cluster
 
 CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
 FIELD = "body"
@@ -67,7 +69,7 @@ async def setup_index(
 async def bare_scan(session: aiohttp.ClientSession, url: str, name: str, page: int) -> tuple[int, float]:
     t0 = time.perf_counter()
     n = 0
-    async for refs in sweep.scan_ids(session, url, name, {}, page):
+    async for refs in sweep.scan_ids(Cluster(session, url), name, {}, page):
         n += len(refs)
     return n, time.perf_counter() - t0
 
@@ -120,7 +122,7 @@ async def load_bench(session: aiohttp.ClientSession, url: str, n_terms: int, sto
     stored_mb = sum(len(c["blob"]) for c in chunks) / 1e6
     exact_mb = sum(len(c["blob"]) for c in stats_store.encode_units(units, stats_store.CHUNK_TERMS)) / 1e6
     t0 = time.perf_counter()
-    await stats_store.publish(session, url, {}, info, stats, store, units)
+    await stats_store.publish(Cluster(session, url), {}, info, stats, store, units)
     publish_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -135,8 +137,10 @@ async def load_bench(session: aiohttp.ClientSession, url: str, n_terms: int, sto
     del back
 
     async def load_once() -> CorpusStats:
-        (got,) = (await stats_store.read_pointers(session, url, {}, [(info.index, FIELD)], store)).values()
-        return await stats_store.load(session, url, {}, got, store)
+        (got,) = (
+            await stats_store.read_pointers(Cluster(session, url), {}, [(info.index, FIELD)], store)
+        ).values()
+        return await stats_store.load(Cluster(session, url), {}, got, store)
 
     t0 = time.perf_counter()
     loaded = await load_once()
@@ -199,7 +203,7 @@ async def main() -> None:
                     for batch, conc in variants:
                         t0 = time.perf_counter()
                         results = await stats_build.sweep_all(
-                            session, url, name, FIELD, {}, batch_size=batch, concurrency=conc, slices=slices
+                            Cluster(session, url), name, FIELD, {}, SweepOptions(batch, conc, slices)
                         )
                         secs = time.perf_counter() - t0
                         assert sum(r.stats.n_docs for r in results.values()) == n

@@ -25,7 +25,7 @@ from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.rerank.spec import RerankSpec, parse_spec
 from bmx_rerank.singleflight import SingleFlight
 from bmx_rerank.stats.store import DEFAULT_STORE, ensure_store, now_iso
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger("bmx_rerank.applied")
 
@@ -40,13 +40,12 @@ def config_id(index: str) -> str:
     return f"config|{index}"
 
 
-def _doc_url(base_url: str, store: str, index: str) -> str:
-    return f"{base_url}/{quote(store)}/_doc/{quote(config_id(index), safe='')}"
+def _doc_path(store: str, index: str) -> str:
+    return f"/{quote(store)}/_doc/{quote(config_id(index), safe='')}"
 
 
 async def write_config(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     bmx: Mapping[str, Any] | None,
     evidence: Mapping[str, Any],
@@ -58,22 +57,17 @@ async def write_config(
         parse_spec(dict(bmx), where="applied")  # never store what a proxy could not use
     info = {"index": index, "rerank": bmx is not None, "bmx": dict(bmx or {}), "evidence": dict(evidence)}
     doc = {"kind": "config", "key": index, "created_at": now_iso(), "info": info}
-    await ensure_store(session, base_url, headers or {}, store)
-    await request_json(session, "PUT", _doc_url(base_url, store, index) + "?refresh=true", doc, headers)
+    await ensure_store(cluster, headers or {}, store)
+    await cluster.request("PUT", _doc_path(store, index) + "?refresh=true", doc, headers)
     return doc
 
 
 async def read_config(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    index: str,
-    headers: Mapping[str, str] | None = None,
-    store: str = DEFAULT_STORE,
-    timeout: float | None = None,
+    cluster: Cluster, index: str, headers: Mapping[str, str] | None = None, store: str = DEFAULT_STORE
 ) -> dict[str, Any] | None:
     """The stored configuration document's `info` of an index, or None when there is none."""
     try:
-        answer = await request_json(session, "GET", _doc_url(base_url, store, index), None, headers, timeout)
+        answer = await cluster.request("GET", _doc_path(store, index), None, headers)
     except UpstreamError as exc:
         if exc.status == 404:  # no store yet, or no configuration for this index
             return None
@@ -84,16 +78,10 @@ async def read_config(
 
 
 async def delete_config(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    index: str,
-    headers: Mapping[str, str] | None = None,
-    store: str = DEFAULT_STORE,
+    cluster: Cluster, index: str, headers: Mapping[str, str] | None = None, store: str = DEFAULT_STORE
 ) -> bool:
     try:
-        await request_json(
-            session, "DELETE", _doc_url(base_url, store, index) + "?refresh=true", None, headers
-        )
+        await cluster.request("DELETE", _doc_path(store, index) + "?refresh=true", None, headers)
     except UpstreamError as exc:
         if exc.status == 404:
             return False
@@ -117,11 +105,12 @@ class AppliedConfigs:
         widen_default: bool = True,
         timeout: float | None = 10.0,
     ) -> None:
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        # the lookup's share of the timeout (`LOOKUP_SHARE`)
+        self.cluster = Cluster(
+            session, base_url, None if timeout is None else max(0.1, timeout * LOOKUP_SHARE)
+        )
         self.store = store
         self.widen_default = widen_default
-        self.timeout = timeout
         self.enabled = ttl > 0
         self._cache: TTLCache[str, Any] = TTLCache(maxsize=MAX_INDICES, ttl=max(ttl, 1e-9))
         self._reading: SingleFlight[str, Any] = SingleFlight()
@@ -142,9 +131,8 @@ class AppliedConfigs:
         return None if cached is _ENGINE else cached
 
     async def _read(self, index: str, headers: Mapping[str, str]) -> Any:
-        timeout = None if self.timeout is None else max(0.1, self.timeout * LOOKUP_SHARE)
         try:
-            info = await read_config(self.session, self.base_url, index, headers, self.store, timeout)
+            info = await read_config(self.cluster, index, headers, self.store)
         except SearchError as exc:
             log.info("applied configuration not readable", extra={"fields": {"error": exc.type}})
             if exc.status in (502, 504):  # the cluster is down or slow for everyone: not every search

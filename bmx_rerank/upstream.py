@@ -1,4 +1,4 @@
-"""Calls the sidecar makes to the cluster: token analysis and per-document term frequencies.
+"""Calls the sidecar makes to the cluster (`Cluster`): JSON requests, token analysis, term frequencies.
 
 Every call takes the caller's headers (credentials included) so the sidecar reads nothing on a client's
 behalf that the client could not read directly. Errors come back as `SearchError`s: the cluster's own
@@ -8,7 +8,7 @@ error passes through as `UpstreamError`, an unreachable cluster is a 502 and a s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -156,6 +156,12 @@ async def request_json_retrying(
     decode: Callable[[bytes], Any] = orjson.loads,
 ) -> Any:
     """`request_json` for idempotent calls, retried on connection errors and 429s (bounded, with backoff)."""
+    return await _retried(
+        attempts, lambda: request_json(session, method, url, body, headers, timeout, decode)
+    )
+
+
+async def _retried(attempts: int, call: Callable[[], Awaitable[Any]]) -> Any:
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(max(1, attempts)),
         wait=wait_exponential(multiplier=0.05, max=0.5),
@@ -163,8 +169,141 @@ async def request_json_retrying(
         reraise=True,
     ):
         with attempt:
-            return await request_json(session, method, url, body, headers, timeout, decode)
+            return await call()
     raise AssertionError("unreachable: AsyncRetrying either returns or re-raises")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster as the sidecar's own calls reach it: every call goes through one session to
+    `base_url` + a path, with one timeout (None: the session's) and, for idempotent reads, one bound
+    on attempts. Headers are per call: they carry the credentials of whoever the call is for."""
+
+    session: aiohttp.ClientSession
+    base_url: str
+    timeout: float | None = None
+    attempts: int = DEFAULT_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        decode: Callable[[bytes], Any] = orjson.loads,
+    ) -> Any:
+        """One JSON call (`request_json`), never retried: a write, or a read whose retry could skip data."""
+        return await request_json(
+            self.session, method, self.base_url + path, body, headers, self.timeout, decode
+        )
+
+    async def request_retried(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        decode: Callable[[bytes], Any] = orjson.loads,
+    ) -> Any:
+        """An idempotent JSON call, retried on connection errors and 429s (bounded, with backoff)."""
+        return await _retried(self.attempts, lambda: self.request(method, path, body, headers, decode))
+
+    async def post_ndjson(
+        self, path: str, lines: Sequence[bytes], headers: Mapping[str, str], error_type: str
+    ) -> Any:
+        """POST NDJSON lines (`_bulk`, `_msearch`) and parse the JSON answer. Errors are `SearchError`s
+        as from `request`: the cluster's error answer as `UpstreamError(error_type)`, an unreachable
+        cluster a 502, never a bare aiohttp exception. The session's timeout applies."""
+        payload = b"\n".join(lines) + b"\n"
+        hdrs = {**headers, "Content-Type": "application/x-ndjson", "Accept-Encoding": "identity"}
+        url = self.base_url + path
+        try:
+            async with self.session.post(url, data=payload, headers=hdrs) as resp:
+                body = await resp.read()
+                if resp.status >= 400:
+                    raise UpstreamError(resp.status, error_type, body[:300].decode("utf-8", "replace"))
+                return orjson.loads(body)
+        except asyncio.TimeoutError as exc:
+            raise timed_out(f"POST {_path(url)} timed out") from exc
+        except aiohttp.ClientConnectionError as exc:
+            raise unreachable(f"POST {_path(url)} failed: {exc.__class__.__name__}") from exc
+
+    async def analyze(
+        self,
+        index: str,
+        field_name: str,
+        text: str,
+        headers: Mapping[str, str] | None = None,
+        analyzer: str | None = None,
+    ) -> list[str]:
+        """The tokens of `text`, in order: with `analyzer`, as that analyzer makes them, else as the
+        field's index analyzer does (`_analyze` with `field` ignores a mapping's `search_analyzer`, on
+        both engines; see `search_analyzer`)."""
+        body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
+        answer = await self.request_retried("POST", f"/{index}/_analyze", body, headers)
+        return [tok["token"] for tok in answer.get("tokens", [])]
+
+    async def search_analyzer(
+        self, index: str, field_name: str, headers: Mapping[str, str] | None = None
+    ) -> str | None:
+        """The `search_analyzer` of `field_name` in `index`'s mapping, if it sets one.
+
+        A match query analyzes its text with it, while `_analyze` with `field` applies the index
+        analyzer: query tokens must come from the former to be the tokens the cluster searched with."""
+        answer = await self.request_retried("GET", f"/{index}/_mapping/field/{field_name}", None, headers)
+        for mapping in (answer or {}).values():
+            leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
+            for spec in leaf.values():
+                if isinstance(spec, dict) and spec.get("search_analyzer"):
+                    return str(spec["search_analyzer"])
+        return None
+
+    async def mtermvectors_fields(
+        self,
+        docs: Sequence[DocRef],
+        fields: Sequence[str],
+        headers: Mapping[str, str] | None = None,
+        realtime: bool | None = None,
+    ) -> list[dict[str, DocTerms]]:
+        """Exact term frequencies of each of `fields`, per document, in the order given.
+
+        Works whether or not the mapping stores term vectors (the cluster re-analyzes the source).
+        `realtime=False` reads the refreshed index, the same view a search's hits come from."""
+        found = await self.fetch_vectors(docs, fields, headers, realtime)
+        return [{f: _doc_terms(ref, doc, f) for f in fields} for ref, doc in zip(docs, found, strict=True)]
+
+    async def fetch_vectors(
+        self,
+        docs: Sequence[DocRef],
+        fields: Sequence[str],
+        headers: Mapping[str, str] | None = None,
+        realtime: bool | None = None,
+    ) -> list[VectorsDoc]:
+        """The `_mtermvectors` answer for `docs` (term frequencies only), one `VectorsDoc` each, in
+        order; a document the cluster answered with an error raises it (`raise_doc_error`)."""
+        if not docs:
+            return []
+        specs = []
+        for ref in docs:
+            spec: dict[str, Any] = {"_index": ref.index, "_id": ref.id, "fields": list(fields)}
+            if ref.routing is not None:
+                spec["routing"] = ref.routing
+            specs.append({**spec, **TERM_VECTOR_PARAMETERS})
+        query = "" if realtime is None else f"?realtime={'true' if realtime else 'false'}"
+        answer = await self.request_retried(
+            "POST", f"/_mtermvectors{query}", {"docs": specs}, headers, _decode_vectors
+        )
+        for ref, doc in zip(docs, answer.docs, strict=True):
+            if doc.error is not None:
+                raise_doc_error(ref, doc.error)
+        return answer.docs
+
+
+# The free functions below are the `Cluster` methods for rerank/pipeline.py, which has not moved to
+# `Cluster` yet; they go once it has.
 
 
 async def analyze(
@@ -178,14 +317,10 @@ async def analyze(
     attempts: int = DEFAULT_ATTEMPTS,
     analyzer: str | None = None,
 ) -> list[str]:
-    """The tokens of `text`, in order: with `analyzer`, as that analyzer makes them, else as the field's
-    index analyzer does (`_analyze` with `field` ignores a mapping's `search_analyzer`, on both engines;
-    see `search_analyzer`)."""
-    body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
-    answer = await request_json_retrying(
-        session, "POST", f"{base_url}/{index}/_analyze", body, headers, timeout, attempts
+    """`Cluster.analyze`."""
+    return await Cluster(session, base_url, timeout, attempts).analyze(
+        index, field_name, text, headers, analyzer
     )
-    return [tok["token"] for tok in answer.get("tokens", [])]
 
 
 async def search_analyzer(
@@ -197,38 +332,8 @@ async def search_analyzer(
     timeout: float | None = None,
     attempts: int = DEFAULT_ATTEMPTS,
 ) -> str | None:
-    """The `search_analyzer` of `field_name` in `index`'s mapping, if it sets one.
-
-    A match query analyzes its text with it, while `_analyze` with `field` applies the index analyzer:
-    query tokens must come from the former to be the tokens the cluster searched with."""
-    url = f"{base_url}/{index}/_mapping/field/{field_name}"
-    answer = await request_json_retrying(session, "GET", url, None, headers, timeout, attempts)
-    for mapping in (answer or {}).values():
-        leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
-        for spec in leaf.values():
-            if isinstance(spec, dict) and spec.get("search_analyzer"):
-                return str(spec["search_analyzer"])
-    return None
-
-
-async def mtermvectors(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    docs: Sequence[DocRef],
-    field_name: str,
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    realtime: bool | None = None,
-) -> list[DocTerms]:
-    """Exact term frequencies of `field_name` for each document, in the order given.
-
-    Works whether or not the mapping stores term vectors (the cluster re-analyzes the source).
-    `realtime=False` reads the refreshed index, the same view a search's hits come from."""
-    found = await mtermvectors_fields(
-        session, base_url, docs, [field_name], headers, timeout, attempts, realtime
-    )
-    return [by_field[field_name] for by_field in found]
+    """`Cluster.search_analyzer`."""
+    return await Cluster(session, base_url, timeout, attempts).search_analyzer(index, field_name, headers)
 
 
 async def mtermvectors_fields(
@@ -241,46 +346,9 @@ async def mtermvectors_fields(
     attempts: int = DEFAULT_ATTEMPTS,
     realtime: bool | None = None,
 ) -> list[dict[str, DocTerms]]:
-    """Like `mtermvectors`, for several fields in one call: per document, its terms in each field."""
-    found = await fetch_vectors(session, base_url, docs, fields, headers, timeout, attempts, realtime)
-    return [{f: _doc_terms(ref, doc, f) for f in fields} for ref, doc in zip(docs, found, strict=True)]
-
-
-async def fetch_vectors(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    docs: Sequence[DocRef],
-    fields: Sequence[str],
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    realtime: bool | None = None,
-) -> list[VectorsDoc]:
-    """The `_mtermvectors` answer for `docs` (term frequencies only), one `VectorsDoc` each, in order;
-    a document the cluster answered with an error raises it (`raise_doc_error`)."""
-    if not docs:
-        return []
-    specs = []
-    for ref in docs:
-        spec: dict[str, Any] = {"_index": ref.index, "_id": ref.id, "fields": list(fields)}
-        if ref.routing is not None:
-            spec["routing"] = ref.routing
-        specs.append({**spec, **TERM_VECTOR_PARAMETERS})
-    query = "" if realtime is None else f"?realtime={'true' if realtime else 'false'}"
-    answer = await request_json_retrying(
-        session,
-        "POST",
-        f"{base_url}/_mtermvectors{query}",
-        {"docs": specs},
-        headers,
-        timeout,
-        attempts,
-        _decode_vectors,
-    )
-    for ref, doc in zip(docs, answer.docs, strict=True):
-        if doc.error is not None:
-            raise_doc_error(ref, doc.error)
-    return answer.docs
+    """`Cluster.mtermvectors_fields`."""
+    cluster = Cluster(session, base_url, timeout, attempts)
+    return await cluster.mtermvectors_fields(docs, fields, headers, realtime)
 
 
 def raise_doc_error(ref: DocRef, err: Any) -> None:

@@ -10,6 +10,7 @@ import click
 
 from bmx_rerank import demo
 from bmx_rerank.errors import SearchError
+from bmx_rerank.upstream import Cluster
 
 
 async def evaluation_step(
@@ -27,7 +28,7 @@ async def evaluation_step(
     from bmx_rerank.evaluation.workflow import Task, evaluate
 
     index = "bmx-demo-scifact"
-    n = await load_beir(session, upstream, index, root)
+    n = await load_beir(Cluster(session, upstream), index, root)
     click.echo(f"evaluation: SciFact ({n} documents in {index}), {n_queries} judged test queries")
     task = Task(
         shown,
@@ -69,7 +70,7 @@ async def run(
     async with aiohttp.ClientSession() as session:
         n = await demo.load_corpus(session, upstream)
         click.echo(f"corpus: {n} Python standard-library docstrings in index {demo.INDEX} at {shown}")
-        infos = await build_snapshots(session, upstream, demo.INDEX, demo.FIELD, {})
+        infos = await build_snapshots(Cluster(session, upstream), demo.INDEX, demo.FIELD, {})
         vocab = sum(i.vocabulary_size for i in infos)
         click.echo(f"statistics: exact, built by a full sweep ({vocab} terms), stored in the cluster")
         runner, proxy_url = await start_server(make_app(ProxyConfig(upstream=shown), statistics_source(5.0)))

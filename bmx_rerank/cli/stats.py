@@ -23,7 +23,8 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS
-from bmx_rerank.stats.sweep import resolve_text_field, sweep_index
+from bmx_rerank.stats.sweep import DEFAULT_SWEEP, SweepOptions, resolve_text_field, sweep_index
+from bmx_rerank.upstream import Cluster
 
 T = TypeVar("T")
 
@@ -77,14 +78,14 @@ def _sweep_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
         "--concurrency",
         type=click.IntRange(min=1),
-        default=stats_build.DEFAULT_CONCURRENCY,
+        default=DEFAULT_SWEEP.concurrency,
         show_default=True,
         help="Term-vector requests in flight.",
     )(func)
     return click.option(
         "--batch-size",
         type=click.IntRange(min=1),
-        default=stats_build.DEFAULT_BATCH,
+        default=DEFAULT_SWEEP.batch_size,
         show_default=True,
         help="Documents per _mtermvectors request.",
     )(func)
@@ -111,6 +112,12 @@ def _max_length_docs(opts: dict[str, Any]) -> int | None:
     return None if skip else bound
 
 
+def _sweep_settings(opts: dict[str, Any], slices: int = 1) -> SweepOptions:
+    """The sweep options given on the command line; pops them from `opts`."""
+    bound = _max_length_docs(opts)
+    return SweepOptions(opts.pop("batch_size"), opts.pop("concurrency"), slices, bound)
+
+
 @click.group(name="stats")
 def command() -> None:
     """Exact corpus statistics (N, lengths, df, raw entropy) stored in the cluster."""
@@ -129,11 +136,9 @@ def command() -> None:
 def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None:
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index
     and field."""
-    bound = _max_length_docs(opts)
+    sweep = _sweep_settings(opts, slices)
     sweeps = (
-        i
-        for f in _distinct(fields)
-        for i in _sweep(stats_build.build_snapshots, index, f, opts, slices=slices, max_length_docs=bound)
+        i for f in _distinct(fields) for i in _sweep(stats_build.build_snapshots, index, f, sweep, opts)
     )
     for info in sweeps:
         click.echo(
@@ -156,11 +161,9 @@ def _lengths_note(info: stats_store.SnapshotInfo) -> str:
 @click.option("--rebuild", is_flag=True, help="Rebuild even when an incremental refresh would do.")
 def refresh(index: str, fields: tuple[str, ...], rebuild: bool, **opts: Any) -> None:
     """Bring the snapshots of INDEX up to date, per field (incremental when only appends happened)."""
-    bound = _max_length_docs(opts)
+    sweep = _sweep_settings(opts)
     for field in _distinct(fields):
-        for out in _sweep(
-            stats_build.refresh, index, field, opts, force_rebuild=rebuild, max_length_docs=bound
-        ):
+        for out in _sweep(stats_build.refresh, index, field, sweep, opts, force_rebuild=rebuild):
             snap = out.snapshot.snapshot if out.snapshot else "-"
             click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
 
@@ -184,26 +187,16 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
     if len(fields) != 1:
         raise click.BadParameter("one --field per partial", param_hint="--field")
     base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
-    bound = _max_length_docs(opts)
+    sweep = _sweep_settings(opts)
 
-    async def go(session: aiohttp.ClientSession) -> sliced.Partial:
-        names = await resolve_text_field(session, base, index, fields[0], headers)
+    async def go(cluster: Cluster) -> sliced.Partial:
+        names = await resolve_text_field(cluster, index, fields[0], headers)
         if names != [index]:
             _fail(f"[{index}] is {names}: a partial is of one concrete index")
-        result = await sweep_index(
-            session,
-            base,
-            index,
-            fields[0],
-            headers,
-            batch_size=opts["batch_size"],
-            concurrency=opts["concurrency"],
-            part=(i, n),
-            max_length_docs=bound,
-        )
+        result = await sweep_index(cluster, index, fields[0], headers, sweep, part=(i, n))
         return sliced.partial(index, fields[0], (i, n), result)
 
-    found = _run(go)
+    found = _run(base, go)
     Path(out).write_bytes(orjson.dumps(found.to_json()))
     click.echo(f"{index} [{fields[0]}] slice {i}/{n}: {found.exact.stats.n_docs} docs -> {out}")
 
@@ -236,12 +229,10 @@ def merge(
     first = partials[0]
     base, headers = connection(upstream, user, password, header)
 
-    async def go(session: aiohttp.ClientSession) -> stats_store.SnapshotInfo:
-        return await stats_build.publish_sweep(
-            session, base, headers, first.index, first.field, result, store
-        )
+    async def go(cluster: Cluster) -> stats_store.SnapshotInfo:
+        return await stats_build.publish_sweep(cluster, headers, first.index, first.field, result, store)
 
-    info = _run(go)
+    info = _run(base, go)
     click.echo(
         f"{info.index} [{info.field}]: {info.n_docs} docs from {len(files)} slices -> snapshot {info.snapshot}"
         + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
@@ -255,27 +246,23 @@ def _distinct(fields: tuple[str, ...]) -> list[str]:
 
 
 def _sweep(
-    call: Callable[..., Awaitable[T]], index: str, field: str, opts: dict[str, Any], **extra: Any
+    call: Callable[..., Awaitable[T]],
+    index: str,
+    field: str,
+    sweep: SweepOptions,
+    opts: dict[str, Any],
+    **extra: Any,
 ) -> T:
     """Run `stats_build.build_snapshots` or `stats_build.refresh` with the shared options and a progress bar."""
     base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
 
-    async def go(session: aiohttp.ClientSession) -> T:
+    async def go(cluster: Cluster) -> T:
         with _bar(opts["no_progress"]) as bar:
             return await call(
-                session,
-                base,
-                index,
-                field,
-                headers,
-                store=opts["store"],
-                batch_size=opts["batch_size"],
-                concurrency=opts["concurrency"],
-                progress=bar,
-                **extra,
+                cluster, index, field, headers, sweep, store=opts["store"], progress=bar, **extra
             )
 
-    return _run(go)
+    return _run(base, go)
 
 
 @command.command()
@@ -298,13 +285,13 @@ def show(
     base, headers = connection(upstream, user, password, header)
     wanted = [t for t in (x.strip() for x in terms.split(",")) if t]
 
-    async def go(session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+    async def go(cluster: Cluster) -> list[dict[str, Any]]:
         return [
-            await stats_build.describe(session, base, index, f, headers, wanted, store=store)
+            await stats_build.describe(cluster, index, f, headers, wanted, store=store)
             for f in _distinct(fields)
         ]
 
-    for field, report in zip(_distinct(fields), _run(go), strict=True):
+    for field, report in zip(_distinct(fields), _run(base, go), strict=True):
         _print_report(index, field, report, as_json)
 
 
@@ -357,10 +344,10 @@ def connection(
     return str(url).rstrip("/"), headers
 
 
-def _run(func: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
+def _run(base_url: str, func: Callable[[Cluster], Awaitable[T]]) -> T:
     async def main() -> T:
         async with aiohttp.ClientSession() as session:
-            return await func(session)
+            return await func(Cluster(session, base_url))
 
     try:
         return asyncio.run(main())

@@ -7,11 +7,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import aiohttp
 import orjson
 
 from bmx_rerank.stats.build import build_snapshots
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster
 
 FIELD = "text"
 
@@ -30,8 +29,7 @@ def shared_dataset(name: str) -> Path | None:
 
 
 async def load_beir(
-    session: aiohttp.ClientSession,
-    upstream: str,
+    cluster: Cluster,
     index: str,
     root: Path,
     *,
@@ -42,32 +40,32 @@ async def load_beir(
     """(Re)create `index` with the collection under `root` unless it already holds all of it, build its
     statistics; returns the number of documents."""
     docs = [orjson.loads(line) for line in (root / "corpus.jsonl").read_bytes().splitlines() if line.strip()]
-    async with session.head(f"{upstream}/{index}", headers=headers) as exists:
+    async with cluster.session.head(f"{cluster.base_url}/{index}", headers=headers) as exists:
         present = exists.status == 200
     if present:
-        count = await request_json(session, "GET", f"{upstream}/{index}/_count", None, headers)
+        count = await cluster.request("GET", f"/{index}/_count", None, headers)
         if count["count"] == len(docs):
-            await build_snapshots(session, upstream, index, FIELD, headers or {})
+            await build_snapshots(cluster, index, FIELD, headers or {})
             return len(docs)
-        await request_json(session, "DELETE", f"{upstream}/{index}", None, headers)
+        await cluster.request("DELETE", f"/{index}", None, headers)
     mapping = {
         "settings": {"number_of_shards": shards, "number_of_replicas": 0},
         "mappings": {"properties": {FIELD: {"type": "text", "analyzer": analyzer}}},
     }
-    await request_json(session, "PUT", f"{upstream}/{index}", mapping, headers)
+    await cluster.request("PUT", f"/{index}", mapping, headers)
     for start in range(0, len(docs), 2000):
         lines = []
         for d in docs[start : start + 2000]:
             lines.append(orjson.dumps({"index": {"_index": index, "_id": d["_id"]}}))
             lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
-        async with session.post(
-            f"{upstream}/_bulk",
+        async with cluster.session.post(
+            f"{cluster.base_url}/_bulk",
             data=b"\n".join(lines) + b"\n",
             headers={**(headers or {}), "Content-Type": "application/x-ndjson"},
         ) as resp:
             answer = orjson.loads(await resp.read())
             if resp.status != 200 or answer.get("errors"):
                 raise RuntimeError(f"bulk indexing into {index} failed (HTTP {resp.status})")
-    await request_json(session, "POST", f"{upstream}/{index}/_refresh", None, headers)
-    await build_snapshots(session, upstream, index, FIELD, headers or {})
+    await cluster.request("POST", f"/{index}/_refresh", None, headers)
+    await build_snapshots(cluster, index, FIELD, headers or {})
     return len(docs)

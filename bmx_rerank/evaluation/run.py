@@ -17,7 +17,7 @@ import aiohttp
 from bmx_rerank.evaluation.configs import Candidate
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.source import statistics_source
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster
 
 Run = dict[str, dict[str, float]]  # query id -> {doc id: score}, the shape ir-measures reads
 
@@ -72,14 +72,14 @@ async def run_all(
     gate = asyncio.Semaphore(concurrency)
     try:
         async with aiohttp.ClientSession() as session:
+            engine, through_proxy = Cluster(session, upstream), Cluster(session, proxy)
 
             async def one(qid: str, text: str) -> None:
                 async with gate:
                     # Candidates take turns per query so none always meets a cold term-vector cache.
                     for c in candidates:
-                        url = f"{upstream if c.is_engine else proxy}/{index}/_search"
-                        answer = await request_json(
-                            session, "POST", url, search_body(field_name, text, size, c.bmx), headers
+                        answer = await (engine if c.is_engine else through_proxy).request(
+                            "POST", f"/{index}/_search", search_body(field_name, text, size, c.bmx), headers
                         )
                         marker = answer.get("_bmx") or {}
                         if marker.get("fallback"):

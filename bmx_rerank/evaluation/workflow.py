@@ -16,6 +16,7 @@ from bmx_rerank.evaluation.report import Report, Row
 from bmx_rerank.evaluation.run import run_all
 from bmx_rerank.evaluation.selection import DEFAULT_SIGNIFICANCE, cross_validate
 from bmx_rerank.stats.store import now_iso
+from bmx_rerank.upstream import Cluster
 
 
 @dataclass(frozen=True)
@@ -106,4 +107,4 @@ async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None
         "configurations": {r.name: r.means for r in report.rows},
     }
     async with aiohttp.ClientSession() as session:
-        return await write_config(session, upstream.rstrip("/"), report.index, chosen.bmx, evidence, headers)
+        return await write_config(Cluster(session, upstream), report.index, chosen.bmx, evidence, headers)

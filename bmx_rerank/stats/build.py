@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
-
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
@@ -34,11 +32,13 @@ from bmx_rerank.stats.freshness import (
     new_operations,
     same_state,
 )
-from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder
+from bmx_rerank.stats.lengths import DocLengths, LengthRecorder
 from bmx_rerank.stats.store import CHUNK_TERMS, DEFAULT_STORE, LENGTH_CHUNK, SnapshotInfo, now_iso
 from bmx_rerank.stats.sweep import (
+    DEFAULT_SWEEP,
     VERSIONS,
     Progress,
+    SweepOptions,
     SweepResult,
     finish_lengths,
     fold_pages,
@@ -50,114 +50,63 @@ from bmx_rerank.stats.sweep import (
     sweep_index,
     swept_ref,
 )
-from bmx_rerank.upstream import DocRef, request_json
+from bmx_rerank.upstream import Cluster, DocRef
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BATCH = 200
-DEFAULT_CONCURRENCY = 4
 
 
 # --- building -------------------------------------------------------------------------------------
 
 
 async def build(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
 ) -> CorpusStats:
     """Exact statistics of `field` over every live document of an index, alias or pattern (summed)."""
-    found = await build_with_lengths(
-        session,
-        base_url,
-        index,
-        field,
-        headers,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=progress,
-    )
-    return found[0]
+    return (await build_with_lengths(cluster, index, field, headers, options, progress=progress))[0]
 
 
 async def build_with_lengths(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
 ) -> tuple[CorpusStats, dict[str, DocLengths]]:
     """`build`'s statistics and, from the same sweep, each concrete index's document-length table
     (those a sweep kept: see `sweep_index`), as a `FixedStats` takes them."""
-    results = await sweep_all(
-        session,
-        base_url,
-        index,
-        field,
-        headers,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=progress,
-    )
+    results = await sweep_all(cluster, index, field, headers, options, progress=progress)
     tables = {name: r.lengths for name, r in results.items() if r.lengths is not None}
     return sum_in_order([r.stats for r in results.values()]), tables
 
 
 async def sweep_all(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
-    slices: int = 1,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> dict[str, SweepResult]:
     """Sweep each concrete index behind `index_expr` (or those in `only`), one after the other; an
-    error when none of them holds a token in the field, unless `allow_empty`. Each keeps a length
-    table of up to `max_length_docs` documents (None: no table)."""
-    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
+    error when none of them holds a token in the field, unless `allow_empty`."""
+    indices = await resolve_text_field(cluster, index_expr, field, headers)
     out: dict[str, SweepResult] = {}
     for name in indices if only is None else [i for i in indices if i in only]:
-        if slices > 1:  # parallel processes, merged exactly (stats.sliced)
-            out[name] = await sliced.sweep_sliced(
-                base_url,
-                name,
-                field,
-                headers,
-                slices,
-                batch_size=batch_size,
-                concurrency=concurrency,
-                max_length_docs=max_length_docs,
-            )
-            continue
-        result = await sweep_index(
-            session,
-            base_url,
-            name,
-            field,
-            headers,
-            batch_size=batch_size,
-            concurrency=concurrency,
-            progress=progress,
-            max_length_docs=max_length_docs,
-        )
-        out[name] = result
+        if options.slices > 1:  # parallel processes, merged exactly (stats.sliced)
+            out[name] = await sliced.sweep_sliced(cluster.base_url, name, field, headers, options)
+        else:
+            out[name] = await sweep_index(cluster, name, field, headers, options, progress=progress)
     if not allow_empty and out and all(r.stats.n_docs == 0 for r in out.values()):
         # One empty index among others (a new daily index) is fine and gets an empty snapshot;
         # nothing to build from at all is an error.
@@ -166,47 +115,30 @@ async def sweep_all(
 
 
 async def build_snapshots(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
     store: str = DEFAULT_STORE,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     only: Sequence[str] | None = None,
     allow_empty: bool = False,
-    slices: int = 1,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> list[SnapshotInfo]:
     """Full sweep of every concrete index behind `index_expr`, each published as a new snapshot.
 
     Sweeps everything before publishing anything, so a failure leaves every pointer as it was."""
     results = await sweep_all(
-        session,
-        base_url,
-        index_expr,
-        field,
-        headers,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        progress=progress,
-        only=only,
-        allow_empty=allow_empty,
-        slices=slices,
-        max_length_docs=max_length_docs,
+        cluster, index_expr, field, headers, options, progress=progress, only=only, allow_empty=allow_empty
     )
     return [
-        await publish_sweep(session, base_url, headers, name, field, result, store)
-        for name, result in results.items()
+        await publish_sweep(cluster, headers, name, field, result, store) for name, result in results.items()
     ]
 
 
 async def publish_sweep(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     index: str,
     field: str,
@@ -229,9 +161,7 @@ async def publish_sweep(
     )
     if result.lengths_skipped and result.lengths_skipped != "not requested":
         log.warning("no length table", extra={"fields": {"index": index, "reason": result.lengths_skipped}})
-    await stats_store.publish(
-        session, base_url, headers, info, result.stats, store, result.units, result.lengths
-    )
+    await stats_store.publish(cluster, headers, info, result.stats, store, result.units, result.lengths)
     return info
 
 
@@ -247,27 +177,22 @@ class RefreshOutcome:
 
 
 async def refresh(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
     store: str = DEFAULT_STORE,
-    batch_size: int = DEFAULT_BATCH,
-    concurrency: int = DEFAULT_CONCURRENCY,
     progress: Progress | None = None,
     force_rebuild: bool = False,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> list[RefreshOutcome]:
     """Bring each concrete index's snapshot up to date: nothing if unchanged, the appended documents
     alone if only appends happened since (proved from sequence numbers and live counts), else a full
     rebuild. Indices without a snapshot are built; an empty one among others gets an empty snapshot,
     as with `build_snapshots`."""
-    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
-    pointers = await stats_store.read_pointers(
-        session, base_url, headers, [(i, field) for i in indices], store
-    )
+    indices = await resolve_text_field(cluster, index_expr, field, headers)
+    pointers = await stats_store.read_pointers(cluster, headers, [(i, field) for i in indices], store)
     outcomes = []
     for name in indices:
         info = pointers.get((name, field))
@@ -277,39 +202,24 @@ async def refresh(
         elif force_rebuild:
             action, reason = "rebuilt", "rebuild requested"
         else:
-            current = (await index_marks(session, base_url, name, headers)).get(name)
+            current = (await index_marks(cluster, name, headers)).get(name)
             if current is not None and info.exact_marks and not drifted(info.marks, current):
                 outcomes.append(RefreshOutcome(name, "unchanged", "no write since the snapshot", info))
                 continue
             if current is not None and info.exact_marks and incremental_possible(info.marks, current):
-                outcome = await _try_incremental(
-                    session,
-                    base_url,
-                    name,
-                    field,
-                    headers,
-                    store,
-                    info,
-                    current,
-                    batch_size,
-                    concurrency,
-                    max_length_docs,
-                )
+                outcome = await _try_incremental(cluster, name, field, headers, store, info, current, options)
             action, reason = "rebuilt", _rebuild_reason(info, current)
         if outcome is None:
             (new,) = await build_snapshots(
-                session,
-                base_url,
+                cluster,
                 name,
                 field,
                 headers,
+                options,
                 store=store,
-                batch_size=batch_size,
-                concurrency=concurrency,
                 progress=progress,
                 only=[name],
                 allow_empty=len(indices) > 1,
-                max_length_docs=max_length_docs,
             )
             outcome = RefreshOutcome(name, action, reason, new, new.live_docs)
         outcomes.append(outcome)
@@ -329,62 +239,47 @@ def _rebuild_reason(info: SnapshotInfo, current: IndexMarks | None) -> str:
 
 
 async def _try_incremental(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     name: str,
     field: str,
     headers: Mapping[str, str],
     store: str,
     info: SnapshotInfo,
     current: IndexMarks,
-    batch_size: int,
-    concurrency: int,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
+    options: SweepOptions,
 ) -> RefreshOutcome | None:
     """Add the documents appended since the snapshot; None when that would not be exact.
 
     The length table grows by the appended documents when the snapshot has one (and lengths are
     wanted): the table a rebuild would give. A snapshot without one stays without."""
     started = time.perf_counter()
-    await refresh_index(session, base_url, name, headers)
+    await refresh_index(cluster, name, headers)
     ops = new_operations(info.marks, current)
     refs: dict[int, list[DocRef]] = {}
     for shard, (lo, hi) in ops.items():
-        refs[shard] = await _docs_in_seq_range(session, base_url, name, shard, lo, hi, headers)
-    live_now = await live_count(session, base_url, name, headers)
+        refs[shard] = await _docs_in_seq_range(cluster, name, shard, lo, hi, headers)
+    live_now = await live_count(cluster, name, headers)
     found = {shard: len(r) for shard, r in refs.items()}
     if not appends_only(ops, found, info.live_docs, live_now):
         return None
     acc = EntropyAccumulator()
     recorder = None
-    if max_length_docs is not None and info.length_docs is not None:
-        recorder = LengthRecorder(max(0, max_length_docs - info.length_docs))
+    if options.max_length_docs is not None and info.length_docs is not None:
+        recorder = LengthRecorder(max(0, options.max_length_docs - info.length_docs))
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         for r in refs.values():
             yield r
 
-    await fold_pages(
-        session,
-        base_url,
-        pages(),
-        field,
-        headers,
-        acc,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        lengths=recorder,
-    )
-    after = (await index_marks(session, base_url, name, headers)).get(name)
+    await fold_pages(cluster, pages(), field, headers, acc, options, lengths=recorder)
+    after = (await index_marks(cluster, name, headers)).get(name)
     if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
         return None  # a write raced the refresh: a rebuild is the safe answer
-    old = await stats_store.load_exact(session, base_url, headers, info, store)
+    old = await stats_store.load_exact(cluster, headers, info, store)
     if old is None:
         return None  # a snapshot without exact sums: rebuild rather than add rounded floats
     total = old + acc.finish_exact()  # integer sums, rounded once: bit-identical to a rebuild
-    lengths, skipped = await _grown_lengths(
-        session, base_url, headers, store, info, recorder, max_length_docs
-    )
+    lengths, skipped = await _grown_lengths(cluster, headers, store, info, recorder, options.max_length_docs)
     new_info = snapshot_info(
         name,
         field,
@@ -398,13 +293,12 @@ async def _try_incremental(
         lengths=lengths,
         lengths_skipped=skipped,
     )
-    await stats_store.publish(session, base_url, headers, new_info, total.stats, store, total.units, lengths)
+    await stats_store.publish(cluster, headers, new_info, total.stats, store, total.units, lengths)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
 
 
 async def _grown_lengths(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     store: str,
     info: SnapshotInfo,
@@ -419,15 +313,14 @@ async def _grown_lengths(
     added, skipped = finish_lengths(recorder)
     if added is None:
         return None, f"more than {max_length_docs} documents (--max-length-docs)"
-    old = await stats_store.load_lengths(session, base_url, headers, info, store)
+    old = await stats_store.load_lengths(cluster, headers, info, store)
     if old is None:
         return None, info.lengths_skipped or "not requested"
     return old + added, skipped
 
 
 async def _docs_in_seq_range(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     shard: int,
     lo: int,
@@ -438,7 +331,7 @@ async def _docs_in_seq_range(
     """Live documents of one shard whose `_seq_no` lies in (lo, hi], paged on `_seq_no`."""
     out: list[DocRef] = []
     after: list[Any] | None = None
-    url = f"{base_url}/{quote(index)}/_search?preference=_shards:{shard}"
+    url = f"/{quote(index)}/_search?preference=_shards:{shard}"
     while True:
         body: dict[str, Any] = {
             "size": page,
@@ -450,7 +343,7 @@ async def _docs_in_seq_range(
         }
         if after is not None:
             body["search_after"] = after
-        hits = (await request_json(session, "POST", url, body, headers))["hits"]["hits"]
+        hits = (await cluster.request("POST", url, body, headers))["hits"]["hits"]
         out.extend(swept_ref(h) for h in hits)
         if len(hits) < page:
             return out
@@ -499,8 +392,7 @@ def snapshot_info(
 
 
 async def freshness(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
@@ -508,10 +400,10 @@ async def freshness(
     store: str = DEFAULT_STORE,
 ) -> list[Freshness]:
     """Per concrete index: the stored snapshot and whether the index changed since (cheap: three calls)."""
-    indices = await resolve_text_field(session, base_url, index_expr, field, headers)
+    indices = await resolve_text_field(cluster, index_expr, field, headers)
     pointers, marks = await asyncio.gather(
-        stats_store.read_pointers(session, base_url, headers, [(i, field) for i in indices], store),
-        marks_or_none(session, base_url, index_expr, headers),
+        stats_store.read_pointers(cluster, headers, [(i, field) for i in indices], store),
+        marks_or_none(cluster, index_expr, headers),
     )
     return [
         judge(name, field, pointers.get((name, field)), None if marks is None else marks.get(name))
@@ -520,8 +412,7 @@ async def freshness(
 
 
 async def describe(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
@@ -531,9 +422,9 @@ async def describe(
 ) -> dict[str, Any]:
     """What `stats show --json` prints: the summed statistics the proxy would use, their freshness per
     index, and df / raw entropy of `terms` (given in their indexed, analyzed form)."""
-    view = await StatsCache(session, base_url, store=store).get(index_expr, field, headers)
+    view = await StatsCache(cluster.session, cluster.base_url, store=store).get(index_expr, field, headers)
     view = await view.for_terms(terms)
-    fresh = await freshness(session, base_url, index_expr, field, headers, store=store)
+    fresh = await freshness(cluster, index_expr, field, headers, store=store)
     df, entropy = view.corpus.lookup(terms)
     return {
         "index": index_expr,

@@ -25,6 +25,7 @@ from bmx_rerank.stats.freshness import judge
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.store import DEFAULT_STORE, SnapshotInfo
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
+from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,7 @@ class StatsCache:
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
         max_entries: int = MAX_ENTRIES,
     ) -> None:
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.cluster = Cluster(session, base_url)
         self.check_interval = check_interval
         self.store = store
         self.estimator = estimate.ESTIMATORS[estimator]
@@ -173,12 +173,10 @@ class StatsCache:
     async def _check(
         self, index_expr: str, field: str, headers: Mapping[str, str], old: _Entry | None
     ) -> _Entry:
-        indices = await resolve_text_field(self.session, self.base_url, index_expr, field, headers)
+        indices = await resolve_text_field(self.cluster, index_expr, field, headers)
         pointers, marks = await asyncio.gather(
-            store.read_pointers(
-                self.session, self.base_url, headers, [(i, field) for i in indices], self.store
-            ),
-            marks_or_none(self.session, self.base_url, index_expr, headers),
+            store.read_pointers(self.cluster, headers, [(i, field) for i in indices], self.store),
+            marks_or_none(self.cluster, index_expr, headers),
         )
         infos = [pointers.get((i, field)) for i in indices]
         if any(info is None for info in infos):
@@ -216,8 +214,8 @@ class StatsCache:
         cached = self._loaded.get(info.snapshot)
         if cached is None:
             cached, table = await asyncio.gather(
-                store.load(self.session, self.base_url, headers, info, self.store),
-                store.load_lengths(self.session, self.base_url, headers, info, self.store),
+                store.load(self.cluster, headers, info, self.store),
+                store.load_lengths(self.cluster, headers, info, self.store),
             )
             self._loaded[info.snapshot] = cached
             self._lengths[info.snapshot] = table
@@ -232,7 +230,7 @@ class StatsCache:
         headers: Mapping[str, str],
         indices: tuple[str, ...],
     ) -> _Entry:
-        base = await estimate.estimate_base(self.session, self.base_url, index_expr, indices, field, headers)
+        base = await estimate.estimate_base(self.cluster, index_expr, indices, field, headers)
         est = _Estimate(base[0], base[1], {}, {})
         view = StatsView(CorpusStats(base[0], base[1], terms_array([]), [], []), True, False, None)
         return _Entry(view, self.clock(), (), indices, est)
@@ -254,7 +252,7 @@ class StatsCache:
                 try:
                     got = await asyncio.wait_for(
                         estimate.estimate_terms(
-                            self.session, self.base_url, index_expr, entry.indices, field, missing, headers
+                            self.cluster, index_expr, entry.indices, field, missing, headers
                         ),
                         self.timeout,
                     )

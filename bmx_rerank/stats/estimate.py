@@ -14,14 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
-import aiohttp
 import numpy as np
 import orjson
 
 from bmx_rerank.errors import UpstreamError
 from bmx_rerank.scoring import entropy_contribution
-from bmx_rerank.stats import store
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster
 
 _K = np.arange(1, 200, dtype=np.float64)
 _G = entropy_contribution(_K)
@@ -58,8 +56,7 @@ DEFAULT_ESTIMATOR = "geometric"
 
 
 async def estimate_base(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     indices: Sequence[str],
     field: str,
@@ -72,11 +69,9 @@ async def estimate_base(
     included, hence an estimate)."""
     count_body = {"query": {"exists": {"field": field}}}
     n_docs = int(
-        (
-            await request_json(
-                session, "POST", f"{base_url}/{quote(index_expr, safe=',*')}/_count", count_body, headers
-            )
-        )["count"]
+        (await cluster.request("POST", f"/{quote(index_expr, safe=',*')}/_count", count_body, headers))[
+            "count"
+        ]
     )
     body = {
         "doc": {field: "x"},
@@ -86,7 +81,7 @@ async def estimate_base(
         "positions": False,
         "offsets": False,
     }
-    tv = await request_json(session, "POST", f"{base_url}/{quote(indices[0])}/_termvectors", body, headers)
+    tv = await cluster.request("POST", f"/{quote(indices[0])}/_termvectors", body, headers)
     fstats = tv.get("term_vectors", {}).get(field, {}).get("field_statistics") or {}
     doc_count, sum_ttf = fstats.get("doc_count", 0), fstats.get("sum_ttf", 0)
     avgdl = sum_ttf / doc_count if doc_count > 0 and sum_ttf > 0 else 1.0
@@ -94,8 +89,7 @@ async def estimate_base(
 
 
 async def estimate_terms(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     indices: Sequence[str],
     field: str,
@@ -108,9 +102,7 @@ async def estimate_terms(
     for term in terms:
         lines.append(orjson.dumps({"index": index_expr}))
         lines.append(orjson.dumps({"size": 0, "track_total_hits": True, "query": {"term": {field: term}}}))
-    answer = await store.post_ndjson(
-        session, f"{base_url}/_msearch", lines, headers, "bmx_estimate_exception"
-    )
+    answer = await cluster.post_ndjson("/_msearch", lines, headers, "bmx_estimate_exception")
     answers = answer["responses"]
     df = {}
     for term, ans in zip(terms, answers, strict=True):
@@ -132,7 +124,7 @@ async def estimate_terms(
         "positions": False,
         "offsets": False,
     }
-    tv = await request_json(session, "POST", f"{base_url}/{quote(indices[0])}/_termvectors", body_tv, headers)
+    tv = await cluster.request("POST", f"/{quote(indices[0])}/_termvectors", body_tv, headers)
     for term, data in (tv.get("term_vectors", {}).get(field, {}).get("terms") or {}).items():
         d, t = data.get("doc_freq", 0), data.get("ttf", 0)
         if d and t:

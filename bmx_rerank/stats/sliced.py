@@ -28,7 +28,8 @@ import numpy as np
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array, units_to_float
 from bmx_rerank.stats.freshness import IndexMarks, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths
-from bmx_rerank.stats.sweep import Part, SweepResult, sweep_index
+from bmx_rerank.stats.sweep import Part, SweepOptions, SweepResult, sweep_index
+from bmx_rerank.upstream import Cluster
 
 FORMAT = "bmx-rerank-partial-1"
 
@@ -191,63 +192,30 @@ def _merged_lengths(
 
 
 def sweep_part(
-    base_url: str,
-    index: str,
-    field: str,
-    headers: Mapping[str, str],
-    part: Part,
-    batch_size: int,
-    concurrency: int,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
+    base_url: str, index: str, field: str, headers: Mapping[str, str], part: Part, options: SweepOptions
 ) -> Partial:
     """One slice, swept in this process with its own event loop and connections."""
 
     async def run() -> SweepResult:
         async with aiohttp.ClientSession() as session:
-            return await sweep_index(
-                session,
-                base_url,
-                index,
-                field,
-                headers,
-                batch_size=batch_size,
-                concurrency=concurrency,
-                part=part,
-                max_length_docs=max_length_docs,
-            )
+            return await sweep_index(Cluster(session, base_url), index, field, headers, options, part=part)
 
     return partial(index, field, part, asyncio.run(run()))
 
 
 async def sweep_sliced(
-    base_url: str,
-    index: str,
-    field: str,
-    headers: Mapping[str, str],
-    slices: int,
-    *,
-    batch_size: int,
-    concurrency: int,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
+    base_url: str, index: str, field: str, headers: Mapping[str, str], options: SweepOptions
 ) -> SweepResult:
-    """`index` swept in `slices` parallel processes, merged exactly."""
+    """`index` swept in `options.slices` parallel processes, merged exactly."""
+    slices = options.slices
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(max_workers=slices, mp_context=get_context("spawn")) as pool:
         partials = await asyncio.gather(
             *(
                 loop.run_in_executor(
-                    pool,
-                    sweep_part,
-                    base_url,
-                    index,
-                    field,
-                    dict(headers),
-                    (i, slices),
-                    batch_size,
-                    concurrency,
-                    max_length_docs,
+                    pool, sweep_part, base_url, index, field, dict(headers), (i, slices), options
                 )
                 for i in range(slices)
             )
         )
-    return merge(partials, max_length_docs)
+    return merge(partials, options.max_length_docs)

@@ -31,17 +31,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import numpy as np
 import orjson
-from yarl import URL
 
-from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
+from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array
 from bmx_rerank.stats.errors import StatisticsError, corrupt_snapshot
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.lengths import DocLengths
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -262,21 +260,18 @@ def decode_lengths(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> D
 # --- I/O ------------------------------------------------------------------------------------------
 
 
-async def ensure_store(
-    session: aiohttp.ClientSession, base_url: str, headers: Mapping[str, str], store: str = DEFAULT_STORE
-) -> None:
+async def ensure_store(cluster: Cluster, headers: Mapping[str, str], store: str = DEFAULT_STORE) -> None:
     """Create the store index if missing. A 403 is left for the writes to report: a builder may be
     allowed to write to an existing store without being allowed to create indices."""
     try:
-        await request_json(session, "PUT", f"{base_url}/{quote(store)}", STORE_SETTINGS, headers)
+        await cluster.request("PUT", f"/{quote(store)}", STORE_SETTINGS, headers)
     except UpstreamError as exc:
         if exc.type != "resource_already_exists_exception" and exc.status != 403:
             raise
 
 
 async def publish(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     info: SnapshotInfo,
     stats: CorpusStats,
@@ -289,7 +284,7 @@ async def publish(
     `units` (the exact entropy sums, see `corpus.ExactStats`) go to separate `exact` documents that
     only an incremental refresh reads; `info.exact_units` must say whether they are given. `lengths`
     go to `lengths` documents; `info.length_docs` and `length_chunks` must describe them."""
-    await ensure_store(session, base_url, headers, store)
+    await ensure_store(cluster, headers, store)
     if info.exact_units != (units is not None):
         raise ValueError("info.exact_units must match whether units are given")
     length_chunks = encode_lengths(lengths) if lengths is not None else []
@@ -348,8 +343,8 @@ async def publish(
             },
         )
     )
-    await _bulk(session, base_url, headers, store, ops)
-    previous = await read_pointers(session, base_url, headers, [(info.index, info.field)], store)
+    await _bulk(cluster, headers, store, ops)
+    previous = await read_pointers(cluster, headers, [(info.index, info.field)], store)
     prev = previous.get((info.index, info.field))
     pointer = {
         "kind": "pointer",
@@ -359,12 +354,10 @@ async def publish(
         "created_at": created,
         "info": info.to_json(),
     }
-    url = f"{base_url}/{quote(store)}/_doc/{quote(pointer_id(info.index, info.field), safe='')}?refresh=true"
-    await request_json(session, "PUT", url, pointer, headers)
+    url = f"/{quote(store)}/_doc/{quote(pointer_id(info.index, info.field), safe='')}?refresh=true"
+    await cluster.request("PUT", url, pointer, headers)
     try:  # the snapshot is published: failing to tidy up older ones must not report the build failed
-        await _collect_garbage(
-            session, base_url, headers, store, info.key, {info.snapshot, pointer["previous"]}
-        )
+        await _collect_garbage(cluster, headers, store, info.key, {info.snapshot, pointer["previous"]})
     except SearchError as exc:
         log.warning(
             "old statistics snapshots not deleted (the next publish retries)",
@@ -373,8 +366,7 @@ async def publish(
 
 
 async def read_pointers(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     keys: Sequence[tuple[str, str]],
     store: str = DEFAULT_STORE,
@@ -384,7 +376,7 @@ async def read_pointers(
         return {}
     body = {"ids": [pointer_id(i, f) for i, f in keys]}
     try:
-        answer = await request_json(session, "POST", f"{base_url}/{quote(store)}/_mget", body, headers)
+        answer = await cluster.request("POST", f"/{quote(store)}/_mget", body, headers)
     except UpstreamError as exc:
         if exc.type == "index_not_found_exception":
             return {}
@@ -397,21 +389,19 @@ async def read_pointers(
 
 
 async def load(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     info: SnapshotInfo,
     store: str = DEFAULT_STORE,
     batch: int = 8,
 ) -> CorpusStats:
     """The statistics of a snapshot: its chunks fetched by id a few at a time, decoded with numpy."""
-    chunks = await _fetch_data(session, base_url, headers, store, _chunk_ids(info, ""), batch)
+    chunks = await _fetch_data(cluster, headers, store, _chunk_ids(info, ""), batch)
     return decode_chunks(info, chunks)
 
 
 async def load_exact(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     info: SnapshotInfo,
     store: str = DEFAULT_STORE,
@@ -420,15 +410,14 @@ async def load_exact(
     if not info.exact_units:
         return None
     stats, chunks = await asyncio.gather(
-        load(session, base_url, headers, info, store),
-        _fetch_data(session, base_url, headers, store, _chunk_ids(info, "x"), 8),
+        load(cluster, headers, info, store),
+        _fetch_data(cluster, headers, store, _chunk_ids(info, "x"), 8),
     )
     return ExactStats(stats, decode_units(info, chunks))
 
 
 async def load_lengths(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     info: SnapshotInfo,
     store: str = DEFAULT_STORE,
@@ -437,7 +426,7 @@ async def load_lengths(
     if info.length_docs is None:
         return None
     ids = [f"{info.snapshot}|L{i}" for i in range(info.length_chunks)]
-    return decode_lengths(info, await _fetch_data(session, base_url, headers, store, ids, 2))
+    return decode_lengths(info, await _fetch_data(cluster, headers, store, ids, 2))
 
 
 def _chunk_ids(info: SnapshotInfo, kind: str) -> list[str]:
@@ -446,16 +435,15 @@ def _chunk_ids(info: SnapshotInfo, kind: str) -> list[str]:
 
 
 async def _fetch_data(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     store: str,
     ids: Sequence[str],
     batch: int,
 ) -> list[dict[str, Any]]:
     async def fetch(part: Sequence[str]) -> list[dict[str, Any]]:
-        url = f"{base_url}/{quote(store)}/_mget?_source=data"
-        answer = await request_json(session, "POST", url, {"ids": list(part)}, headers)
+        url = f"/{quote(store)}/_mget?_source=data"
+        answer = await cluster.request("POST", url, {"ids": list(part)}, headers)
         return [d["_source"]["data"] for d in answer["docs"] if d.get("found")]
 
     parts = await asyncio.gather(*(fetch(ids[i : i + batch]) for i in range(0, len(ids), batch)))
@@ -463,8 +451,7 @@ async def _fetch_data(
 
 
 async def _bulk(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     store: str,
     ops: Sequence[tuple[str, str, dict[str, Any] | None]],
@@ -480,8 +467,8 @@ async def _bulk(
         nonlocal lines, size
         if not lines:
             return
-        url = f"{base_url}/{quote(store)}/_bulk" + ("?refresh=true" if refresh else "")
-        answer = await post_ndjson(session, url, lines, headers, "bmx_store_write_exception")
+        url = f"/{quote(store)}/_bulk" + ("?refresh=true" if refresh else "")
+        answer = await cluster.post_ndjson(url, lines, headers, "bmx_store_write_exception")
         if answer.get("errors"):
             first = next(i for i in answer["items"] if "error" in next(iter(i.values())))
             err = next(iter(first.values()))["error"]
@@ -499,34 +486,8 @@ async def _bulk(
     await flush()
 
 
-async def post_ndjson(
-    session: aiohttp.ClientSession,
-    url: str,
-    lines: Sequence[bytes],
-    headers: Mapping[str, str],
-    error_type: str,
-) -> Any:
-    """POST NDJSON lines (`_bulk`, `_msearch`) and parse the JSON answer. Errors are `SearchError`s as
-    from `upstream.request_json`: the cluster's error answer as `UpstreamError(error_type)`, an
-    unreachable cluster a 502, never a bare aiohttp exception."""
-    payload = b"\n".join(lines) + b"\n"
-    hdrs = {**headers, "Content-Type": "application/x-ndjson", "Accept-Encoding": "identity"}
-    path = URL(url).path
-    try:
-        async with session.post(url, data=payload, headers=hdrs) as resp:
-            body = await resp.read()
-            if resp.status >= 400:
-                raise UpstreamError(resp.status, error_type, body[:300].decode("utf-8", "replace"))
-            return orjson.loads(body)
-    except asyncio.TimeoutError as exc:
-        raise timed_out(f"POST {path} timed out") from exc
-    except aiohttp.ClientConnectionError as exc:
-        raise unreachable(f"POST {path} failed: {exc.__class__.__name__}") from exc
-
-
 async def _collect_garbage(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     headers: Mapping[str, str],
     store: str,
     key: str,
@@ -545,12 +506,10 @@ async def _collect_garbage(
             ],
         }
     }
-    url = f"{base_url}/{quote(store)}/_search"
+    url = f"/{quote(store)}/_search"
     while True:
         body = {"size": 1000, "_source": False, "query": query}
-        hits = (await request_json(session, "POST", url, body, headers))["hits"]["hits"]
+        hits = (await cluster.request("POST", url, body, headers))["hits"]["hits"]
         if not hits:
             return
-        await _bulk(
-            session, base_url, headers, store, [("delete", h["_id"], None) for h in hits], refresh=True
-        )
+        await _bulk(cluster, headers, store, [("delete", h["_id"], None) for h in hits], refresh=True)

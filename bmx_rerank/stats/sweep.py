@@ -33,7 +33,7 @@ from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
-from bmx_rerank.upstream import DocRef, fetch_vectors, request_json, request_json_retrying
+from bmx_rerank.upstream import Cluster, DocRef
 
 KEEP_ALIVE = "5m"
 Part = tuple[int, int]  # (slice id, number of slices)
@@ -47,6 +47,21 @@ class Progress(Protocol):
     total: float | None
 
     def update(self, n: float = 1) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep reads: term vectors of `batch_size` documents per `_mtermvectors`, `concurrency`
+    of them in flight (ids come in pages of both multiplied), each index in `slices` parallel
+    processes (`stats.sliced`), and a length table of up to `max_length_docs` documents (None: none)."""
+
+    batch_size: int = 200
+    concurrency: int = 4
+    slices: int = 1
+    max_length_docs: int | None = MAX_LENGTH_DOCS
+
+
+DEFAULT_SWEEP = SweepOptions()
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,7 @@ class SweptRef(DocRef):
 
 
 async def resolve_text_field(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index_expr: str,
     field: str,
     headers: Mapping[str, str],
@@ -83,8 +97,8 @@ async def resolve_text_field(
     """Concrete indices behind a name, alias or pattern, after checking `field` is analyzed text in each.
 
     `_field_caps` needs only read privileges, so this works with the credentials a searcher has."""
-    url = f"{base_url}/{_enc(index_expr)}/_field_caps?fields={quote(field)}&include_unmapped=true"
-    answer = await request_json_retrying(session, "GET", url, None, headers)
+    url = f"/{_enc(index_expr)}/_field_caps?fields={quote(field)}&include_unmapped=true"
+    answer = await cluster.request_retried("GET", url, None, headers)
     indices = sorted(answer.get("indices") or [])
     if not indices:
         raise no_index(index_expr)
@@ -99,24 +113,20 @@ async def resolve_text_field(
     return indices
 
 
-async def index_marks(
-    session: aiohttp.ClientSession, base_url: str, index_expr: str, headers: Mapping[str, str]
-) -> dict[str, IndexMarks]:
+async def index_marks(cluster: Cluster, index_expr: str, headers: Mapping[str, str]) -> dict[str, IndexMarks]:
     """Sequence-number markers of every concrete index behind `index_expr` (needs `monitor`)."""
     url = (
-        f"{base_url}/{_enc(index_expr)}/_stats/docs?level=shards"
+        f"/{_enc(index_expr)}/_stats/docs?level=shards"
         "&filter_path=indices.*.uuid,indices.*.shards.*.routing.primary,indices.*.shards.*.seq_no"
     )
-    return parse_shard_stats(await request_json_retrying(session, "GET", url, None, headers) or {})
+    return parse_shard_stats(await cluster.request_retried("GET", url, None, headers) or {})
 
 
-async def refresh_index(
-    session: aiohttp.ClientSession, base_url: str, index: str, headers: Mapping[str, str]
-) -> bool:
+async def refresh_index(cluster: Cluster, index: str, headers: Mapping[str, str]) -> bool:
     """Make every processed write searchable; False when the credentials may not (then we wait 1.5s,
     longer than the default refresh interval)."""
     try:
-        await request_json(session, "POST", f"{base_url}/{_enc(index)}/_refresh", None, headers)
+        await cluster.request("POST", f"/{_enc(index)}/_refresh", None, headers)
         return True
     except UpstreamError as exc:
         if exc.status != 403:
@@ -126,22 +136,20 @@ async def refresh_index(
 
 
 async def live_count(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     headers: Mapping[str, str],
     query: Mapping[str, Any] | None = None,
     preference: str | None = None,
 ) -> int:
     """Top-level live documents (nested documents excluded, unlike `_stats` docs.count)."""
-    url = f"{base_url}/{_enc(index)}/_count" + (f"?preference={quote(preference)}" if preference else "")
+    url = f"/{_enc(index)}/_count" + (f"?preference={quote(preference)}" if preference else "")
     body = {"query": query} if query else None
-    return int((await request_json_retrying(session, "POST", url, body, headers))["count"])
+    return int((await cluster.request_retried("POST", url, body, headers))["count"])
 
 
 async def scan_ids(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     headers: Mapping[str, str],
     page_size: int = 1000,
@@ -157,19 +165,18 @@ async def scan_ids(
     Appends the reader's total hit count to `totals` when the first page arrives. Close it
     (`contextlib.aclosing`) when not read to the end: that closes the PIT or scroll at once, while the
     session still works, instead of whenever the generator is collected."""
-    pit = await _open_pit(session, base_url, index, headers, part)
+    pit = await _open_pit(cluster, index, headers, part)
     if pit is not None:
-        gen = _scan_pit(session, base_url, pit, headers, page_size, totals, part, versions)
+        gen = _scan_pit(cluster, pit, headers, page_size, totals, part, versions)
     else:
-        gen = _scan_scroll(session, base_url, index, headers, page_size, totals, part, versions)
+        gen = _scan_scroll(cluster, index, headers, page_size, totals, part, versions)
     async with aclosing(gen):
         async for page in gen:
             yield page
 
 
 async def term_vectors(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     refs: Sequence[DocRef],
     field: str,
     headers: Mapping[str, str],
@@ -181,7 +188,7 @@ async def term_vectors(
     `DocTerms` per document costs more than the cluster's own work. With `record`, also the length
     rows of the `SweptRef`s whose term vectors are of the scanned `_version` (a document changed in
     between is left out: it falls back to `_mtermvectors` at query time)."""
-    docs = await fetch_vectors(session, base_url, refs, [field], headers)
+    docs = await cluster.fetch_vectors(refs, [field], headers)
     out = []
     keys: list[int] = []
     rest: list[tuple[int, int, int]] = []
@@ -206,19 +213,17 @@ Folded = tuple[
 
 
 async def fold_pages(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     pages: AsyncIterator[list[DocRef]],
     field: str,
     headers: Mapping[str, str],
     acc: EntropyAccumulator,
+    options: SweepOptions,
     *,
-    batch_size: int,
-    concurrency: int,
     progress: Progress | None = None,
     lengths: LengthRecorder | None = None,
 ) -> None:
-    """Term frequencies of every page's documents into `acc`, at most `concurrency` batches in flight;
+    """Term frequencies of every page's documents into `acc`, at most `options.concurrency` batches in flight;
     with `lengths`, the length of every document (pages of `SweptRef`) into it."""
     pending: set[asyncio.Task[Folded]] = set()
 
@@ -234,16 +239,14 @@ async def fold_pages(
 
     try:
         async for page in pages:
-            for start in range(0, len(page), batch_size):
-                while len(pending) >= concurrency:
+            for start in range(0, len(page), options.batch_size):
+                while len(pending) >= options.concurrency:
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     pending -= done
                     drain(done)
-                batch = page[start : start + batch_size]
+                batch = page[start : start + options.batch_size]
                 pending.add(
-                    asyncio.ensure_future(
-                        term_vectors(session, base_url, batch, field, headers, lengths is not None)
-                    )
+                    asyncio.ensure_future(term_vectors(cluster, batch, field, headers, lengths is not None))
                 )
         if pending:
             done, _ = await asyncio.wait(pending)
@@ -257,39 +260,35 @@ async def fold_pages(
 
 
 async def sweep_index(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     field: str,
     headers: Mapping[str, str],
+    options: SweepOptions = DEFAULT_SWEEP,
     *,
-    batch_size: int = 200,
-    concurrency: int = 4,
     progress: Progress | None = None,
     part: Part | None = None,
-    max_length_docs: int | None = MAX_LENGTH_DOCS,
 ) -> SweepResult:
     """Exact statistics of one concrete index (call `resolve_text_field` first to validate the field);
     with `part`, of one slice of it (see `scan_ids`; `stats.sliced` adds the slices up exactly).
-    Also the length table of up to `max_length_docs` documents (None: no table)."""
+    Also the length table of up to `options.max_length_docs` documents (None: no table)."""
     started = time.perf_counter()
-    before = (await index_marks(session, base_url, index, headers)).get(index)
+    before = (await index_marks(cluster, index, headers)).get(index)
     if before is None:
         raise no_index(index)
-    await refresh_index(session, base_url, index, headers)
+    await refresh_index(cluster, index, headers)
     acc = EntropyAccumulator()
-    recorder = None if max_length_docs is None else LengthRecorder(max_length_docs)
+    recorder = None if options.max_length_docs is None else LengthRecorder(options.max_length_docs)
     totals: list[int] = []
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         counted = False
         async with aclosing(
             scan_ids(
-                session,
-                base_url,
+                cluster,
                 index,
                 headers,
-                batch_size * concurrency,
+                options.batch_size * options.concurrency,
                 totals,
                 part,
                 recorder is not None,
@@ -302,19 +301,8 @@ async def sweep_index(
                 yield page
 
     async with aclosing(pages()) as paged:  # a failed sweep closes its PIT or scroll right away
-        await fold_pages(
-            session,
-            base_url,
-            paged,
-            field,
-            headers,
-            acc,
-            batch_size=batch_size,
-            concurrency=concurrency,
-            progress=progress,
-            lengths=recorder,
-        )
-    after = (await index_marks(session, base_url, index, headers)).get(index)
+        await fold_pages(cluster, paged, field, headers, acc, options, progress=progress, lengths=recorder)
+    after = (await index_marks(cluster, index, headers)).get(index)
     exact = before.settled and after is not None and same_state(before, after)
     live = totals[0] if totals else acc.n_seen
     result = acc.finish_exact()
@@ -340,26 +328,22 @@ def finish_lengths(recorder: LengthRecorder | None) -> tuple[DocLengths | None, 
 
 
 async def _open_pit(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     headers: Mapping[str, str],
     part: Part | None = None,
 ) -> tuple[str, str] | None:
     """(flavor, pit id), or None when the cluster offers no PIT that `_shard_doc` can page through."""
     try:
-        answer = await request_json(
-            session, "POST", f"{base_url}/{_enc(index)}/_pit?keep_alive={KEEP_ALIVE}", None, headers
-        )
+        answer = await cluster.request("POST", f"/{_enc(index)}/_pit?keep_alive={KEEP_ALIVE}", None, headers)
         return ("es", answer["id"])
     except UpstreamError as exc:
         if exc.type == "index_not_found_exception" or exc.status == 403:
             raise
     try:
-        answer = await request_json(
-            session,
+        answer = await cluster.request(
             "POST",
-            f"{base_url}/{_enc(index)}/_search/point_in_time?keep_alive={KEEP_ALIVE}",
+            f"/{_enc(index)}/_search/point_in_time?keep_alive={KEEP_ALIVE}",
             None,
             headers,
         )
@@ -369,9 +353,9 @@ async def _open_pit(
         return None
     pit = ("os", answer["pit_id"])
     try:  # OpenSearch versions differ in whether a PIT can sort on _shard_doc
-        await request_json(session, "POST", f"{base_url}/_search", _pit_body(pit[1], 1, None, part), headers)
+        await cluster.request("POST", "/_search", _pit_body(pit[1], 1, None, part), headers)
     except SearchError as exc:
-        await _close_pit(session, base_url, pit, headers)
+        await _close_pit(cluster, pit, headers)
         if not isinstance(exc, UpstreamError):
             raise  # the cluster went away: not a reason to fall back to a scroll
         return None
@@ -398,8 +382,7 @@ def _pit_body(
 
 
 async def _scan_pit(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     pit: tuple[str, str],
     headers: Mapping[str, str],
     page_size: int,
@@ -411,10 +394,9 @@ async def _scan_pit(
     after: list[Any] | None = None
     try:
         while True:
-            answer = await request_json_retrying(
-                session,
+            answer = await cluster.request_retried(
                 "POST",
-                f"{base_url}/_search",
+                "/_search",
                 _pit_body(pit_id, page_size, after, part, versions),
                 headers,
             )
@@ -427,12 +409,11 @@ async def _scan_pit(
             yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
             after = hits[-1]["sort"]
     finally:
-        await _close_pit(session, base_url, (pit[0], pit_id), headers)
+        await _close_pit(cluster, (pit[0], pit_id), headers)
 
 
 async def _scan_scroll(
-    session: aiohttp.ClientSession,
-    base_url: str,
+    cluster: Cluster,
     index: str,
     headers: Mapping[str, str],
     page_size: int,
@@ -445,9 +426,7 @@ async def _scan_scroll(
         body.update(VERSIONS)
     if part is not None and part[1] > 1:
         body["slice"] = {"id": part[0], "max": part[1]}
-    answer = await request_json(
-        session, "POST", f"{base_url}/{_enc(index)}/_search?scroll={KEEP_ALIVE}", body, headers
-    )
+    answer = await cluster.request("POST", f"/{_enc(index)}/_search?scroll={KEEP_ALIVE}", body, headers)
     scroll_id = answer.get("_scroll_id")
     if totals is not None:
         totals.append(int(answer["hits"]["total"]["value"]))
@@ -455,32 +434,23 @@ async def _scan_scroll(
         while answer["hits"]["hits"]:
             hits = answer["hits"]["hits"]
             yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
-            answer = await request_json(
-                session,
+            answer = await cluster.request(
                 "POST",
-                f"{base_url}/_search/scroll",
+                "/_search/scroll",
                 {"scroll": KEEP_ALIVE, "scroll_id": scroll_id},
                 headers,
             )
             scroll_id = answer.get("_scroll_id", scroll_id)
     finally:
         if scroll_id:
-            await _quietly(
-                request_json(
-                    session, "DELETE", f"{base_url}/_search/scroll", {"scroll_id": scroll_id}, headers
-                )
-            )
+            await _quietly(cluster.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, headers))
 
 
-async def _close_pit(
-    session: aiohttp.ClientSession, base_url: str, pit: tuple[str, str], headers: Mapping[str, str]
-) -> None:
+async def _close_pit(cluster: Cluster, pit: tuple[str, str], headers: Mapping[str, str]) -> None:
     if pit[0] == "es":
-        call = request_json(session, "DELETE", f"{base_url}/_pit", {"id": pit[1]}, headers)
+        call = cluster.request("DELETE", "/_pit", {"id": pit[1]}, headers)
     else:
-        call = request_json(
-            session, "DELETE", f"{base_url}/_search/point_in_time", {"pit_id": [pit[1]]}, headers
-        )
+        call = cluster.request("DELETE", "/_search/point_in_time", {"pit_id": [pit[1]]}, headers)
     await _quietly(call)
 
 
@@ -514,11 +484,11 @@ def _enc(index_expr: str) -> str:
 
 
 async def marks_or_none(
-    session: aiohttp.ClientSession, base_url: str, index_expr: str, headers: Mapping[str, str]
+    cluster: Cluster, index_expr: str, headers: Mapping[str, str]
 ) -> dict[str, IndexMarks] | None:
     """Markers, or None when the caller may not read index stats (freshness then reads as unknown)."""
     try:
-        return await index_marks(session, base_url, index_expr, headers)
+        return await index_marks(cluster, index_expr, headers)
     except UpstreamError as exc:
         if exc.status in (401, 403):
             return None

@@ -19,6 +19,7 @@ import pytest
 from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
 from bmx_rerank.errors import SearchError
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.upstream import Cluster
 
 from .conftest import EngineClient
 
@@ -51,7 +52,7 @@ def index_vectors(engine: EngineClient, index: str, settings: dict, mappings: di
 
     async def build() -> None:
         async with aiohttp.ClientSession() as session:
-            await build_snapshots(session, engine.url, index, "body", {})
+            await build_snapshots(Cluster(session, engine.url), index, "body", {})
 
     asyncio.run(build())
 

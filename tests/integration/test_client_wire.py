@@ -20,6 +20,7 @@ import trustme
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient
 from bmx_rerank.stats.build import build_snapshots
+from bmx_rerank.upstream import Cluster
 
 from .conftest import EngineClient
 from .recorder import Recorder
@@ -51,7 +52,7 @@ def split_corpus(engine: EngineClient) -> Iterator[tuple[str, str]]:
     async def build() -> None:
         async with aiohttp.ClientSession() as session:
             for name in names:
-                await build_snapshots(session, engine.url, name, "body", {})
+                await build_snapshots(Cluster(session, engine.url), name, "body", {})
 
     asyncio.run(build())
     yield names

@@ -25,6 +25,8 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats import sweep
 from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.sweep import SweepOptions
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import ProxyThread
 from tests.integration.test_tf_probe import TV, _lines, _same, _scores
@@ -100,7 +102,7 @@ def _lengths_of(engine: EngineClient, index: str, ids: list[str]) -> dict[str, i
 
 def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus, monkeypatch) -> None:
     engine, index, _, texts, _ = corpus
-    (result,) = _run(lambda s: stats_build.sweep_all(s, engine.url, index, "body", {})).values()
+    (result,) = _run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), index, "body", {})).values()
     assert result.lengths is not None and len(result.lengths) == len(texts)
     hits = engine.ok(
         "POST", f"/{index}/_search", {"size": 1000, "seq_no_primary_term": True, "_source": False}
@@ -120,17 +122,21 @@ def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus,
         return None
 
     monkeypatch.setattr(sweep, "_open_pit", no_pit)  # the scroll path
-    (scrolled,) = _run(lambda s: stats_build.sweep_all(s, engine.url, index, "body", {})).values()
+    (scrolled,) = _run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), index, "body", {})).values()
     assert scrolled.lengths is not None and scrolled.lengths.same_as(result.lengths)
     (bounded,) = _run(
-        lambda s: stats_build.sweep_all(s, engine.url, index, "body", {}, max_length_docs=len(texts) - 1)
+        lambda s: stats_build.sweep_all(
+            Cluster(s, engine.url), index, "body", {}, SweepOptions(max_length_docs=len(texts) - 1)
+        )
     ).values()
     assert bounded.lengths is None and "max-length-docs" in (bounded.lengths_skipped or "")
 
 
 def test_first_sights_need_no_term_vectors_and_stay_exact_through_changes(corpus, monkeypatch) -> None:
     engine, index, store, texts, queries = corpus
-    infos = _run(lambda s: stats_build.build_snapshots(s, engine.url, index, "body", {}, store=store))
+    infos = _run(
+        lambda s: stats_build.build_snapshots(Cluster(s, engine.url), index, "body", {}, store=store)
+    )
     assert infos[0].length_docs == len(texts)
 
     now = [0.0]  # the statistics' clock: a view is re-checked only when the test moves it on
@@ -205,18 +211,18 @@ def test_stats_show_reports_the_table(corpus) -> None:
     engine, index, store, texts, _ = corpus
     _run(
         lambda s: stats_build.build_snapshots(
-            s, engine.url, index, "body", {}, store=store, max_length_docs=None
+            Cluster(s, engine.url), index, "body", {}, store=store, options=SweepOptions(max_length_docs=None)
         )
     )
-    report = _run(lambda s: stats_build.describe(s, engine.url, index, "body", {}, store=store))
+    report = _run(lambda s: stats_build.describe(Cluster(s, engine.url), index, "body", {}, store=store))
     assert report["freshness"][0]["length_docs"] is None and report["length_tables"] == {}
     assert report["freshness"][0]["lengths_skipped"] == "not requested"
-    _run(lambda s: stats_build.build_snapshots(s, engine.url, index, "body", {}, store=store))
-    report = _run(lambda s: stats_build.describe(s, engine.url, index, "body", {}, store=store))
+    _run(lambda s: stats_build.build_snapshots(Cluster(s, engine.url), index, "body", {}, store=store))
+    report = _run(lambda s: stats_build.describe(Cluster(s, engine.url), index, "body", {}, store=store))
     assert report["freshness"][0]["length_docs"] == len(texts) and report["length_tables"] == {
         index: len(texts)
     }
-    pointers = _run(lambda s: stats_store.read_pointers(s, engine.url, {}, [(index, "body")], store))
+    pointers = _run(lambda s: stats_store.read_pointers(Cluster(s, engine.url), {}, [(index, "body")], store))
     assert pointers[(index, "body")].length_chunks == 1
 
     runner = CliRunner()

@@ -22,6 +22,7 @@ from bmx_rerank.evaluation.data import read_qrels, read_queries
 from bmx_rerank.policy import parse_rule
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import SCIFACT, ProxyThread, _bulk
 
@@ -44,9 +45,9 @@ def _once(coro):
     return asyncio.run(coro)
 
 
-async def _session_call(fn, *args, **kwargs):
+async def _session_call(fn, url, *args, **kwargs):
     async with aiohttp.ClientSession() as session:
-        return await fn(session, *args, **kwargs)
+        return await fn(Cluster(session, url), *args, **kwargs)
 
 
 @pytest.fixture(scope="module")

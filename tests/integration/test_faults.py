@@ -29,6 +29,7 @@ import pytest
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 from tests.integration.faultproxy import FaultInjector, LoopThread, Rule
 
@@ -115,7 +116,7 @@ def corpus(engine: EngineClient) -> Iterator[Corpus]:
 
     async def build() -> None:
         async with aiohttp.ClientSession() as session:
-            await stats_build.build_snapshots(session, engine.url, index, "body", {}, store=store)
+            await stats_build.build_snapshots(Cluster(session, engine.url), index, "body", {}, store=store)
 
     asyncio.run(build())
     yield Corpus(engine, index, store)

@@ -22,6 +22,7 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
@@ -53,7 +54,7 @@ class ProxyThread:
 
 async def _build(base: str, index: str, field: str) -> CorpusStats:
     async with aiohttp.ClientSession() as session:
-        return await stats_build.build(session, base, index, field, {})
+        return await stats_build.build(Cluster(session, base), index, field, {})
 
 
 def _bulk(engine: EngineClient, index: str, docs: dict[str, dict]) -> None:

@@ -17,7 +17,7 @@ from bmx_rerank.rerank.candidates import candidate_features
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
-from bmx_rerank.upstream import DocRef, analyze, mtermvectors
+from bmx_rerank.upstream import Cluster, DocRef
 from tests.integration.conftest import EngineClient
 from tests.integration.test_proxy import SHARED, ProxyThread, _bulk
 
@@ -34,12 +34,13 @@ def _lines(name: str, n: int) -> list[dict]:
 async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]):
     """Term vectors of every document, exact statistics from them, and each query's analyzed tokens."""
     async with aiohttp.ClientSession() as session:
+        cluster = Cluster(session, base)
         docs = []
         for start in range(0, len(ids), 200):
             refs = [DocRef(index, i) for i in ids[start : start + 200]]
-            docs += await mtermvectors(session, base, refs, "body")
-        tokens = [await analyze(session, base, index, "body", q) for q in queries]
-        built = await stats_build.build(session, base, index, "body", {})
+            docs += [d["body"] for d in await cluster.mtermvectors_fields(refs, ["body"])]
+        tokens = [await cluster.analyze(index, "body", q) for q in queries]
+        built = await stats_build.build(cluster, index, "body", {})
     return docs, tokens, built
 
 

@@ -45,6 +45,7 @@ from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.testing import engine as eng
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import _unavailable
 from tests.integration.faultproxy import FaultInjector, LoopThread
 
@@ -208,7 +209,9 @@ def _make_world(es: Secured, exact: bool, log_records: list[logging.LogRecord] |
         async def build() -> None:
             async with aiohttp.ClientSession() as session:
                 for name in (a, b):
-                    await stats_build.build_snapshots(session, es.url, name, "body", auth, store=store)
+                    await stats_build.build_snapshots(
+                        Cluster(session, es.url), name, "body", auth, store=store
+                    )
 
         import asyncio
 

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
-from bmx_rerank.stats.sweep import sweep_index
+from bmx_rerank.stats.sweep import SweepOptions, sweep_index
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 
 pytestmark = pytest.mark.integration
@@ -49,13 +50,19 @@ def index(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
 
 async def _whole(base: str, name: str):
     async with aiohttp.ClientSession() as session:
-        return await sweep_index(session, base, name, "body", {}, batch_size=200, concurrency=2)
+        return await sweep_index(
+            Cluster(session, base), name, "body", {}, SweepOptions(batch_size=200, concurrency=2)
+        )
 
 
 def test_four_slices_in_processes_equal_one_process_bit_for_bit(index) -> None:
     engine, name = index
     one = asyncio.run(_whole(engine.url, name))
-    four = asyncio.run(sliced.sweep_sliced(engine.url, name, "body", {}, 4, batch_size=200, concurrency=2))
+    four = asyncio.run(
+        sliced.sweep_sliced(
+            engine.url, name, "body", {}, SweepOptions(batch_size=200, concurrency=2, slices=4)
+        )
+    )
     assert one.stats.n_docs == DOCS and one.live_docs == four.live_docs == DOCS
     assert four.stats.same_as(one.stats) and four.units == one.units
     assert four.exact_marks and four.marks == one.marks
@@ -66,7 +73,10 @@ def test_four_slices_in_processes_equal_one_process_bit_for_bit(index) -> None:
 def test_partial_files_from_several_machines_merge_exactly_and_every_slice_is_needed_once(index) -> None:
     engine, name = index
     one = asyncio.run(_whole(engine.url, name))
-    parts = [sliced.sweep_part(engine.url, name, "body", {}, (i, 3), 200, 2) for i in range(3)]
+    parts = [
+        sliced.sweep_part(engine.url, name, "body", {}, (i, 3), SweepOptions(batch_size=200, concurrency=2))
+        for i in range(3)
+    ]
     assert sum(p.exact.stats.n_docs for p in parts) == DOCS and all(p.exact.stats.n_docs > 0 for p in parts)
     files = [orjson.loads(orjson.dumps(p.to_json())) for p in parts]  # what each machine writes
     merged = sliced.merge([sliced.Partial.from_json(f) for f in reversed(files)])
@@ -113,11 +123,11 @@ def test_cli_partials_then_merge_publish_the_snapshot_one_build_publishes(index,
 
 async def _published(base: str, name: str, store: str):
     async with aiohttp.ClientSession() as session:
-        pointers = await stats_store.read_pointers(session, base, {}, [(name, "body")], store)
-        return await stats_store.load_exact(session, base, {}, pointers[(name, "body")], store)
+        pointers = await stats_store.read_pointers(Cluster(session, base), {}, [(name, "body")], store)
+        return await stats_store.load_exact(Cluster(session, base), {}, pointers[(name, "body")], store)
 
 
 async def _published_lengths(base: str, name: str, store: str):
     async with aiohttp.ClientSession() as session:
-        pointers = await stats_store.read_pointers(session, base, {}, [(name, "body")], store)
-        return await stats_store.load_lengths(session, base, {}, pointers[(name, "body")], store)
+        pointers = await stats_store.read_pointers(Cluster(session, base), {}, [(name, "body")], store)
+        return await stats_store.load_lengths(Cluster(session, base), {}, pointers[(name, "body")], store)

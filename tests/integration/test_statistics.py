@@ -32,6 +32,8 @@ from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.errors import StatisticsError
 from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.sweep import SweepOptions
+from bmx_rerank.upstream import Cluster
 
 from .conftest import EngineClient
 
@@ -137,8 +139,16 @@ def test_sweep_equals_independent_term_vectors_and_is_shard_independent(
     engine: EngineClient, scifact: dict[str, Any]
 ) -> None:
     one, three = scifact["names"][1], scifact["names"][3]
-    stats1 = run(lambda s: stats_build.build(s, engine.url, one, FIELD, {}, batch_size=100, concurrency=3))
-    stats3 = run(lambda s: stats_build.build(s, engine.url, three, FIELD, {}, batch_size=100, concurrency=3))
+    stats1 = run(
+        lambda s: stats_build.build(
+            Cluster(s, engine.url), one, FIELD, {}, SweepOptions(batch_size=100, concurrency=3)
+        )
+    )
+    stats3 = run(
+        lambda s: stats_build.build(
+            Cluster(s, engine.url), three, FIELD, {}, SweepOptions(batch_size=100, concurrency=3)
+        )
+    )
     assert stats1.n_docs == 5183
     assert_matches_reference(stats1, reference_stats(engine, one, list(scifact["docs"])))
     assert stats1.same_as(stats3), "1 and 3 shards must give bit-identical statistics"
@@ -182,7 +192,7 @@ def test_pattern_sums_its_indices_and_cli_show_reports_terms(
     )
     assert shown.exit_code == 0, shown.output
     report = orjson.loads(shown.output)
-    single = run(lambda s: stats_build.build(s, engine.url, scifact["names"][1], FIELD, {}))
+    single = run(lambda s: stats_build.build(Cluster(s, engine.url), scifact["names"][1], FIELD, {}))
     assert report["n_docs"] == 2 * 5183 and not report["estimated"] and report["stale"] is False
     assert report["vocabulary_size"] == single.vocabulary_size
     assert math.isclose(report["avgdl"], single.avgdl)
@@ -213,33 +223,33 @@ def test_refresh_after_appends_updates_and_deletes_equals_rebuild(
     def snapshot_now(session: aiohttp.ClientSession) -> Any:
         return StatsCache(session, engine.url, store=store).get(small_index, FIELD, {})
 
-    run(lambda s: stats_build.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    run(lambda s: stats_build.build_snapshots(Cluster(s, engine.url), small_index, FIELD, {}, store=store))
     assert run(snapshot_now).stale is False
 
     _bulk(engine, small_index, dict(docs[400:450]))  # appends only
     view = run(snapshot_now)
     assert view.stale is True
-    (out,) = run(lambda s: stats_build.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    (out,) = run(lambda s: stats_build.refresh(Cluster(s, engine.url), small_index, FIELD, {}, store=store))
     assert (out.action, out.new_documents) == ("incremental", 50)
     fresh = run(snapshot_now)
-    rebuilt = run(lambda s: stats_build.build(s, engine.url, small_index, FIELD, {}))
+    rebuilt = run(lambda s: stats_build.build(Cluster(s, engine.url), small_index, FIELD, {}))
     assert fresh.stale is False and fresh.corpus.n_docs == 450
     assert fresh.corpus.same_as(rebuilt), "incremental refresh must match a rebuild bit for bit"
-    (swept,) = run(lambda s: stats_build.sweep_all(s, engine.url, small_index, FIELD, {})).values()
+    (swept,) = run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), small_index, FIELD, {})).values()
     assert fresh.lengths is not None and swept.lengths is not None and len(swept.lengths) == 450
     assert fresh.lengths[small_index].same_as(swept.lengths), "refreshed length table == a rebuild's"
 
     _bulk(engine, small_index, {docs[0][0]: "completely new words here", docs[460][0]: docs[460][1]})
     engine.ok("DELETE", f"/{small_index}/_doc/{docs[1][0]}", params={"refresh": "true"})
-    (out,) = run(lambda s: stats_build.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    (out,) = run(lambda s: stats_build.refresh(Cluster(s, engine.url), small_index, FIELD, {}, store=store))
     assert out.action == "rebuilt" and out.reason == "updates or deletes since the snapshot"
     fresh = run(snapshot_now)
-    rebuilt = run(lambda s: stats_build.build(s, engine.url, small_index, FIELD, {}))
+    rebuilt = run(lambda s: stats_build.build(Cluster(s, engine.url), small_index, FIELD, {}))
     assert fresh.corpus.same_as(rebuilt) and fresh.corpus.n_docs == 450
-    (swept,) = run(lambda s: stats_build.sweep_all(s, engine.url, small_index, FIELD, {})).values()
+    (swept,) = run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), small_index, FIELD, {})).values()
     assert fresh.lengths is not None and swept.lengths is not None
     assert fresh.lengths[small_index].same_as(swept.lengths)
-    (out,) = run(lambda s: stats_build.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    (out,) = run(lambda s: stats_build.refresh(Cluster(s, engine.url), small_index, FIELD, {}, store=store))
     assert out.action == "unchanged"
 
 
@@ -254,8 +264,12 @@ def test_refresh_of_a_pattern_builds_an_empty_new_index_like_build_does(
     _create(engine, empty, 1)
     _bulk(engine, empty, {"blank": "", "punctuation": "!!! ..."})
     try:
-        run(lambda s: stats_build.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
-        outs = run(lambda s: stats_build.refresh(s, engine.url, f"{small_index}*", FIELD, {}, store=store))
+        run(
+            lambda s: stats_build.build_snapshots(Cluster(s, engine.url), small_index, FIELD, {}, store=store)
+        )
+        outs = run(
+            lambda s: stats_build.refresh(Cluster(s, engine.url), f"{small_index}*", FIELD, {}, store=store)
+        )
         got = {o.index: (o.action, o.snapshot.n_docs, o.snapshot.live_docs) for o in outs if o.snapshot}
         assert got == {small_index: ("unchanged", 400, 400), empty: ("built", 0, 2)}
         args = ["refresh", f"{small_index}*", "--field", FIELD, "--upstream", engine.url, "--store", store]
@@ -270,7 +284,9 @@ def test_failed_build_keeps_the_last_good_snapshot(
     engine: EngineClient, scifact: dict[str, Any], small_index: str
 ) -> None:
     store = scifact["store"]
-    (good,) = run(lambda s: stats_build.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    (good,) = run(
+        lambda s: stats_build.build_snapshots(Cluster(s, engine.url), small_index, FIELD, {}, store=store)
+    )
     _bulk(engine, small_index, dict(list(scifact["docs"].items())[400:420]))
 
     class Dies:
@@ -285,7 +301,13 @@ def test_failed_build_keeps_the_last_good_snapshot(
     async def fail(session: aiohttp.ClientSession) -> int:
         with pytest.raises(SearchError, match="went away"):
             await stats_build.build_snapshots(
-                session, engine.url, small_index, FIELD, {}, store=store, progress=Dies(), batch_size=50
+                Cluster(session, engine.url),
+                small_index,
+                FIELD,
+                {},
+                store=store,
+                progress=Dies(),
+                options=SweepOptions(batch_size=50),
             )
         return open_contexts()  # no await since the failure: nothing closed it behind our back
 
@@ -305,7 +327,7 @@ def test_estimated_mode_without_snapshot(engine: EngineClient, scifact: dict[str
         return view, await view.for_terms(["cell", "protein", "zzzunseen"])
 
     bare, view = run(go)
-    exact = run(lambda s: stats_build.build(s, engine.url, name, FIELD, {}))
+    exact = run(lambda s: stats_build.build(Cluster(s, engine.url), name, FIELD, {}))
     assert bare.estimated and view.estimated and view.built_at is None
     assert view.corpus.n_docs == exact.n_docs  # exact: a count over all shards
     assert abs(view.corpus.avgdl - exact.avgdl) / exact.avgdl < 0.2  # one shard's average
@@ -325,14 +347,14 @@ def test_bad_input_gives_clear_errors(engine: EngineClient, scifact: dict[str, A
     ]
     for index, field, status, kind in cases:
         with pytest.raises(SearchError) as err:
-            run(lambda s, i=index, f=field: stats_build.build(s, engine.url, i, f, {}))
+            run(lambda s, i=index, f=field: stats_build.build(Cluster(s, engine.url), i, f, {}))
         assert (err.value.status, err.value.type) == (status, kind)
 
     empty = f"bmxtest-stats-empty-{scifact['tag']}"
     _create(engine, empty, 1)
     try:
         with pytest.raises(StatisticsError) as err:
-            run(lambda s: stats_build.build(s, engine.url, empty, FIELD, {}))
+            run(lambda s: stats_build.build(Cluster(s, engine.url), empty, FIELD, {}))
         assert err.value.type == "bmx_empty_corpus_exception"
         result = CliRunner().invoke(
             stats_cli, ["build", empty, "--field", FIELD, "--upstream", engine.url, "--no-progress"]
@@ -343,7 +365,9 @@ def test_bad_input_gives_clear_errors(engine: EngineClient, scifact: dict[str, A
         # ... but an empty index among others gets an empty snapshot and adds nothing.
         both = f"{empty},{name}"
         infos = run(
-            lambda s: stats_build.build_snapshots(s, engine.url, both, FIELD, {}, store=scifact["store"])
+            lambda s: stats_build.build_snapshots(
+                Cluster(s, engine.url), both, FIELD, {}, store=scifact["store"]
+            )
         )
         assert sorted((i.index, i.n_docs) for i in infos) == sorted([(empty, 0), (name, 5183)])
         view = run(lambda s: StatsCache(s, engine.url, store=scifact["store"]).get(both, FIELD, {}))
@@ -364,7 +388,7 @@ def test_cli_reports_an_unreachable_cluster_in_one_line() -> None:
 def test_store_roundtrip_through_the_cluster(engine: EngineClient, scifact: dict[str, Any]) -> None:
     """Several chunks: the vocabulary comes back term for term, number for number."""
     store = scifact["store"]
-    stats = run(lambda s: stats_build.build(s, engine.url, scifact["names"][1], FIELD, {}))
+    stats = run(lambda s: stats_build.build(Cluster(s, engine.url), scifact["names"][1], FIELD, {}))
     marks = IndexMarks("bmxtest-stats-fake", "u", ())
     info = stats_build.snapshot_info(
         "bmxtest-stats-fake", FIELD, stats, marks, stats.n_docs, True, 0.0, "build"
@@ -372,11 +396,11 @@ def test_store_roundtrip_through_the_cluster(engine: EngineClient, scifact: dict
     info = stats_store.SnapshotInfo(**{**info.__dict__, "n_chunks": -(-stats.vocabulary_size // 5000)})
 
     async def go(session: aiohttp.ClientSession) -> CorpusStats:
-        await stats_store.publish(session, engine.url, {}, info, stats, store)
+        await stats_store.publish(Cluster(session, engine.url), {}, info, stats, store)
         (got,) = (
-            await stats_store.read_pointers(session, engine.url, {}, [(info.index, FIELD)], store)
+            await stats_store.read_pointers(Cluster(session, engine.url), {}, [(info.index, FIELD)], store)
         ).values()
-        return await stats_store.load(session, engine.url, {}, got, store)
+        return await stats_store.load(Cluster(session, engine.url), {}, got, store)
 
     assert info.n_chunks > 3
     assert run(go).same_as(stats)
@@ -392,9 +416,11 @@ def test_a_publish_whose_cleanup_fails_is_still_a_success(
         raise SearchError(502, "bmx_upstream_unreachable_exception", "gone during cleanup")
 
     monkeypatch.setattr(stats_store, "_collect_garbage", cleanup_fails)
-    (info,) = run(lambda s: stats_build.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    (info,) = run(
+        lambda s: stats_build.build_snapshots(Cluster(s, engine.url), small_index, FIELD, {}, store=store)
+    )
     (current,) = run(
-        lambda s: stats_store.read_pointers(s, engine.url, {}, [(small_index, FIELD)], store)
+        lambda s: stats_store.read_pointers(Cluster(s, engine.url), {}, [(small_index, FIELD)], store)
     ).values()
     assert current.snapshot == info.snapshot and current.n_docs == 400
 
@@ -416,13 +442,21 @@ def test_writes_during_a_sweep_are_caught_by_the_next_refresh(
 
     (info,) = run(
         lambda s: stats_build.build_snapshots(
-            s, engine.url, small_index, FIELD, {}, store=store, progress=WritesOnce(), batch_size=50
+            Cluster(s, engine.url),
+            small_index,
+            FIELD,
+            {},
+            store=store,
+            progress=WritesOnce(),
+            options=SweepOptions(batch_size=50),
         )
     )
     assert info.exact_marks is False
-    (fresh,) = run(lambda s: stats_build.freshness(s, engine.url, small_index, FIELD, {}, store=store))
+    (fresh,) = run(
+        lambda s: stats_build.freshness(Cluster(s, engine.url), small_index, FIELD, {}, store=store)
+    )
     assert fresh.stale is True
-    (out,) = run(lambda s: stats_build.refresh(s, engine.url, small_index, FIELD, {}, store=store))
+    (out,) = run(lambda s: stats_build.refresh(Cluster(s, engine.url), small_index, FIELD, {}, store=store))
     assert out.action == "rebuilt" and out.snapshot is not None and out.snapshot.n_docs == 403
 
 
@@ -434,7 +468,9 @@ def test_cluster_going_away_mid_sweep_is_a_502_and_keeps_the_snapshot(
     from aiohttp.test_utils import TestServer
 
     store = scifact["store"]
-    (good,) = run(lambda s: stats_build.build_snapshots(s, engine.url, small_index, FIELD, {}, store=store))
+    (good,) = run(
+        lambda s: stats_build.build_snapshots(Cluster(s, engine.url), small_index, FIELD, {}, store=store)
+    )
     seen = {"mtv": 0}
 
     async def go(session: aiohttp.ClientSession) -> SearchError:
@@ -463,7 +499,12 @@ def test_cluster_going_away_mid_sweep_is_a_502_and_keeps_the_snapshot(
             url = str(server.make_url("")).rstrip("/")
             with pytest.raises(SearchError) as err:
                 await stats_build.build_snapshots(
-                    session, url, small_index, FIELD, {}, store=store, batch_size=50, concurrency=1
+                    Cluster(session, url),
+                    small_index,
+                    FIELD,
+                    {},
+                    store=store,
+                    options=SweepOptions(batch_size=50, concurrency=1),
                 )
             return err.value
         finally:

@@ -29,6 +29,7 @@ from bmx_rerank.nodes import NodePool, server_ssl
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,7 @@ async def deployment(engine: EngineClient, tmp_path: Path) -> AsyncIterator[Depl
     )
     assert not engine.ok("POST", f"/{index}/_bulk", lines, {"refresh": "true"})["errors"]
     async with aiohttp.ClientSession() as session:
-        await build_snapshots(session, engine.url, index, "body", {}, store=store)
+        await build_snapshots(Cluster(session, engine.url), index, "body", {}, store=store)
     relays = [Relay(URL(engine.url), node_tls), Relay(URL(engine.url), node_tls)]
     nodes = [await r.start() for r in relays]
     client_tls = ssl.create_default_context(cafile=str(ca_file))

@@ -21,6 +21,7 @@ from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.freshness import IndexMarks, ShardMark
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.store import SnapshotInfo, encode_chunks, encode_lengths
+from bmx_rerank.upstream import Cluster
 
 TOKEN = "Basic c2VjcmV0"
 OTHER = "Basic b3RoZXI="  # a second user allowed to read the index
@@ -260,9 +261,9 @@ async def test_ndjson_calls_to_an_unreachable_cluster_are_502s_not_aiohttp_error
     dead = "http://127.0.0.1:1"
     async with aiohttp.ClientSession() as session:
         with pytest.raises(SearchError) as bulk:
-            await stats_store._bulk(session, dead, {}, "bmx-stats", [("delete", "x", None)])
+            await stats_store._bulk(Cluster(session, dead), {}, "bmx-stats", [("delete", "x", None)])
         with pytest.raises(SearchError) as msearch:
-            await estimate.estimate_terms(session, dead, "idx", ["idx"], "body", ["a"], {})
+            await estimate.estimate_terms(Cluster(session, dead), "idx", ["idx"], "body", ["a"], {})
     for err in (bulk.value, msearch.value):
         assert (err.status, err.type) == (502, "bmx_upstream_unreachable_exception")
     assert "/_bulk" in bulk.value.reason and "/_msearch" in msearch.value.reason

@@ -23,7 +23,7 @@ def flaky(failures: list[BaseException]):
 async def test_connection_errors_are_retried(monkeypatch):
     fake, calls = flaky([unreachable("down"), unreachable("down")])
     monkeypatch.setattr(upstream, "request_json", fake)
-    assert await upstream.analyze(None, "http://x", "i", "f", "text") == ["ok"]
+    assert await upstream.Cluster(None, "http://x").analyze("i", "f", "text") == ["ok"]
     assert len(calls) == 3
 
 
@@ -31,7 +31,7 @@ async def test_retries_are_bounded(monkeypatch):
     fake, calls = flaky([unreachable("down")] * 5)
     monkeypatch.setattr(upstream, "request_json", fake)
     with pytest.raises(SearchError) as info:
-        await upstream.analyze(None, "http://x", "i", "f", "text", attempts=2)
+        await upstream.Cluster(None, "http://x", attempts=2).analyze("i", "f", "text")
     assert info.value.status == 502 and len(calls) == 2
 
 
@@ -42,7 +42,7 @@ async def test_cluster_answers_and_timeouts_are_not_retried(monkeypatch, error):
     fake, calls = flaky([error])
     monkeypatch.setattr(upstream, "request_json", fake)
     with pytest.raises(SearchError):
-        await upstream.analyze(None, "http://x", "i", "f", "text")
+        await upstream.Cluster(None, "http://x").analyze("i", "f", "text")
     assert len(calls) == 1
 
 
@@ -50,5 +50,5 @@ async def test_a_full_queue_429_is_retried(monkeypatch):
     rejected = UpstreamError(429, "es_rejected_execution_exception", "queue capacity = 16")
     fake, calls = flaky([rejected])
     monkeypatch.setattr(upstream, "request_json", fake)
-    assert await upstream.analyze(None, "http://x", "i", "f", "text") == ["ok"]
+    assert await upstream.Cluster(None, "http://x").analyze("i", "f", "text") == ["ok"]
     assert len(calls) == 2
