@@ -48,8 +48,8 @@ class VectorsDoc(msgspec.Struct, gc=False):
     """One document of an `_mtermvectors` answer, only the keys read (the rest are skipped undecoded).
 
     Decoded into typed structs (msgspec) rather than dicts: a term's `{"term_freq": n}` costs a small
-    struct instead of a dict, which halves the decoding of an answer, the sidecar's largest cost per
-    document (benchmarks/RESULTS.md, sweep throughput)."""
+    struct instead of a dict, and decoding an answer is the sidecar's largest cost per document
+    (benchmarks/RESULTS.md, sweep throughput)."""
 
     found: bool = False
     version: int | None = msgspec.field(name="_version", default=None)
@@ -194,22 +194,16 @@ class Cluster:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         decode: Callable[[bytes], Any] = orjson.loads,
+        *,
+        retried: bool = False,
     ) -> Any:
-        """One JSON call (`request_json`), never retried: a write, or a read whose retry could skip data."""
+        """One JSON call (`request_json`). `retried`: an idempotent one, retried on connection errors and
+        429s (bounded, with backoff); never a write, nor a read whose retry could skip data (a scroll)."""
+        if retried:
+            return await _retried(self.attempts, lambda: self.request(method, path, body, headers, decode))
         return await request_json(
             self.session, method, self.base_url + path, body, headers, self.timeout, decode
         )
-
-    async def request_retried(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        headers: Mapping[str, str] | None = None,
-        decode: Callable[[bytes], Any] = orjson.loads,
-    ) -> Any:
-        """An idempotent JSON call, retried on connection errors and 429s (bounded, with backoff)."""
-        return await _retried(self.attempts, lambda: self.request(method, path, body, headers, decode))
 
     async def post_ndjson(
         self, path: str, lines: Sequence[bytes], headers: Mapping[str, str], error_type: str
@@ -243,7 +237,7 @@ class Cluster:
         field's index analyzer does (`_analyze` with `field` ignores a mapping's `search_analyzer`, on
         both engines; see `search_analyzer`)."""
         body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
-        answer = await self.request_retried("POST", f"/{index}/_analyze", body, headers)
+        answer = await self.request("POST", f"/{index}/_analyze", body, headers, retried=True)
         return [tok["token"] for tok in answer.get("tokens", [])]
 
     async def search_analyzer(
@@ -253,7 +247,9 @@ class Cluster:
 
         A match query analyzes its text with it, while `_analyze` with `field` applies the index
         analyzer: query tokens must come from the former to be the tokens the cluster searched with."""
-        answer = await self.request_retried("GET", f"/{index}/_mapping/field/{field_name}", None, headers)
+        answer = await self.request(
+            "GET", f"/{index}/_mapping/field/{field_name}", None, headers, retried=True
+        )
         for mapping in (answer or {}).values():
             leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
             for spec in leaf.values():
@@ -293,8 +289,8 @@ class Cluster:
                 spec["routing"] = ref.routing
             specs.append({**spec, **TERM_VECTOR_PARAMETERS})
         query = "" if realtime is None else f"?realtime={'true' if realtime else 'false'}"
-        answer = await self.request_retried(
-            "POST", f"/_mtermvectors{query}", {"docs": specs}, headers, _decode_vectors
+        answer = await self.request(
+            "POST", f"/_mtermvectors{query}", {"docs": specs}, headers, _decode_vectors, retried=True
         )
         for ref, doc in zip(docs, answer.docs, strict=True):
             if doc.error is not None:

@@ -1,6 +1,6 @@
 """Sweeping one index in slices: in parallel processes here, or on several machines, added up exactly.
 
-One process sweeps ~4-5k documents/s (its JSON decoding is the limit, see benchmarks/RESULTS.md), so a
+One process is bound by decoding the term vectors (throughput: benchmarks/RESULTS.md), so a
 100M-document index would take hours. A sliced point in time (`slice: {id, max}`) splits the index
 into disjoint parts that together hold every document; each part is swept on its own (`sweep_index`
 with `part`) into a `Partial`: the exact integer sums of its documents (corpus.ExactStats). Adding

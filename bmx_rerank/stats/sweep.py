@@ -98,7 +98,7 @@ async def resolve_text_field(
 
     `_field_caps` needs only read privileges, so this works with the credentials a searcher has."""
     url = f"/{_enc(index_expr)}/_field_caps?fields={quote(field)}&include_unmapped=true"
-    answer = await cluster.request_retried("GET", url, None, headers)
+    answer = await cluster.request("GET", url, None, headers, retried=True)
     indices = sorted(answer.get("indices") or [])
     if not indices:
         raise no_index(index_expr)
@@ -119,7 +119,7 @@ async def index_marks(cluster: Cluster, index_expr: str, headers: Mapping[str, s
         f"/{_enc(index_expr)}/_stats/docs?level=shards"
         "&filter_path=indices.*.uuid,indices.*.shards.*.routing.primary,indices.*.shards.*.seq_no"
     )
-    return parse_shard_stats(await cluster.request_retried("GET", url, None, headers) or {})
+    return parse_shard_stats(await cluster.request("GET", url, None, headers, retried=True) or {})
 
 
 async def refresh_index(cluster: Cluster, index: str, headers: Mapping[str, str]) -> bool:
@@ -145,7 +145,7 @@ async def live_count(
     """Top-level live documents (nested documents excluded, unlike `_stats` docs.count)."""
     url = f"/{_enc(index)}/_count" + (f"?preference={quote(preference)}" if preference else "")
     body = {"query": query} if query else None
-    return int((await cluster.request_retried("POST", url, body, headers))["count"])
+    return int((await cluster.request("POST", url, body, headers, retried=True))["count"])
 
 
 async def scan_ids(
@@ -394,12 +394,8 @@ async def _scan_pit(
     after: list[Any] | None = None
     try:
         while True:
-            answer = await cluster.request_retried(
-                "POST",
-                "/_search",
-                _pit_body(pit_id, page_size, after, part, versions),
-                headers,
-            )
+            body = _pit_body(pit_id, page_size, after, part, versions)
+            answer = await cluster.request("POST", "/_search", body, headers, retried=True)
             pit_id = answer.get("pit_id", pit_id)
             hits = answer["hits"]["hits"]
             if after is None and totals is not None:
