@@ -28,8 +28,8 @@ import aiohttp
 import numpy as np
 
 from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats import snapshot, sweep
 from bmx_rerank.stats import store as stats_store
-from bmx_rerank.stats import sweep
 from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.sweep import SweepOptions
@@ -117,21 +117,21 @@ async def load_bench(session: aiohttp.ClientSession, url: str, n_terms: int, sto
     rng = random.Random(3)
     units = [int(e * (1 << 112)) + (rng.getrandbits(96) << 8) for e in stats.entropy.tolist()]
     t0 = time.perf_counter()
-    chunks = stats_store.encode_chunks(stats)
+    chunks = snapshot.encode_chunks(stats)
     encode_s = time.perf_counter() - t0
     stored_mb = sum(len(c["blob"]) for c in chunks) / 1e6
-    exact_mb = sum(len(c["blob"]) for c in stats_store.encode_units(units, stats_store.CHUNK_TERMS)) / 1e6
+    exact_mb = sum(len(c["blob"]) for c in snapshot.encode_units(units, snapshot.CHUNK_TERMS)) / 1e6
     t0 = time.perf_counter()
     await stats_store.publish(Cluster(session, url), {}, info, stats, store, units)
     publish_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    back = stats_store.decode_chunks(info, chunks)
+    back = snapshot.decode_chunks(info, chunks)
     decode_s = time.perf_counter() - t0
     assert back.same_as(stats)
     del back
     tracemalloc.start()  # memory in a separate run: tracing slows allocation several fold
-    back = stats_store.decode_chunks(info, chunks)
+    back = snapshot.decode_chunks(info, chunks)
     _, decode_peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del back

@@ -23,6 +23,7 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS
+from bmx_rerank.stats.snapshot import SnapshotInfo
 from bmx_rerank.stats.sweep import DEFAULT_SWEEP, SweepOptions, resolve_text_field, sweep_index
 from bmx_rerank.upstream import Cluster
 
@@ -149,7 +150,7 @@ def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None
         )
 
 
-def _lengths_note(info: stats_store.SnapshotInfo) -> str:
+def _lengths_note(info: SnapshotInfo) -> str:
     if info.length_docs is not None:
         return f", {info.length_docs} document lengths"
     return f", no length table ({info.lengths_skipped or 'not recorded'})"
@@ -229,7 +230,7 @@ def merge(
     first = partials[0]
     base, headers = connection(upstream, user, password, header)
 
-    async def go(cluster: Cluster) -> stats_store.SnapshotInfo:
+    async def go(cluster: Cluster) -> SnapshotInfo:
         return await stats_build.publish_sweep(cluster, headers, first.index, first.field, result, store)
 
     info = _run(base, go)

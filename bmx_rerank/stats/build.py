@@ -33,7 +33,8 @@ from bmx_rerank.stats.freshness import (
     same_state,
 )
 from bmx_rerank.stats.lengths import DocLengths, LengthRecorder
-from bmx_rerank.stats.store import CHUNK_TERMS, DEFAULT_STORE, LENGTH_CHUNK, SnapshotInfo, now_iso
+from bmx_rerank.stats.snapshot import CHUNK_TERMS, LENGTH_CHUNK, SnapshotInfo
+from bmx_rerank.stats.store import DEFAULT_STORE, now_iso
 from bmx_rerank.stats.sweep import (
     DEFAULT_SWEEP,
     VERSIONS,

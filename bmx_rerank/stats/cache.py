@@ -23,7 +23,8 @@ from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
 from bmx_rerank.stats.lengths import DocLengths
-from bmx_rerank.stats.store import DEFAULT_STORE, SnapshotInfo
+from bmx_rerank.stats.snapshot import SnapshotInfo
+from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
 from bmx_rerank.upstream import Cluster
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bmx_rerank.stats.store import SnapshotInfo
+    from bmx_rerank.stats.snapshot import SnapshotInfo
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from bmx_rerank.stats.errors import StatisticsError
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.lengths import DocLengths, LengthRecorder, doc_key
 from bmx_rerank.stats.sliced import Partial
-from bmx_rerank.stats.store import SnapshotInfo, decode_lengths, encode_lengths
+from bmx_rerank.stats.snapshot import SnapshotInfo, decode_lengths, encode_lengths
 
 ROWS = (
     ["a", "b", "c", "c"],

@@ -20,7 +20,7 @@ from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.freshness import IndexMarks, ShardMark
 from bmx_rerank.stats.lengths import DocLengths
-from bmx_rerank.stats.store import SnapshotInfo, encode_chunks, encode_lengths
+from bmx_rerank.stats.snapshot import SnapshotInfo, encode_chunks, encode_lengths
 from bmx_rerank.upstream import Cluster
 
 TOKEN = "Basic c2VjcmV0"

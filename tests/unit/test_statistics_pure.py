@@ -21,7 +21,7 @@ from bmx_rerank.stats.freshness import (
     new_operations,
     parse_shard_stats,
 )
-from bmx_rerank.stats.store import SnapshotInfo, decode_chunks, decode_units, encode_chunks, encode_units
+from bmx_rerank.stats.snapshot import SnapshotInfo, decode_chunks, decode_units, encode_chunks, encode_units
 
 term_st = st.text(
     st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
