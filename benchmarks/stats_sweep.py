@@ -28,7 +28,7 @@ import aiohttp
 import numpy as np
 
 from bmx_rerank.stats import build as stats_build
-from bmx_rerank.stats import snapshot, sweep
+from bmx_rerank.stats import scan, snapshot
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.freshness import IndexMarks
@@ -69,7 +69,7 @@ async def setup_index(
 async def bare_scan(session: aiohttp.ClientSession, url: str, name: str, page: int) -> tuple[int, float]:
     t0 = time.perf_counter()
     n = 0
-    async for refs in sweep.scan_ids(Cluster(session, url), name, {}, page):
+    async for refs in scan.scan_ids(Cluster(session, url), name, {}, page):
         n += len(refs)
     return n, time.perf_counter() - t0
 

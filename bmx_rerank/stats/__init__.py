@@ -2,9 +2,11 @@
 never the other way round).
 
 - `corpus`: the pure, additive numbers (N, total length, df, raw entropy) and their exact sums;
-- `sweep`: reading every live document's term frequencies from the cluster (`SweepOptions`: how);
+- `scan`: every live document's ids, from a point in time or a scroll;
+- `sweep`: every live document's term frequencies folded into statistics (`SweepOptions`: how);
 - `sliced`: one index swept in slices, in parallel processes or on several machines, added up exactly;
 - `lengths`: each swept document version's length, so a window needs no `_mtermvectors` for it;
+- `snapshot`: what a snapshot holds, and its encoding as the store's documents;
 - `store`: snapshots kept in the cluster itself, published by a pointer flip;
 - `freshness`: what a snapshot was built from and whether the index moved on since;
 - `build`: the CLI's build / refresh / show, sweeping and publishing;

@@ -33,11 +33,11 @@ from bmx_rerank.stats.freshness import (
     same_state,
 )
 from bmx_rerank.stats.lengths import DocLengths, LengthRecorder
+from bmx_rerank.stats.scan import VERSIONS, swept_ref
 from bmx_rerank.stats.snapshot import CHUNK_TERMS, LENGTH_CHUNK, SnapshotInfo
 from bmx_rerank.stats.store import DEFAULT_STORE, now_iso
 from bmx_rerank.stats.sweep import (
     DEFAULT_SWEEP,
-    VERSIONS,
     Progress,
     SweepOptions,
     SweepResult,
@@ -49,7 +49,6 @@ from bmx_rerank.stats.sweep import (
     refresh_index,
     resolve_text_field,
     sweep_index,
-    swept_ref,
 )
 from bmx_rerank.upstream import Cluster, DocRef
 

@@ -28,7 +28,8 @@ import numpy as np
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array, units_to_float
 from bmx_rerank.stats.freshness import IndexMarks, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths
-from bmx_rerank.stats.sweep import Part, SweepOptions, SweepResult, sweep_index
+from bmx_rerank.stats.scan import Part
+from bmx_rerank.stats.sweep import SweepOptions, SweepResult, sweep_index
 from bmx_rerank.upstream import Cluster
 
 FORMAT = "bmx-rerank-partial-1"

@@ -22,8 +22,8 @@ from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import pipeline, tf_probe
 from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats import scan
 from bmx_rerank.stats import store as stats_store
-from bmx_rerank.stats import sweep
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.sweep import SweepOptions
 from bmx_rerank.upstream import Cluster
@@ -121,7 +121,7 @@ def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus,
     async def no_pit(*_args: Any, **_kwargs: Any) -> None:
         return None
 
-    monkeypatch.setattr(sweep, "_open_pit", no_pit)  # the scroll path
+    monkeypatch.setattr(scan, "_open_pit", no_pit)  # the scroll path
     (scrolled,) = _run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), index, "body", {})).values()
     assert scrolled.lengths is not None and scrolled.lengths.same_as(result.lengths)
     (bounded,) = _run(
