@@ -28,13 +28,14 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from bmx_rerank import defaults
 from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank.candidates import TermVectorCache
-from bmx_rerank.rerank.pipeline import Reranker, SideCalls
-from bmx_rerank.rerank.plan import Plan, plan_search
+from bmx_rerank.rerank.pipeline import Answer, FirstStage, Outcome, Reranker
+from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
 from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import basic_auth as upstream_basic_auth
@@ -199,6 +200,8 @@ class _Core:
         stats: StatsFactory | None,
         timeout: float,
         cache_bytes: int,
+        tf_probes: str,
+        bounds: Bounds,
     ) -> None:
         self.sidecar = sidecar
         self.policies = list(policies)
@@ -206,6 +209,8 @@ class _Core:
         self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base))
         self.timeout = timeout
         self.cache_bytes = cache_bytes
+        self.tf_probes = tf_probes
+        self.bounds = bounds
         self.session: aiohttp.ClientSession | None = None
         self.reranker: Reranker | None = None
         self.applied: AppliedConfigs | None = None
@@ -214,14 +219,20 @@ class _Core:
         self, index: str, params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str]
     ) -> Plan:
         """Read the search (raises SearchError on a bad `ext.bmx`, as the proxy answers 400): its own
-        `ext.bmx`, else a policy, else the configuration applied to the index (`bmx-rerank eval --apply`)."""
+        `ext.bmx`, else a policy, else the configuration applied to the index (`bmx-rerank eval --apply`);
+        within the same bounds as the proxy's."""
         body_map = dict(body) if isinstance(body, Mapping) else None
         policy = match_policy(self.policies, index)
         if policy is None:
             self._ready()
             assert self.applied is not None
             policy = await self.applied.policy(index, body_map, headers)
-        return plan_search(body_map, query_strings(params), policy)
+        return bounded_plan(body_map, query_strings(params), policy, self.bounds)
+
+    async def rerank(
+        self, index: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
+    ) -> Outcome:
+        return await self._ready().rerank(index, plan, headers, first_stage)
 
     def _ready(self) -> Reranker:
         if self.reranker is None:
@@ -235,17 +246,10 @@ class _Core:
                 cache=TermVectorCache(self.cache_bytes),
                 timeout=self.timeout,
                 on_error=self.on_rerank_error,
+                probes=self.tf_probes,
             )
             self.applied = AppliedConfigs(self.session, self.sidecar.url, timeout=self.timeout)
         return self.reranker
-
-    async def start(self, index: str, plan: Plan, headers: Mapping[str, str]) -> SideCalls:
-        """Start the side calls; the returned `body`/`params` are the first stage to send."""
-        reranker = self._ready()
-        return reranker.start(index, await reranker.prepare(plan), headers)
-
-    async def finish(self, side: SideCalls, response: Any, headers: Mapping[str, str]) -> dict[str, Any]:
-        return (await self._ready().finish(side, _plain(response), headers)).body
 
     def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:
         """The sidecar calls' headers for one search: the client's credentials, the request's own first."""
@@ -255,6 +259,30 @@ class _Core:
         if self.session is not None:
             await self.session.close()
         self.session = self.reranker = self.applied = None
+
+
+def _answered(response: Any) -> Answer:
+    """The official client's answer to a first stage (it raises for a status >= 400)."""
+    meta = getattr(response, "meta", None)
+    return Answer(getattr(meta, "status", 200), _plain(response), response)
+
+
+def _refused(exc: Exception) -> Answer | None:
+    """An error the cluster answered a first stage with (elasticsearch-py's `ApiError`, opensearch-py's
+    `TransportError`, both with an HTTP `status_code`), as an answer; None for any other failure."""
+    status = getattr(exc, "status_code", None)
+    return Answer(status, None, exc) if isinstance(status, int) and status >= 300 else None
+
+
+def _result(outcome: Outcome) -> Any:
+    """What `search` returns: the reranked body in the client's own response type, else the cluster's
+    answer as the client gave it (its exception raised again)."""
+    raw = outcome.answer.raw
+    if outcome.body is None:
+        if isinstance(raw, BaseException):
+            raise raw
+        return raw
+    return _rewrap(raw, outcome.body)
 
 
 def _plain(response: Any) -> dict[str, Any]:
@@ -375,15 +403,24 @@ class _Wrapper:
         url: str | None = None,
         *,
         policies: Sequence[Rule] = (),
-        on_rerank_error: str = "fallback",
+        on_rerank_error: str = defaults.ON_RERANK_ERROR,
         stats: StatsFactory | None = None,
-        timeout: float = 60.0,
-        cache_bytes: int = 256 << 20,
+        timeout: float = defaults.TIMEOUT,
+        cache_bytes: int = defaults.CACHE_BYTES,
+        tf_probes: str = defaults.TF_PROBES,
+        bounds: Bounds | None = None,
         _core: _Core | None = None,
     ) -> None:
         self.client = client
         self._core = _core or _Core(
-            sidecar_of(client, url), policies, on_rerank_error, stats, timeout, cache_bytes
+            sidecar_of(client, url),
+            policies,
+            on_rerank_error,
+            stats,
+            timeout,
+            cache_bytes,
+            tf_probes,
+            bounds or Bounds(),
         )
 
     def __getattr__(self, name: str) -> Any:
@@ -407,14 +444,18 @@ class AsyncBMXClient(_Wrapper):
         if plan.spec is None:
             unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
             return _declined(await send(method, path, **unchanged), plan)
-        side = await self._core.start(index, plan, headers)
-        first = {**kw, "params": {**side.params, **transport}, "body": side.body}
-        try:
-            response = await send("POST", path, **first)
-        except BaseException:
-            side.cancel()
-            raise
-        return _rewrap(response, await self._core.finish(side, response, headers))
+
+        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+            try:
+                return _answered(
+                    await send("POST", path, **{**kw, "params": {**first, **transport}, "body": body})
+                )
+            except Exception as exc:
+                if (refused := _refused(exc)) is None:
+                    raise
+                return refused
+
+        return _result(await self._core.rerank(index, plan, headers, first_stage))
 
     def options(self, **kwargs: Any) -> AsyncBMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar."""
@@ -434,8 +475,8 @@ class AsyncBMXClient(_Wrapper):
 class BMXClient(_Wrapper):
     """An `Elasticsearch`/`OpenSearch` whose `search` reranks with BMX; close it when done.
 
-    The first stage runs in the caller's thread through the wrapped client; the pipeline's own calls
-    are asynchronous and run on a private event loop in a daemon thread."""
+    The pipeline runs on a private event loop in a daemon thread; the first stage goes through the
+    wrapped client in a worker thread of that loop."""
 
     def __init__(self, client: Any, url: str | None = None, **options: Any) -> None:
         super().__init__(client, url, **options)
@@ -460,14 +501,18 @@ class BMXClient(_Wrapper):
         if plan.spec is None:
             unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
             return _declined(send(method, path, **unchanged), plan)
-        side = self._run(self._core.start(index, plan, headers))
-        first = {**kw, "params": {**side.params, **transport}, "body": side.body}
-        try:
-            response = send("POST", path, **first)
-        except BaseException:
-            self._loop.call_soon_threadsafe(side.cancel)
-            raise
-        return _rewrap(response, self._run(self._core.finish(side, response, headers)))
+
+        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+            # The client is synchronous: its request runs in a worker thread, off the pipeline's loop.
+            request = {**kw, "params": {**first, **transport}, "body": body}
+            try:
+                return _answered(await asyncio.to_thread(send, "POST", path, **request))
+            except Exception as exc:
+                if (refused := _refused(exc)) is None:
+                    raise
+                return refused
+
+        return _result(self._run(self._core.rerank(index, plan, headers, first_stage)))
 
     def options(self, **kwargs: Any) -> BMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar and loop."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -42,6 +47,14 @@ class Metrics:
             ["source", "probes"],
             registry=self.registry,
         )
+
+    async def timed(self, call: str, awaitable: Awaitable[T]) -> T:
+        """`awaitable`'s result, its time observed as one upstream call named `call`."""
+        start = time.perf_counter()
+        try:
+            return await awaitable
+        finally:
+            self.upstream_seconds.labels(call).observe(time.perf_counter() - start)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

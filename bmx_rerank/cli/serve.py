@@ -17,11 +17,12 @@ from typing import Any
 import click
 
 from bmx_rerank.identity import IDENTITY_HEADERS
+from bmx_rerank.logs import json_log_handler
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
-from bmx_rerank.proxy import ProxyConfig, json_log_handler, make_app, serve_forever
+from bmx_rerank.proxy import ProxyConfig, make_app, serve_forever
 from bmx_rerank.rerank.candidates import DEFAULT_CACHE_BYTES
-from bmx_rerank.rerank.pipeline import PROBE_MODES
+from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.stats.store import DEFAULT_STORE

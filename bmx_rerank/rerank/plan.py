@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, bad_request
 from bmx_rerank.rerank.query import Declined, Node, Text, fields, on_fields, restrict, understand, weigh
-from bmx_rerank.rerank.spec import MAX_WINDOW, RerankSpec, parse_spec
+from bmx_rerank.rerank.spec import DEFAULT_WINDOW, MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import text_clause, widen
 
 DEFAULT_SIZE = 10
@@ -36,6 +37,12 @@ class Plan:
     skipped: str | None = None
     filter_path: str | None = None  # the client's, applied to the reranked answer (see filter_path)
     scoring: Node | None = None  # what is scored and how the parts combine (see `query`)
+
+    @property
+    def scored(self) -> Node:
+        """What a rerank scores: the scoring tree, or (plans without one) the text on the spec's field."""
+        assert self.spec is not None
+        return self.scoring if self.scoring is not None else Text(self.spec.field, self.query_text)
 
 
 # Top-level parts that score (or pick hits) beside the query: declined unless `ext.bmx.combine` says how
@@ -131,6 +138,54 @@ def plan_search(
     return Plan(
         first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path, scoring=scoring
     )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a server allows one rerank (`serve --max-window`, `--max-augment`, `--no-widen`)."""
+
+    max_window: int = MAX_WINDOW  # hits a rerank may ask the cluster for
+    max_augment: int = defaults.MAX_AUGMENT  # augmented queries (WQA): each costs an `_analyze`
+    widen: bool = True  # the first stage asks for what augmented queries match, too
+
+
+def bounded_plan(
+    body: dict[str, Any] | None,
+    params: Mapping[str, str],
+    policy: RerankSpec | None,
+    bounds: Bounds,
+    *,
+    skip: str | None = None,
+) -> Plan:
+    """`plan_search` within the server's bounds: a rerank the client asked for beyond them is a 400; a
+    policy's beyond them (a deep page through a drop-in policy) is not reranked at all. A request that
+    does not name its window gets the default, or `max_window` when that is smaller."""
+    ext = body.get("ext") if isinstance(body, dict) else None
+    raw = ext.get("bmx") if isinstance(ext, dict) else None
+    if isinstance(raw, dict) and "window_size" not in raw and bounds.max_window < DEFAULT_WINDOW:
+        body = {**body, "ext": {**ext, "bmx": {**raw, "window_size": bounds.max_window}}}  # type: ignore[dict-item]
+    plan = plan_search(body, params, policy, widen_default=bounds.widen, skip=skip)
+    spec = plan.spec
+    if spec is None:
+        return plan
+    if spec.window_size > bounds.max_window:
+        if not asks_bmx(body):
+            return Plan(body, dict(params))
+        raise bad_request(
+            f"[bmx] [window_size] must lie in [1, {bounds.max_window}] (the server's --max-window), "
+            f"got {spec.window_size}"
+        )
+    if len(spec.augment.queries) > bounds.max_augment:
+        raise bad_request(
+            f"[bmx] [augment.queries] takes at most {bounds.max_augment} queries (the server's "
+            f"--max-augment), got {len(spec.augment.queries)}"
+        )
+    return plan
+
+
+def asks_bmx(body: Any) -> bool:
+    """Whether a search body carries `ext.bmx` (read without copying it)."""
+    return isinstance(body, dict) and isinstance(body.get("ext"), dict) and "bmx" in body["ext"]
 
 
 def scoring_tree(query: Any, spec: RerankSpec, *, policy: bool = False) -> Node | None:

@@ -18,6 +18,7 @@ import pytest
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
 from bmx_rerank.errors import SearchError
+from bmx_rerank.rerank.plan import Bounds
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.upstream import Cluster
 
@@ -141,3 +142,23 @@ def test_calling_style_is_the_wrapped_clients_own(engine: EngineClient, corpus: 
             with pytest.raises(TypeError, match="query"):
                 bmx.search(index=corpus, **keywords)
             _check_expected(bmx.search(index=corpus, body=keywords))
+
+
+def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient, corpus: str):
+    """One pipeline for every front end: a new window's first stage carries term-frequency probes
+    (`auto`, the statistics hold a length table), the same window again comes from the term-vector cache,
+    both exact; the server's bounds apply to the wrapper too."""
+    client = _official(engine.kind, engine.url, asynchronous=False)
+    with BMXClient(client) as bmx:
+        first = bmx.search(index=corpus, body=_search_body())
+        _check_expected(first)
+        assert first["_bmx"]["tf_probes"] is None and first["_bmx"]["tf"] == "probes", first["_bmx"]
+        again = bmx.search(index=corpus, body=_search_body())
+        _check_expected(again)
+        assert again["_bmx"]["tf_probes"] == "seen" and again["_bmx"]["tf"] == "cache", again["_bmx"]
+    with BMXClient(client, tf_probes="off", bounds=Bounds(max_window=10)) as bmx:
+        with pytest.raises(SearchError) as err:
+            bmx.search(index=corpus, body=_search_body(window_size=100))
+        assert err.value.status == 400 and "--max-window" in err.value.reason
+        answer = bmx.search(index=corpus, body=_search_body(size=5, window_size=10))
+        assert answer["_bmx"]["tf_probes"] == "off" and len(answer["hits"]["hits"]) == 5

@@ -24,7 +24,7 @@ from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key
-from bmx_rerank.rerank.pipeline import Reranker
+from bmx_rerank.rerank.pipeline import Answer, Reranker
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
@@ -369,22 +369,27 @@ def test_documents_deleted_or_updated_between_the_stages_are_dropped(engine: Eng
                 session, engine.url, FixedStats({(index, "text"): corpus}), Metrics(), cache=cache
             )
             plan = plan_search({"query": {"match": {"text": "t1"}}, "ext": {"bmx": {"field": "text"}}}, {})
-            side = reranker.start(index, plan, {})
-            assert side.params["preference"].startswith("bmx-") and side.body["version"] is True
-            url = f"{engine.url}/{index}/_search?preference={side.params['preference']}"
-            first = await request_json(session, "POST", url, side.body)
-            engine.ok("DELETE", f"/{index}/_doc/a")
-            engine.ok("PUT", f"/{index}/_doc/b", {"text": "t1 t1 t1 t5"})
-            engine.ok("POST", f"/{index}/_refresh")
-            stale = await reranker.finish(side, first, {})
-            side = reranker.start(index, plan, {})
-            again = await reranker.finish(side, await request_json(session, "POST", url, side.body), {})
+            answers: list[Any] = []
+
+            async def first_stage(body, params) -> Answer:
+                assert params["preference"].startswith("bmx-") and body["version"] is True
+                url = f"{engine.url}/{index}/_search?preference={params['preference']}"
+                answers.append(await request_json(session, "POST", url, body))
+                if len(answers) == 1:  # the window is in hand: change two of its documents
+                    engine.ok("DELETE", f"/{index}/_doc/a")
+                    engine.ok("PUT", f"/{index}/_doc/b", {"text": "t1 t1 t1 t5"})
+                    engine.ok("POST", f"/{index}/_refresh")
+                return Answer(200, answers[-1])
+
+            stale = await reranker.rerank(index, plan, {}, first_stage)
+            again = await reranker.rerank(index, plan, {}, first_stage)
+            first = answers[0]
             return first, (stale, again), cache
 
     first, (stale, again), cache = asyncio.run(go())
     try:
         assert {h["_id"] for h in first["hits"]["hits"]} == {"a", "b", "c"}
-        assert stale.kind == "bmx" and stale.body["_bmx"]["dropped"] == 2
+        assert str(stale.marker) == "bmx" and stale.body["_bmx"]["dropped"] == 2
         assert [h["_id"] for h in stale.body["hits"]["hits"]] == ["c"]
         assert all("_version" not in h for h in stale.body["hits"]["hits"])
         old_b = next(h for h in first["hits"]["hits"] if h["_id"] == "b")

@@ -202,8 +202,8 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
             )
             _same(_scores(a), _scores(b))
             seen += [i for i, _ in _scores(a)[:3]]
-        reranker = probed.app[STATE]["reranker"]
-        assert len(reranker.lengths) > 0
+        reranker = probed.app[STATE].rerank
+        assert len(reranker.frequencies.lengths) > 0
         tv = [d for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
         assert {tuple(d["fields"]) for d in tv} == {("body",)}
         assert len(tv) < 100 * len(queries), "only the lengths the length cache missed"
@@ -266,7 +266,7 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
             assert not again.probed and again.fetched == []
             assert (again.marker["tf"], again.marker["tf_probes"]) == ("cache", "seen")
             _same(again.scores, first.scores)
-        metrics = auto.app[STATE]["metrics"].render().decode()
+        metrics = auto.app[STATE].metrics.render().decode()
         assert f'bmx_tf_windows_total{{probes="probed",source="probes"}} {len(texts)}.0' in metrics
         assert f'bmx_tf_windows_total{{probes="seen",source="cache"}} {len(texts)}.0' in metrics
         # An unprobed search (highlight) over documents cached partially for other tokens: they miss.
@@ -341,7 +341,7 @@ def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corp
         stats.table[(index, "body")] = fetched.run(_build(engine.url, index))
         source = FixedStats(stats.table, lengths={(index, "body"): {index: table}})
         auto = ProxyThread(recorder.url, source)
-        auto.app[STATE]["reranker"].lengths = tf_probe.LengthCache(0)
+        auto.app[STATE].rerank.frequencies.lengths = tf_probe.LengthCache(0)
         try:
             for text in queries[10:15]:
                 got = _Traced(recorder, auto.url, index, text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bmx_rerank.rerank.pipeline import table_lengths
+from bmx_rerank.rerank.frequencies import table_lengths
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats
 from bmx_rerank.stats.errors import StatisticsError

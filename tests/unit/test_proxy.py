@@ -726,7 +726,7 @@ async def test_a_proxy_bug_is_an_elasticsearch_shaped_500(proxy, client, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("bmx_rerank.proxy.plan_search", broken)
+    monkeypatch.setattr("bmx_rerank.proxy.admission.bounded_plan", broken)
     status, _, body = await post(client, f"{url}/docs/_search", {"query": {"match_all": {}}})
     assert status == 500 and body["error"]["type"] == "bmx_proxy_exception"
     assert "secret internals" not in json.dumps(body) and "Traceback" not in json.dumps(body)

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.proxy import MAX_DEPTH, _Inflater, too_deep
+from bmx_rerank.proxy.bodies import MAX_DEPTH, Inflater, too_deep
 from tests.unit.test_proxy import FakeCluster, post, run_proxy, start_server
 
 BMX = {"field": "body", "query": "t3", "window_size": 5}
@@ -81,7 +81,7 @@ def _error(body, kind):
 
 def test_inflation_stops_at_the_cap_whatever_the_bomb():
     bomb = gzip.compress(b"\0" * (100 << 20), 9)  # 100 MiB in about 100 KiB
-    inflater = _Inflater("gzip", 1 << 20)
+    inflater = Inflater("gzip", 1 << 20)
     for i in range(0, len(bomb), 65536):
         inflater.feed(bomb[i : i + 65536])
         if inflater.size > inflater.limit:
@@ -93,11 +93,11 @@ def test_inflation_stops_at_the_cap_whatever_the_bomb():
 def test_inflation_of_a_valid_body_and_of_concatenated_gzip_members():
     body = json.dumps({"query": {"match": {"body": "t3"}}}).encode()
     for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
-        inflater = _Inflater(encoding, 1 << 20)
+        inflater = Inflater(encoding, 1 << 20)
         for i in range(0, len(data), 7):
             inflater.feed(data[i : i + 7])
         assert inflater.result() == body
-    two = _Inflater("gzip", 1 << 20)
+    two = Inflater("gzip", 1 << 20)
     two.feed(gzip.compress(b'{"a":') + gzip.compress(b"1}"))
     assert two.result() == b'{"a":1}'
 
@@ -361,12 +361,12 @@ async def test_a_rerank_cancelled_at_once_leaves_no_coroutine_never_awaited(clus
         from bmx_rerank.proxy import STATE
         from bmx_rerank.rerank.plan import plan_search
 
-        reranker = runner.app[STATE]["reranker"]
+        reranker = runner.app[STATE].rerank
         plan = plan_search({"size": 2, "ext": {"bmx": BMX}}, {})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(20):
-                reranker.start("docs", plan, {}).cancel()
+                reranker.open("docs", plan, {}).close()
             await asyncio.sleep(0.05)
             gc.collect()
         assert not [w for w in caught if "never awaited" in str(w.message)]
@@ -421,7 +421,7 @@ async def test_large_windows_are_parsed_scored_and_packed_off_the_event_loop(clu
     threads, never on the loop thread that serves passthrough traffic."""
     import threading
 
-    from bmx_rerank import proxy as proxy_module
+    from bmx_rerank.proxy import bodies, search
     from bmx_rerank.rerank import pipeline
 
     threads: dict[str, set[str]] = {}
@@ -434,10 +434,11 @@ async def test_large_windows_are_parsed_scored_and_packed_off_the_event_loop(clu
         return wrapper
 
     monkeypatch.setattr(pipeline, "THREAD_HITS", 1)
-    monkeypatch.setattr(proxy_module, "THREAD_BYTES", 10)
+    monkeypatch.setattr(bodies, "THREAD_BYTES", 10)
+    monkeypatch.setattr(search, "THREAD_BYTES", 10)
     monkeypatch.setattr(pipeline, "score_tree", spy("score", pipeline.score_tree))
     monkeypatch.setattr(pipeline, "pack", spy("pack", pipeline.pack))
-    monkeypatch.setattr(proxy_module, "_loads", spy("parse", proxy_module._loads))
+    monkeypatch.setattr(bodies, "loads", spy("parse", bodies.loads))
     _, runner, url = await proxy_for(cluster)
     try:
         status, headers, body = await post(client, f"{url}/docs/_search", {"size": 2, "ext": {"bmx": BMX}})

@@ -56,13 +56,13 @@ def served(monkeypatch):
 def test_upstream_nodes_repeated_comma_and_from_the_environment(served, monkeypatch):
     args = ["serve", "--upstream", "http://a:9200", "--upstream", "http://b:9200,http://c:9200"]
     assert CliRunner().invoke(main, args).exit_code == 0
-    assert served["state"]["nodes"] == ("http://a:9200", "http://b:9200", "http://c:9200")
+    assert served["state"].nodes == ("http://a:9200", "http://b:9200", "http://c:9200")
     monkeypatch.setenv("BMX_RERANK_UPSTREAM", "http://d:9200 http://e:9200,http://f:9200")
     monkeypatch.setenv("BMX_RERANK_LISTEN", "0.0.0.0:9555")
     monkeypatch.setenv("BMX_RERANK_TIMEOUT", "7.5")
     assert CliRunner().invoke(main, ["serve"]).exit_code == 0
-    assert served["state"]["nodes"] == ("http://d:9200", "http://e:9200", "http://f:9200")
-    assert (served["host"], served["port"], served["state"]["config"].timeout) == ("0.0.0.0", 9555, 7.5)
+    assert served["state"].nodes == ("http://d:9200", "http://e:9200", "http://f:9200")
+    assert (served["host"], served["port"], served["state"].config.timeout) == ("0.0.0.0", 9555, 7.5)
     assert served["ssl_context"] is None
 
 
@@ -77,14 +77,14 @@ def test_config_file_under_environment_under_command_line(served, monkeypatch, t
     path = tmp_path / f"serve.{kind}"
     path.write_text(text)
     assert CliRunner().invoke(main, ["serve", "--config", str(path)]).exit_code == 0
-    config = served["state"]["config"]
-    assert served["state"]["nodes"] == ("http://a:9200", "http://b:9200")
+    config = served["state"].config
+    assert served["state"].nodes == ("http://a:9200", "http://b:9200")
     assert (served["port"], config.timeout, config.upstream_verify) == (9501, 3.0, False)
     assert [r.pattern for r in config.policies] == ["docs"]
     monkeypatch.setenv("BMX_RERANK_TIMEOUT", "4.0")
     result = CliRunner().invoke(main, ["serve", "--config", str(path), "--listen", "127.0.0.1:9502"])
     assert result.exit_code == 0
-    assert (served["port"], served["state"]["config"].timeout) == (9502, 4.0)
+    assert (served["port"], served["state"].config.timeout) == (9502, 4.0)
 
 
 def test_stats_index_reaches_the_statistics_cache(served, monkeypatch):
@@ -187,7 +187,7 @@ def test_tf_probes_auto_by_default_on_off_and_the_old_flags(served, monkeypatch,
     def mode(*args: str) -> str:
         result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", *args])
         assert result.exit_code == 0, result.output
-        return served["state"]["config"].tf_probes
+        return served["state"].config.tf_probes
 
     assert mode() == "auto"
     assert mode("--tf-probes") == "on", "the old flag alone"

@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bmx_rerank.proxy import ProxyConfig, json_log_handler, make_app, start_server
+from bmx_rerank.logs import json_log_handler
+from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.cache import StatsCache
 
 SEEN = web.AppKey("seen", list)

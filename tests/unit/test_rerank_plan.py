@@ -308,7 +308,7 @@ def test_combination_reading_the_first_stage_score_is_not_widened():
 
 
 def test_one_preference_per_window_the_callers_kept():
-    from bmx_rerank.rerank.pipeline import window_request
+    from bmx_rerank.rerank.window import window_request
 
     body = {"query": {"match": {"body": "a b"}}, "ext": {"bmx": {**EXT, "window_size": 30}}}
     pages = [plan_search({**body, "from": f, "size": 10}, {}) for f in (0, 10, 20)]
@@ -324,11 +324,11 @@ def test_one_preference_per_window_the_callers_kept():
 
 
 def test_an_msearch_item_gets_the_windows_preference_unless_it_has_its_own():
-    from bmx_rerank.rerank.pipeline import SideCalls, window_request
+    from bmx_rerank.rerank.window import Window, window_request
 
     plan = plan_search({"query": {"match": {"body": "a"}}, "ext": {"bmx": EXT}}, {})
     body, params = window_request("idx", plan)
-    side = SideCalls("idx", plan, None, {}, body, params)
+    side = Window("idx", plan, "digest", body, params, None, {})
     assert side.msearch_header({"index": "idx"}) == {"index": "idx", "preference": params["preference"]}
     assert side.msearch_header({"index": "idx", "preference": "mine"})["preference"] == "mine"
     assert "preference" not in side.msearch_header({"index": "idx"}, "_local"), "the URL's applies"

@@ -112,7 +112,7 @@ def test_partial_entries_count_against_the_byte_bound():
 
 @pytest.mark.parametrize("cache_bytes", [1 << 20, 0])
 async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranked(cache_bytes):
-    """The decision alone (`Reranker._probe`), against an in-process cluster stub: the tokens and the
+    """The decision alone (`Prober.add`), against an in-process cluster stub: the tokens and the
     named-scores check answer at once."""
     import asyncio
 
@@ -122,12 +122,11 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     from bmx_rerank.stats.cache import StatsView
     from bmx_rerank.stats.source import FixedStats
 
-    class Stub(Reranker):
-        async def _reports_named_scores(self, index, headers):
-            return True
+    async def named_scores(index, headers):
+        return True
 
-        async def _tokens(self, index, plan, headers):
-            return {("body", "a b"): ["a", "b"]}
+    async def tokens(index, plan, headers):
+        return {("body", "a b"): ["a", "b"]}
 
     class Tables:  # statistics with (`{}`) or without (None) a length table
         def __init__(self, lengths):
@@ -138,16 +137,19 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
 
     def reranker(mode: str, stats=None, **kw) -> Reranker:
         cache = TermVectorCache(cache_bytes)
-        return Stub(None, "http://x", stats or Tables({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
+        r = Reranker(None, "http://x", stats or Tables({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
+        r.prober._reports_named_scores = named_scores  # type: ignore[method-assign]
+        r.analysis.tokens = tokens  # type: ignore[method-assign]
+        return r
 
     body = {"query": {"match": {"body": "a b"}}, "ext": {"bmx": {"field": "body"}}}
     plan = plan_search(body, {})
     alice, bob = {"Authorization": "Basic YWxpY2U="}, {"Authorization": "Basic Ym9i"}
 
     async def decide(r: Reranker, headers, b=plan) -> str | None:
-        side = r.start("docs", b, headers)
-        await r.first_stage(side, headers)
-        side.cancel()
+        side = r.open("docs", b, headers)
+        await r.prober.add(side, caller_of(r, headers), headers)
+        side.close()
         await asyncio.sleep(0)
         assert (side.probe is None) == (side.unprobed_because is not None)
         if side.probe is not None:
@@ -156,9 +158,9 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
 
     auto = reranker("auto")
     assert await decide(auto, alice) is None
-    side = auto.start("docs", plan, alice)
-    auto._seen[(caller_of(auto, alice), side.window)] = True  # as `_rerank` does after the window
-    side.cancel()
+    side = auto.open("docs", plan, alice)
+    auto.prober.saw(side, caller_of(auto, alice))  # as the rerank does after the window
+    side.close()
     assert await decide(auto, alice) == ("seen" if cache_bytes else None)
     assert await decide(auto, bob) is None, "another caller's windows are its own"
     other = plan_search({**body, "query": {"match": {"body": "a b c"}}}, {})
@@ -167,7 +169,7 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     assert await decide(auto, alice, mine) is None, "the caller's preference is part of the window"
     assert await decide(reranker("on"), alice) is None
     on = reranker("on")
-    on._seen = auto._seen
+    on.prober.seen = auto.prober.seen
     assert await decide(on, alice) is None, "on probes seen windows too"
     assert await decide(reranker("off"), alice) == "off"
     # auto probes only where a field's statistics carry a length table, length cache or not (it cannot

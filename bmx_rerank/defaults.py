@@ -1,0 +1,15 @@
+"""Defaults shared by the proxy's configuration, the `serve` command and the client wrappers: one
+place, so the three cannot drift apart."""
+
+from __future__ import annotations
+
+TIMEOUT = 60.0  # seconds a call to the cluster may take
+CONNECT_TIMEOUT = 10.0  # seconds to open a connection to a node
+ON_RERANK_ERROR = "fallback"  # a failed rerank answers with the cluster's own ranking, marked
+CACHE_BYTES = 256 << 20  # term-vector cache, bytes (estimated)
+TF_PROBES = "auto"  # term frequencies from the first stage where they pay (rerank/probing)
+MAX_BODY = 64 << 20  # bytes of a search body read to look for ext.bmx, after inflation
+MAX_AUGMENT = 64  # augmented queries (WQA) per search: each costs an `_analyze`
+MAX_MSEARCH = 100  # items reranked per `_msearch`; the others get the cluster's own answer
+MAX_CONCURRENT_RERANKS = 32  # reranks running at once; each holds a window of hits in memory
+ON_OVERLOAD = "fallback"  # past that: the cluster's own answer, marked ("reject": a 429)

@@ -1,0 +1,251 @@
+"""The proxy application: its routes (the ops endpoints, then every path to the cluster), startup and
+shutdown, and the dispatch that sends each request down one path: `_search`, `_msearch`, or straight
+through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from bmx_rerank.applied import AppliedConfigs
+from bmx_rerank.errors import SearchError, bad_request, timed_out, unreachable
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
+from bmx_rerank.proxy.admission import Admission
+from bmx_rerank.proxy.bodies import TooLarge, stream_body
+from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
+from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
+from bmx_rerank.proxy.msearch import msearch
+from bmx_rerank.proxy.relay import forward
+from bmx_rerank.proxy.search import MARKER, search
+from bmx_rerank.rerank.candidates import TermVectorCache
+from bmx_rerank.rerank.pipeline import Reranker
+from bmx_rerank.rerank.plan import Bounds
+from bmx_rerank.rerank.stats_source import StatsSource
+from bmx_rerank.upstream import basic_auth, forwardable_headers
+
+log = logging.getLogger("bmx_rerank.proxy")
+READY_TIMEOUT = 5.0  # seconds each readiness check may take, at most
+# Connections per node: client traffic (passthrough and first stages), and the sidecar's own calls.
+CLIENT_CONNECTIONS = 256
+SIDECAR_CONNECTIONS = 64
+
+
+def split_upstream(url: str) -> tuple[str, str | None]:
+    """The upstream base URL without userinfo, and a Basic Authorization header made from it, if any.
+
+    Credentials never stay in a URL the proxy might log."""
+    parsed = URL(url)
+    auth = None if parsed.user is None else basic_auth(parsed.user, parsed.password)
+    clean = parsed.with_user(None).with_password(None)
+    return str(clean).rstrip("/"), auth
+
+
+def make_app(
+    config: ProxyConfig, stats: Callable[[aiohttp.ClientSession, str], StatsSource]
+) -> web.Application:
+    """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
+    # Credentials in a node URL are refused: lent to requests without any, they would let every client
+    # read as that user.
+    pool = NodePool(parse_nodes([config.upstream] if isinstance(config.upstream, str) else config.upstream))
+    tls = client_ssl(config.upstream_ca, config.upstream_cert, config.upstream_key, config.upstream_verify)
+    metrics = Metrics()
+    admission = Admission(
+        config.policies,
+        Bounds(config.max_window, config.max_augment, config.widen),
+        metrics,
+        max_running=config.max_concurrent_reranks,
+        reject=config.on_overload == "reject",
+    )
+    state = ProxyState(config, pool.base, pool.nodes, metrics, admission)
+    app = web.Application(middlewares=[_no_route])
+    app[STATE] = state
+
+    async def lifecycle(app: web.Application):
+        # Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
+        # JSON calls (analysis, term vectors, statistics) want ordinary decoded answers. Both fail over
+        # between the nodes; call sites build URLs on `base` (see bmx_rerank.nodes).
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
+        connector = aiohttp.TCPConnector(limit=CLIENT_CONNECTIONS, ssl=tls)
+        state.session = FailoverSession(
+            aiohttp.ClientSession(auto_decompress=False, connector=connector, timeout=timeout), pool
+        )
+        connector = aiohttp.TCPConnector(limit=SIDECAR_CONNECTIONS, ssl=tls)
+        sidecar = FailoverSession(aiohttp.ClientSession(connector=connector, timeout=timeout), pool)
+        state.reranker = Reranker(
+            sidecar,  # type: ignore[arg-type]  # the ClientSession calls the reranker makes
+            state.base,
+            stats(sidecar, state.base),  # type: ignore[arg-type]
+            metrics,
+            cache=TermVectorCache(config.cache_bytes),
+            timeout=config.timeout,
+            on_error=config.on_rerank_error,
+            probes=str(config.tf_probes),
+            identity_headers=config.identity_headers,
+        )
+        admission.applied = AppliedConfigs(
+            sidecar,  # type: ignore[arg-type]
+            state.base,
+            ttl=config.applied_ttl,
+            widen_default=config.widen,
+            timeout=config.timeout,
+        )
+        yield
+        await state.session.close()
+        await sidecar.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/_bmx/health", _health)
+    app.router.add_get("/_bmx/ready", _ready)
+    app.router.add_get("/_bmx/metrics", _metrics)
+    app.router.add_route("*", "/{tail:.*}", _dispatch)
+    return app
+
+
+def search_route(method: str, path: str) -> tuple[str, str | None] | None:
+    """("search" | "msearch", index expression or None) for the endpoints the proxy may rerank."""
+    if method not in ("GET", "POST"):
+        return None
+    parts = [p for p in path.split("/") if p]
+    if parts in (["_search"], ["_msearch"]):
+        return parts[0][1:], None
+    if len(parts) == 2 and parts[1] in ("_search", "_msearch") and not parts[0].startswith("_bmx"):
+        return parts[1][1:], parts[0]
+    return None
+
+
+async def _dispatch(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    metrics = state.metrics
+    start = time.perf_counter()
+    kind = "passthrough"
+    status = 0
+    try:
+        if request.method not in METHODS:  # as Elasticsearch answers; OpenSearch would hang up
+            raise SearchError(
+                405, "method_not_allowed_exception", f"Unexpected http method: {request.method[:64]}"
+            )
+        if not request.raw_path.startswith("/"):  # absolute-form or `*` request target: no such route
+            raise bad_request(
+                f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
+            )
+        route = search_route(request.method, request.path)
+        if route is not None:
+            kind, index = route
+            try:
+                resp = await (search(request, index) if kind == "search" else msearch(request, index))
+            except TooLarge as big:
+                kind = "passthrough"
+                resp = await forward(request, big.body(request))
+        else:
+            resp = await forward(request, stream_body(request))
+        status = resp.status
+        return resp
+    except SearchError as err:
+        metrics.errors.labels(err.type).inc()
+        resp = error_response(err)
+        status = resp.status
+        return resp
+    except ConnectionResetError:
+        raise  # the answer was already under way: closing the connection is the only signal left
+    except Exception as exc:  # a bug of the proxy: say so in the cluster's error shape, no stack trace
+        log.exception("proxy error", extra={"fields": {"error": exc.__class__.__name__}})
+        err = SearchError(500, "bmx_proxy_exception", f"{exc.__class__.__name__} in the rerank proxy")
+        metrics.errors.labels(err.type).inc()
+        resp = error_response(err)
+        status = resp.status
+        return resp
+    finally:
+        marker = request.get(MARKER)
+        metrics.requests.labels(marker.kind if marker else kind).inc()
+        log.info(
+            "request",
+            extra={
+                "fields": {
+                    "method": request.method,
+                    "path": request.path,
+                    "status": status,
+                    "kind": str(marker) if marker else kind,
+                    "ms": round((time.perf_counter() - start) * 1000, 2),
+                }
+            },
+        )
+
+
+@web.middleware
+async def _no_route(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A request no route takes (`CONNECT *`, an authority-form target): the router's plain-text 404
+    becomes the cluster's answer to an unknown URI, a 400 in Elasticsearch's error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        reason = f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
+        return error_response(bad_request(reason))
+
+
+# ---- ops endpoints ---------------------------------------------------------------------------------
+
+
+async def _health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = {"status": "ok", "upstream": list(state.nodes), "on_rerank_error": state.config.on_rerank_error}
+    return web.json_response(body)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    """Ready when the cluster answers HTTP and the statistics store can be read (or does not exist yet:
+    then searches run in the estimated mode). Both checks run with the probe's own headers, as every
+    call on a client's behalf does: on a secured cluster give the probe credentials that may read the
+    store. 503 in Elasticsearch's error shape otherwise, saying which check failed."""
+    state = request.app[STATE]
+    reranker = state.rerank
+    headers = forwardable_headers(client_headers(request))
+    limit = min(state.config.timeout, READY_TIMEOUT)
+    checks: dict[str, str] = {}
+    try:
+        status = await _status_of(reranker.session, state.base + "/", headers, limit)
+        checks["upstream"] = "ok" if status < 500 else f"status {status}"
+        store = getattr(reranker.stats, "store", None)
+        if store is None:
+            checks["statistics"] = "ok"  # fixed statistics, in memory
+        else:
+            status = await _status_of(
+                reranker.session, f"{state.base}/{store}/_search?size=0", headers, limit
+            )
+            checks["statistics"] = {200: "ok", 404: "absent (estimated mode)"}.get(status, f"status {status}")
+    except SearchError as exc:
+        checks.setdefault("upstream", exc.type)
+        checks.setdefault("statistics", "not checked")
+    failed = {k: v for k, v in checks.items() if v != "ok" and not v.startswith("absent")}
+    if failed:
+        reason = "; ".join(f"{k}: {v}" for k, v in failed.items())
+        err = SearchError(503, "bmx_not_ready_exception", f"the rerank proxy is not ready ({reason})")
+        return web.json_response({**err.body(), "checks": checks}, status=503)
+    return web.json_response({"status": "ready", "checks": checks})
+
+
+async def _status_of(session: Any, url: str, headers: Mapping[str, str], timeout: float) -> int:
+    """The status of a GET, or a 502/504 `SearchError` when the cluster does not answer HTTP in time."""
+    try:
+        async with session.request(
+            "GET", url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            return resp.status
+    except asyncio.TimeoutError as exc:
+        raise timed_out(f"no answer within {timeout}s") from exc
+    except aiohttp.ClientError as exc:
+        raise unreachable(exc.__class__.__name__) from exc
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    metrics: Metrics = request.app[STATE].metrics
+    resp = web.Response(body=metrics.render())
+    resp.headers["Content-Type"] = metrics.content_type
+    return resp

@@ -1,0 +1,89 @@
+"""The proxy's configuration, and the typed state one running app keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from bmx_rerank import defaults
+from bmx_rerank.applied import DEFAULT_TTL
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.nodes import FailoverSession
+from bmx_rerank.policy import Rule
+from bmx_rerank.proxy.admission import Admission
+from bmx_rerank.rerank.candidates import IDENTITY_HEADERS
+from bmx_rerank.rerank.pipeline import Reranker
+from bmx_rerank.rerank.probing import PROBE_MODES
+from bmx_rerank.rerank.spec import MAX_WINDOW
+
+ON_OVERLOAD = ("fallback", "reject")
+
+
+@dataclass
+class ProxyConfig:
+    upstream: str | Sequence[str]  # one node URL, a comma-separated list, or a list (see bmx_rerank.nodes)
+    policies: Sequence[Rule] = ()
+    on_rerank_error: str = defaults.ON_RERANK_ERROR
+    timeout: float = defaults.TIMEOUT  # first stage and sidecar calls, seconds
+    connect_timeout: float = defaults.CONNECT_TIMEOUT
+    cache_bytes: int = defaults.CACHE_BYTES  # term-vector cache, bytes (estimated)
+    widen: bool = True
+    # Term frequencies from the first stage (rerank/probing): "auto" probes new windows only, "on"
+    # every search that can, "off" none; True/False mean "on"/"off".
+    tf_probes: str | bool = defaults.TF_PROBES
+    upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
+    upstream_cert: str | None = None  # client certificate (PEM) for https nodes
+    upstream_key: str | None = None
+    upstream_verify: bool = True
+    applied_ttl: float = DEFAULT_TTL  # seconds an index's applied configuration is remembered (0: ignore)
+    max_body: int = defaults.MAX_BODY  # bytes of a search/msearch body read to look for ext.bmx, inflated
+    max_window: int = MAX_WINDOW  # hits a rerank may ask the cluster for
+    max_augment: int = defaults.MAX_AUGMENT  # augmented queries (WQA) per search
+    max_msearch: int = defaults.MAX_MSEARCH  # items reranked per `_msearch`
+    max_concurrent_reranks: int = defaults.MAX_CONCURRENT_RERANKS  # reranks (searches or msearches) at once
+    on_overload: str = defaults.ON_OVERLOAD  # past that: the cluster's own answer, marked, or "reject" (429)
+    identity_headers: Sequence[str] = IDENTITY_HEADERS  # what tells callers apart (caches, statistics)
+
+    def __post_init__(self) -> None:
+        if self.on_overload not in ON_OVERLOAD:
+            raise ValueError(f"on_overload must be one of {ON_OVERLOAD}, got {self.on_overload!r}")
+        for name in ("max_body", "max_window", "max_msearch", "max_concurrent_reranks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_augment < 0 or self.cache_bytes < 0:
+            raise ValueError("max_augment and cache_bytes must be >= 0")
+        if self.timeout <= 0 or self.connect_timeout <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
+        if isinstance(self.tf_probes, bool):
+            self.tf_probes = "on" if self.tf_probes else "off"
+        if self.tf_probes not in PROBE_MODES:
+            raise ValueError(f"tf_probes must be one of {PROBE_MODES}, got {self.tf_probes!r}")
+
+
+@dataclass
+class ProxyState:
+    """What one running proxy app holds. The client session and the reranker exist while the app runs
+    (made at startup, closed at cleanup)."""
+
+    config: ProxyConfig
+    base: str  # the node URL call sites build on (see bmx_rerank.nodes)
+    nodes: Sequence[str]
+    metrics: Metrics
+    admission: Admission
+    session: FailoverSession | None = None  # client traffic, byte-exact (no decompression)
+    reranker: Reranker | None = None
+
+    @property
+    def upstream(self) -> FailoverSession:
+        assert self.session is not None, "the app is not running"
+        return self.session
+
+    @property
+    def rerank(self) -> Reranker:
+        assert self.reranker is not None, "the app is not running"
+        return self.reranker
+
+
+STATE: web.AppKey[ProxyState] = web.AppKey("bmx", ProxyState)

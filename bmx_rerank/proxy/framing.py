@@ -1,0 +1,114 @@
+"""HTTP framing: which headers go on, how the proxy's own answers and errors are written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from bmx_rerank.errors import SearchError, UpstreamError
+
+# RFC 9110 §7.6.1 connection-specific headers, plus those the proxy recomputes itself.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+    )
+)
+# Headers aiohttp would add on its own to an upstream request; the client's own choice must win.
+SKIP_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type", "Accept")
+MARKER_HEADER = "X-BMX-Rerank"
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))  # the cluster's
+MAX_LINE = 4096  # request line, as Elasticsearch's http.max_initial_line_length
+MAX_FIELD = 8192  # one header, as Elasticsearch's http.max_header_size
+
+
+def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """Headers minus hop-by-hop ones (and `drop`), duplicates kept: a request's or an answer's."""
+    skip = HOP_BY_HOP | {d.lower() for d in drop}
+    out: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() not in skip:
+            out.add(name, value)
+    return out
+
+
+def client_headers(request: web.Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """What goes upstream on the client's behalf: its end-to-end headers, credentials included."""
+    return end_to_end_headers(request.headers, drop=drop)
+
+
+def json_headers(request: web.Request) -> CIMultiDict[str]:
+    """Client headers for a body the proxy re-serialized: identity encoding both ways."""
+    hdrs = client_headers(request, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
+    if "Content-Type" not in hdrs:
+        hdrs["Content-Type"] = "application/json"
+    return hdrs
+
+
+def unreadable_format(request: web.Request) -> str | None:
+    """ "format" when the client asked for an answer the proxy cannot rerank (YAML, CBOR, Smile, via
+    `format` or `Accept`): it would get the raw window otherwise. Such a search passes through."""
+    fmt = request.query.get("format")
+    if fmt is not None and fmt.lower() != "json":
+        return "format"
+    accept = request.headers.get("Accept", "").lower()
+    if accept and "json" not in accept and "*/*" not in accept:
+        return "format"
+    return None
+
+
+def error_response(err: SearchError) -> web.Response:
+    """An error as the client would get it from the cluster: the cluster's own payload when it sent one."""
+    if isinstance(err, UpstreamError) and err.payload:
+        resp = web.Response(status=err.status, body=err.payload)
+        resp.headers["Content-Type"] = err.content_type
+        return resp
+    resp = web.Response(status=err.status, body=orjson.dumps(err.body()))
+    resp.headers["Content-Type"] = "application/json"
+    return resp
+
+
+def raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web.Response:
+    """The cluster's buffered answer as it was."""
+    resp = web.Response(status=status, body=payload)
+    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length",)))
+    return resp
+
+
+async def json_answer(
+    request: web.Request,
+    status: int,
+    headers: CIMultiDict[str],
+    body: Any,
+    extra: Mapping[str, str],
+    big: bool = False,
+) -> web.Response:
+    """An answer the proxy built; indented, with a final newline, when the client asked for `pretty`.
+    A `big` one is serialized in a worker thread."""
+    pretty = request.query.get("pretty", "false").lower() in ("", "true")
+    option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE if pretty else 0)
+    data = (
+        await asyncio.to_thread(orjson.dumps, body, option=option)
+        if big
+        else orjson.dumps(body, option=option)
+    )
+    resp = web.Response(status=status, body=data)
+    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length", "Content-Encoding")))
+    if "Content-Type" not in resp.headers:
+        resp.headers["Content-Type"] = "application/json"
+    resp.headers.update(extra)
+    return resp

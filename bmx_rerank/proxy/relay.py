@@ -1,0 +1,126 @@
+"""Calls to the cluster on a client's behalf: streamed byte for byte (passthrough), or buffered (a
+rerank's first stage). A call that gets no usable answer is a 502 or 504 in the cluster's error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import logging
+import time
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from bmx_rerank.errors import bad_request, timed_out, unreachable
+from bmx_rerank.proxy.bodies import BAD_ENCODING
+from bmx_rerank.proxy.config import STATE
+from bmx_rerank.proxy.framing import SKIP_AUTO, client_headers, end_to_end_headers, json_headers
+
+log = logging.getLogger("bmx_rerank.proxy")
+
+
+async def forward(
+    request: web.Request,
+    data: Any,
+    *,
+    headers: CIMultiDict[str] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> web.StreamResponse:
+    """Send the request upstream and stream the answer back byte for byte."""
+    state = request.app[STATE]
+    hdrs = headers if headers is not None else client_headers(request)
+    if isinstance(data, (bytes, bytearray)):
+        hdrs.popall("Content-Length", None)
+    target = URL(state.base + request.raw_path, encoded=True)
+    start = time.perf_counter()
+    with upstream_failures(request):
+        upstream = await state.upstream.request(
+            request.method,
+            target,
+            data=data,
+            headers=hdrs,
+            skip_auto_headers=SKIP_AUTO,
+            allow_redirects=False,
+            compress=None,
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=state.config.connect_timeout, sock_read=state.config.timeout
+            ),
+        )
+    state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
+    try:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        resp.headers.extend(end_to_end_headers(upstream.headers))
+        for name, value in (extra or {}).items():
+            resp.headers[name] = value
+        await resp.prepare(request)
+        if request.method != "HEAD":
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+        # Headers are gone already: the only honest signal left is to cut the connection.
+        log.warning("upstream broke mid-body", extra={"fields": {"error": exc.__class__.__name__}})
+        raise ConnectionResetError("upstream broke mid-body") from exc
+    finally:
+        upstream.release()
+
+
+async def call(
+    request: web.Request, params: Mapping[str, str], body: bytes, name: str
+) -> tuple[int, CIMultiDict[str], bytes]:
+    """One buffered call to the request's own path with `params`, the client's headers (identity
+    encoding) and a body the proxy wrote; the answer inflated when the cluster compressed it."""
+    state = request.app[STATE]
+    url = URL(state.base + request.path, encoded=False).with_query(params)
+    start = time.perf_counter()
+    try:
+        with upstream_failures(request):
+            async with state.upstream.request(
+                request.method,
+                url,
+                data=body,
+                headers=json_headers(request),
+                skip_auto_headers=SKIP_AUTO,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=state.config.timeout),
+            ) as resp:
+                payload = await resp.read()
+                headers = CIMultiDict(resp.headers)
+                status = resp.status
+    finally:
+        state.metrics.upstream_seconds.labels(name).observe(time.perf_counter() - start)
+    if headers.get("Content-Encoding", "identity").lower() == "gzip":
+        try:
+            payload = gzip.decompress(payload)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise unreachable(
+                f"{request.method} {request.path}: the cluster's answer is not valid gzip"
+            ) from exc
+        headers.popall("Content-Encoding", None)
+    return status, headers, payload
+
+
+@contextlib.contextmanager
+def upstream_failures(request: web.Request) -> Iterator[None]:
+    """A call to the cluster that did not give a usable answer: 504 when slow, else 502 (refused,
+    dropped, or not HTTP at all), in the cluster's error shape. Never the URL: it is the cluster's."""
+    try:
+        yield
+    except asyncio.TimeoutError as exc:
+        timeout = request.app[STATE].config.timeout
+        raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
+    except aiohttp.ClientError as exc:
+        encoding = request.get(BAD_ENCODING)
+        if encoding:  # the cluster closed the connection on a body that does not decode
+            raise bad_request(
+                f"the request body is labelled [Content-Encoding: {encoding}] but is not valid {encoding}",
+                "parse_exception",
+            ) from exc
+        raise unreachable(f"{request.method} {request.path} failed: {exc.__class__.__name__}") from exc

@@ -1,0 +1,77 @@
+"""`_search`: read the body, plan it, and either forward it or have the pipeline rerank it, the first
+stage sent by `relay.call`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from bmx_rerank.errors import bad_request
+from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
+from bmx_rerank.proxy.config import STATE
+from bmx_rerank.proxy.framing import (
+    MARKER_HEADER,
+    client_headers,
+    json_answer,
+    json_headers,
+    raw_response,
+    unreadable_format,
+)
+from bmx_rerank.proxy.relay import call, forward
+from bmx_rerank.rerank.pipeline import Answer, Marker, skipped
+from bmx_rerank.rerank.plan import Plan, asks_bmx
+from bmx_rerank.upstream import forwardable_headers
+
+MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for the request's metrics
+
+
+async def search(request: web.Request, index: str | None) -> web.StreamResponse:
+    state = request.app[STATE]
+    raw, decoded = await read_json_body(request, state.config.max_body)
+    body = await parse(decoded)
+    if body is Unparsable or (body is not None and not isinstance(body, dict)):
+        return await forward(request, raw or None)
+    if body is not None and too_deep(body):
+        if asks_bmx(body):
+            raise too_deep_error()
+        return await forward(request, raw or None)  # the cluster answers such a body for itself
+    headers = forwardable_headers(client_headers(request))
+    params = dict(request.query)
+    plan = await state.admission.plan(index, body, params, headers, skip=unreadable_format(request))
+    if plan.spec is None:
+        extra = None
+        if plan.skipped:
+            request[MARKER] = skipped(plan.skipped)
+            extra = {MARKER_HEADER: str(request[MARKER])}
+        if plan.body == body:  # a policy's search: its original bytes
+            return await forward(request, raw or None, extra=extra)
+        return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
+    if index is None:
+        raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
+    return await rerank(request, index, plan, headers)
+
+
+async def rerank(
+    request: web.Request, index: str, plan: Plan, headers: Mapping[str, str]
+) -> web.StreamResponse:
+    """The pipeline's rerank, its first stage sent to the request's own path."""
+    state = request.app[STATE]
+
+    async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
+        status, answer_headers, payload = await call(request, params, orjson.dumps(body), "search")
+        data = await parse(payload) if status < 300 else Unparsable
+        readable = data if isinstance(data, dict) else None
+        return Answer(status, readable, (answer_headers, payload))
+
+    with state.admission.slot():
+        outcome = await state.rerank.rerank(index, plan, headers, first_stage)
+    answer_headers, payload = outcome.answer.raw
+    if outcome.body is None or outcome.marker is None:
+        return raw_response(outcome.answer.status, answer_headers, payload)
+    request[MARKER] = outcome.marker
+    extra = {MARKER_HEADER: str(outcome.marker)}
+    big = len(payload) > THREAD_BYTES
+    return await json_answer(request, outcome.answer.status, answer_headers, outcome.body, extra, big)

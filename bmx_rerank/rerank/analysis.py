@@ -1,0 +1,126 @@
+"""The query's tokens as the cluster analyses them: each scored text with its field's search analyzer.
+
+Tokens are remembered for a while (`AnalysisCache`), so a repeated query costs no `_analyze` round trip:
+the first stage waits for them when it carries probes (they are made of the tokens). Keyed by (caller,
+index, analyzer or field, text): a caller never gets tokens analysed with another's credentials, and an
+analyzer change (a mapping update, a reopened index) is seen within the cache's `ttl`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import aiohttp
+from cachetools import TTLCache
+
+from bmx_rerank.errors import UpstreamError
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.rerank.candidates import caller
+from bmx_rerank.rerank.plan import Plan
+from bmx_rerank.rerank.query import fields, leaves
+from bmx_rerank.rerank.rescore import leaf_queries
+from bmx_rerank.rerank.window import Tokens
+from bmx_rerank.upstream import analyze, search_analyzer
+
+AnalysisKey = tuple[str, str, str, str]
+ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
+ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
+
+
+class AnalysisCache:
+    """A bounded TTL map from `AnalysisKey` to the tokens `_analyze` gave."""
+
+    def __init__(self, capacity: int = 10_000, ttl: float = 60.0) -> None:
+        self.capacity = capacity
+        self._items: TTLCache[AnalysisKey, tuple[str, ...]] = TTLCache(maxsize=max(1, capacity), ttl=ttl)
+
+    async def tokens(self, key: AnalysisKey, analyze: Callable[[], Awaitable[list[str]]]) -> list[str]:
+        """The cached tokens of `key`, else `analyze()`'s (remembered when it succeeds)."""
+        if self.capacity > 0:
+            found = self._items.get(key)
+            if found is not None:
+                return list(found)
+        tokens = await analyze()
+        if self.capacity > 0:
+            self._items[key] = tuple(tokens)
+        return tokens
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Analysis:
+    """Analyses a plan's texts on one cluster, with the caller's credentials."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        metrics: Metrics,
+        *,
+        cache: AnalysisCache | None = None,
+        timeout: float | None,
+        identity_headers: Sequence[str],
+    ) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.metrics = metrics
+        self.cache = cache if cache is not None else AnalysisCache()
+        self.timeout = timeout
+        self.identity_headers = tuple(identity_headers)
+        self._analyzers: TTLCache[tuple[str, str], str | None] = TTLCache(ANALYZER_CACHE, ANALYZER_TTL)
+
+    async def tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> Tokens:
+        """Every leaf's text and every augmentation, analysed with the search analyzer of its field."""
+        assert plan.spec is not None
+        tree = plan.scored
+        names = fields(tree)
+        analyzers = await asyncio.gather(*(self.search_analyzer(index, f, headers) for f in names))
+        by_field = dict(zip(names, analyzers, strict=True))
+        pairs = list(
+            dict.fromkeys(p for leaf in leaves(tree) for p in leaf_queries(leaf, plan.spec.augment.queries))
+        )
+        who = caller(headers, self.identity_headers)
+
+        def cached(f: str, text: str) -> Awaitable[list[str]]:
+            key = (who, index, f"analyzer:{by_field[f]}" if by_field[f] else f"field:{f}", text)
+            return self.cache.tokens(key, lambda: self._analyze(index, f, text, headers, by_field[f]))
+
+        found = await asyncio.gather(*(cached(f, t) for f, t in pairs))
+        return dict(zip(pairs, found, strict=True))
+
+    async def search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
+        """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
+
+        A mapping read is remembered for ANALYZER_TTL seconds and shared by every caller: it is the
+        index's, not the caller's, and who may search the index learns nothing else from it (each caller
+        still runs `_analyze` and the search with its own credentials). A failed read is not
+        remembered: one caller without view_index_metadata (or a missing index) must not decide the
+        analyzer of the others, nor fill the memory with names of indices that do not exist."""
+        key = (index, field)
+        if key in self._analyzers:
+            return self._analyzers[key]
+        try:
+            name = await self.metrics.timed(
+                "mapping", search_analyzer(self.session, self.base_url, index, field, headers, self.timeout)
+            )
+        except UpstreamError as exc:
+            # Reading mappings needs view_index_metadata, which a search-only user may lack: analyze
+            # with the field then, which is exact unless the mapping sets a search_analyzer.
+            if exc.status not in (400, 401, 403, 404, 405):
+                raise
+            return None
+        self._analyzers[key] = name
+        return name
+
+    async def _analyze(
+        self, index: str, field: str, text: str, headers: Mapping[str, str], analyzer: str | None
+    ) -> list[str]:
+        if not text.strip():
+            return []
+        return await self.metrics.timed(
+            "analyze",
+            analyze(
+                self.session, self.base_url, index, field, text, headers, self.timeout, analyzer=analyzer
+            ),
+        )

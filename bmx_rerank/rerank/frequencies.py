@@ -1,0 +1,193 @@
+"""Each hit's term frequencies and length per scored field: from the first stage's probes, the caches,
+the statistics' length tables, or `_mtermvectors`.
+
+A hit is dropped (None) when its document is gone (deleted between the first stage and the term
+vectors) or changed (its term vectors carry another `_version` than the hit: updated, and refreshed, in
+between). A changed document's terms are not cached: they are not the hit's version, and
+`_mtermvectors` does not say which `_seq_no` they are (the next search's hit will)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
+from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.upstream import DocTerms, mtermvectors_fields
+
+TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
+HitTerms = dict[str, DocTerms]  # one hit's terms per field
+
+
+class TermFrequencies:
+    """Where a window's frequencies come from, with the caches shared by every request."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        metrics: Metrics,
+        *,
+        cache: TermVectorCache,
+        lengths: tf_probe.LengthCache,
+        timeout: float | None,
+    ) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.metrics = metrics
+        self.cache = cache
+        self.lengths = lengths
+        self.timeout = timeout
+
+    async def from_term_vectors(
+        self,
+        hits: Sequence[Mapping[str, Any]],
+        names: Sequence[str],
+        who: str,
+        headers: Mapping[str, str],
+        needs: Mapping[str, Collection[str]] | None = None,
+    ) -> tuple[list[HitTerms | None], int]:
+        """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
+        `_mtermvectors` for all fields; and how many hits that fetched. A cached partial entry serves
+        only if it knows every token of `needs[field]` (None: full term vectors only)."""
+        found: list[HitTerms] = []
+        get = self.cache.get
+        for hit in hits:
+            cached = {f: get(cache_key(hit, f, who), None if needs is None else needs[f]) for f in names}
+            found.append({f: d for f, d in cached.items() if d is not None})
+        missing = [i for i, d in enumerate(found) if len(d) < len(names)]
+        self._count(sum(len(d) for d in found), len(hits) * len(names))
+        gone: set[int] = set()
+        if missing:
+            fetched = await self._fetch([hits[i] for i in missing], names, headers)
+            for i, by_field in zip(missing, fetched, strict=True):
+                if not same_version(hits[i], by_field.values()):
+                    gone.add(i)
+                    continue
+                for f, terms in by_field.items():
+                    found[i].setdefault(f, terms)
+                    key = cache_key(hits[i], f, who)
+                    self.cache.put(key, terms)
+                    self.lengths.put(key, terms.length)  # a later probed window needs only this
+        return [None if i in gone else d for i, d in enumerate(found)], len(missing)
+
+    async def from_probes(
+        self,
+        hits: Sequence[Mapping[str, Any]],
+        frequencies: Sequence[tf_probe.Frequencies | None],
+        names: Sequence[str],
+        who: str,
+        headers: Mapping[str, str],
+        stats: Mapping[str, Awaitable[StatsView]],
+    ) -> tuple[list[HitTerms | None], int]:
+        """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
+        stage reported them, its lengths from the length cache, else from the statistics snapshot's
+        length table (`StatsView.lengths`, exact document versions only); `_mtermvectors` only for the
+        hits both miss (their lengths are then remembered), dropped as `from_term_vectors` drops them.
+        What it finds goes into the term-vector cache, as fetched term vectors do.
+
+        A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
+        refs = doc_refs(hits)
+        keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
+        lengths = [
+            {f: self.lengths.get(k) for f, k in key.items()} if tf is not None else {}
+            for key, tf in zip(keys, frequencies, strict=True)
+        ]
+        missing = _unknown(lengths, names)
+        self._count((len(hits) - len(missing)) * len(names), len(hits) * len(names))
+        probed = [i for i in missing if frequencies[i] is not None]
+        if probed:
+            views = await asyncio.gather(*(stats[f] for f in names))
+            tabled = table_lengths([hits[i] for i in probed], names, views)
+            for i, found_lengths in zip(probed, tabled, strict=True):
+                lengths[i] = {f: n if n is not None else found_lengths[f] for f, n in lengths[i].items()}
+            missing = _unknown(lengths, names)
+        found: list[HitTerms | None] = [
+            None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
+            for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
+        ]
+        if missing:
+            fetched = await self._fetch([hits[i] for i in missing], names, headers)
+            for i, by_field in zip(missing, fetched, strict=True):
+                tf = frequencies[i]
+                if not same_version(hits[i], by_field.values()):
+                    continue  # dropped, as `from_term_vectors` drops it
+                if tf is None:
+                    found[i] = dict(by_field)
+                    continue
+                for f, terms in by_field.items():
+                    self.lengths.put(keys[i][f], terms.length)
+                found[i] = {
+                    f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
+                }
+        for key, by_field in zip(keys, found, strict=True):  # for next time (probed: partial entries)
+            for f, doc in (by_field or {}).items():
+                self.cache.put(key[f], doc)
+        return found, len(missing)
+
+    async def _fetch(
+        self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]
+    ) -> list[HitTerms]:
+        """The hits' term vectors in every field, TERMVECTOR_BATCH documents per `_mtermvectors`, from
+        the refreshed view the hits (and their `_seq_no`) come from."""
+        refs = doc_refs(hits)
+        batches = [refs[i : i + TERMVECTOR_BATCH] for i in range(0, len(refs), TERMVECTOR_BATCH)]
+        parts = await asyncio.gather(
+            *(
+                self.metrics.timed(
+                    "termvectors",
+                    mtermvectors_fields(
+                        self.session, self.base_url, batch, names, headers, self.timeout, realtime=False
+                    ),
+                )
+                for batch in batches
+            )
+        )
+        return [terms for part in parts for terms in part]
+
+    def _count(self, hit: int, looked_up: int) -> None:
+        self.metrics.cache.labels("hit").inc(hit)
+        self.metrics.cache.labels("miss").inc(looked_up - hit)
+
+
+def table_lengths(
+    hits: Sequence[Mapping[str, Any]], names: Sequence[str], views: Sequence[StatsView]
+) -> list[dict[str, int | None]]:
+    """Each hit's length per field from the length table of its index in that field's view: None
+    where the view has no table for the index or the table not this version of the document."""
+    out: list[dict[str, int | None]] = [{} for _ in hits]
+    by_index: dict[str, list[int]] = {}
+    for i, hit in enumerate(hits):
+        by_index.setdefault(str(hit.get("_index")), []).append(i)
+    for name, view in zip(names, views, strict=True):
+        tables = view.lengths or {}
+        for index, rows in by_index.items():
+            table = tables.get(index)
+            found: list[int | None] = [None] * len(rows)
+            if table is not None:
+                found = table.lookup(
+                    [str(hits[i].get("_id")) for i in rows],
+                    [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
+                    [hits[i].get("_seq_no") for i in rows],
+                    [hits[i].get("_primary_term") for i in rows],
+                )
+            for i, n in zip(rows, found, strict=True):
+                out[i][name] = n
+    return out
+
+
+def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
+    """The term vectors are of the hit's document as the hit shows it: found, and of its `_version`
+    (when the hit carries one)."""
+    version = hit.get("_version")
+    return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)
+
+
+def _unknown(lengths: Sequence[Mapping[str, int | None]], names: Sequence[str]) -> list[int]:
+    """The hits some field's length is not known for."""
+    return [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]

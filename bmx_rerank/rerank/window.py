@@ -1,0 +1,90 @@
+"""The window in flight: one rerank's first-stage request and the calls started beside it.
+
+A window is opened before the first stage is sent (its analysis and statistics lookups overlap with
+the search) and closed, whatever happens, when the rerank ends: `close` cancels what still runs."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.plan import Plan
+from bmx_rerank.stats.cache import StatsView
+
+Pair = tuple[str, str]  # (field, text): one text analysed with one field's search analyzer
+Tokens = dict[Pair, list[str]]
+
+
+@dataclass
+class Window:
+    """One rerank's window: what the first stage asks for (`body`, `params`) and the calls under way.
+
+    `probe` is set when the first stage carries term-frequency probes; otherwise `unprobed_because`
+    says why not (the marker's `tf_probes`): "not_tried" for a first stage that never asks (an
+    `_msearch` item)."""
+
+    index_expr: str
+    plan: Plan
+    digest: str  # what identifies the window request (see `window_digest`)
+    body: dict[str, Any] | None
+    params: dict[str, str]
+    tokens: asyncio.Task[Tokens] | None  # the query's analysis, when the index is known up front
+    stats: dict[str, asyncio.Task[StatsView]]  # one statistics lookup per scored field
+    probe: tf_probe.Probe | None = None
+    unprobed_because: str | None = "not_tried"
+    unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # the request without probes
+
+    def close(self) -> None:
+        """Cancel the calls still running; retrieve the failures of those that ended (so asyncio does
+        not warn about them)."""
+        for task in (self.tokens, *self.stats.values()):
+            if task is None:
+                continue
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()
+
+    def msearch_header(self, header: Mapping[str, Any], url_preference: str | None = None) -> dict[str, Any]:
+        """An `_msearch` item header with the window's preference, unless the caller set one (in the
+        header, or for every item in the `_msearch` URL)."""
+        if "preference" in header or url_preference is not None:
+            return dict(header)
+        return {**header, "preference": self.params["preference"]}
+
+
+def window_digest(index_expr: str, plan: Plan) -> str:
+    """What identifies a window request: the index expression, the first-stage body (which asks for
+    0..window_size, the same for every page of one query) and the parameters, the caller's
+    `preference` included."""
+    return hashlib.sha256(
+        orjson.dumps([index_expr, plan.body, sorted(plan.params.items())], option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+
+
+def window_request(
+    index_expr: str, plan: Plan, digest: str | None = None
+) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """The first-stage body and query parameters for the window.
+
+    - `preference`: the caller's if given, else one derived from the index and the window request
+      (which is the same for every page of one query: it asks for 0..window_size): pages 0, 10, 20 are
+      served by the same shard copies, so they neither repeat nor skip hits.
+    - `version: true`: the term vectors of a hit are used only if their `_version` is the hit's (see
+      `frequencies`); the field is removed from the answer unless the caller asked for it."""
+    params = dict(plan.params)
+    body = None if plan.body is None else {**plan.body, "version": True}
+    if "preference" not in params:
+        params["preference"] = f"bmx-{(digest or window_digest(index_expr, plan))[:16]}"
+    return body, params
+
+
+def known_index(index_expr: str) -> bool:
+    """An expression `_analyze` accepts before the hits say which indices they come from."""
+    return bool(index_expr) and not any(c in index_expr for c in "*,") and not index_expr.startswith("_")
