@@ -18,6 +18,7 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.source import FixedStats
+from bmx_rerank.upstream import Cluster
 from tests.integration.conftest import EngineClient
 from tests.integration.recorder import Recorder
 from tests.integration.test_proxy import ProxyThread
@@ -156,7 +157,7 @@ async def _build(base: str, index: str, sweep: Any = stats_build.build) -> Any:
     """The statistics of `body` (`stats_build.build`), or whatever `sweep` returns (with their tables:
     `stats_build.build_with_lengths`)."""
     async with aiohttp.ClientSession() as session:
-        return await sweep(session, base, index, "body", {})
+        return await sweep(Cluster(session, base), index, "body", {})
 
 
 def _search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
