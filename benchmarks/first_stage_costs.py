@@ -4,7 +4,7 @@ size-10/100/1000, size-100 without _source, the term-frequency probes in the pla
 `match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
 Each probed answer is checked against the plain one: the same ids and scores, and the probes reported.
 
-    .venv/bin/python benchmarks/first_stage_costs.py http://127.0.0.1:9200 [QUERIES]
+    .venv/bin/python -m benchmarks.first_stage_costs http://127.0.0.1:9200 [QUERIES]
 
 QUERIES (default 220) SciFact queries, the first 20 unmeasured.
 """
@@ -13,13 +13,9 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proxy_latency import Http, index_corpus, load  # noqa: E402
-
-from bmx_rerank.rerank import tf_probe  # noqa: E402
+from benchmarks.proxy_latency import Http, index_corpus, load
+from bmx_rerank.rerank import tf_probe
 
 WARMUP = 20
 

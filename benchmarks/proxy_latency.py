@@ -22,7 +22,7 @@ engine (its `_nodes/stats`), the proxy (its processes, /proc) and the client (th
 cores they explain the throughput ratios. Prints Markdown tables, writes the raw numbers
 as JSON and a plot (p50 at one client vs window, one line per way of asking, one panel per engine).
 
-    .venv/bin/python benchmarks/proxy_latency.py [--engines es,os] [--queries 120] [--windows 10,100,1000]
+    .venv/bin/python -m benchmarks.proxy_latency [--engines es,os] [--queries 120] [--windows 10,100,1000]
         [--clients 1,8,32] [--duration 4] [--workers 1,2] [--loop uvloop] [--plot benchmarks/latency.png]
 """
 
@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCIFACT = Path(os.environ.get("BMX_BEIR", "/work/shared/data/beir")) / "scifact"
@@ -111,7 +113,6 @@ def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
 def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
     """Exact statistics of the index's `body` and, in versions that build one, each concrete index's
     document-length table (what `stats build` keeps), from one sweep."""
-    sys.path.insert(0, str(ROOT))
     import aiohttp
 
     from bmx_rerank.stats import build as stats_build
@@ -269,14 +270,6 @@ def engine_cpu(url: str) -> float:
     return sum(process_cpu(int(n["process"]["id"])) for n in nodes)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proxy:
     """A proxy (or the bare relay) in a child process; `checkout`: another checkout's code and venv
     (benchmarks/ab_proxies.py), else this one's."""
@@ -305,11 +298,12 @@ class Proxy:
                 str(workers),
                 loop,
             ]
-        python, script = sys.executable, __file__
-        if checkout is not None:
-            python, script = str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/proxy_latency.py")
+        python = sys.executable if checkout is None else str(checkout / ".venv/bin/python")
         self.child = subprocess.Popen(
-            [python, script, *argv], stdout=subprocess.PIPE, text=True, cwd=checkout
+            [python, "-m", "benchmarks.proxy_latency", *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=checkout or ROOT,
         )
         assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
         self.url = f"http://127.0.0.1:{self.port}"

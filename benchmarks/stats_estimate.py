@@ -1,6 +1,6 @@
 """How far the estimated mode's rankings are from exact ones, on SciFact and NFCorpus.
 
-    .venv/bin/python benchmarks/stats_estimate.py
+    .venv/bin/python -m benchmarks.stats_estimate
 
 Offline and deterministic: documents (`title + " " + text`) and queries are tokenized like the
 standard analyzer (lowercase, Unicode word characters), exact statistics come from every document

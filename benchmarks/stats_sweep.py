@@ -1,6 +1,6 @@
 """Statistics benchmarks: sweep throughput next to a bare scan, and loading a large vocabulary.
 
-    .venv/bin/python benchmarks/stats_sweep.py --upstream http://127.0.0.1:9200 [--terms 1000000]
+    .venv/bin/python -m benchmarks.stats_sweep --upstream http://127.0.0.1:9200 [--terms 1000000]
 
 1. Indexes SciFact (`title + " " + text`, standard analyzer, 1 shard) into `bmxtest-stats-bench-*`,
    (`--term-vector yes`: with stored term vectors), then times, on the same index: a bare scan of every id (PIT or scroll, no `_source`), a scan that

@@ -1,19 +1,16 @@
 """What stored term vectors cost on disk: SciFact (title + text in one field) indexed twice, with
 `term_vector: no` and `yes`, force-merged to one segment; the primaries' store size of each.
 
-    .venv/bin/python benchmarks/term_vector_size.py [--upstream http://127.0.0.1:9200]
+    .venv/bin/python -m benchmarks.term_vector_size [--upstream http://127.0.0.1:9200]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, load  # noqa: E402
+from benchmarks.proxy_latency import Http, load
 
 
 def store_size(engine: Http, docs: list[dict], term_vector: str) -> int:

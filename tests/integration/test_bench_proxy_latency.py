@@ -48,9 +48,15 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
     import sys
     from pathlib import Path
 
-    script = Path(bench.__file__).with_name("profile_rerank.py")
+    root = Path(bench.__file__).resolve().parents[1]
     args = ["--upstream", elasticsearch_url, "--mode", "first", "--requests", "5", "--profile-out", ""]
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_rerank", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     cpu = re.search(r"CPU per request: proxy ([\d.]+) ms, engine ([\d.]+) ms, client ([\d.]+) ms", run.stdout)
     assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, run.stdout
@@ -67,8 +73,13 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
 
     root = Path(bench.__file__).resolve().parents[1]
     args = [str(root), str(root), "--mode", "first", "--queries", "3", "--upstream", elasticsearch_url]
-    script = root / "benchmarks" / "ab_proxies.py"
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ab_proxies", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
     assert len(lines) == 2 and all(float(p) > 0 and float(cpu) > 0 for p, _, cpu in lines), run.stdout
@@ -82,9 +93,13 @@ def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elas
     import sys
     from pathlib import Path
 
-    script = Path(bench.__file__).with_name("first_stage_costs.py")
+    root = Path(bench.__file__).resolve().parents[1]
     run = subprocess.run(
-        [sys.executable, str(script), elasticsearch_url, "23"], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.first_stage_costs", elasticsearch_url, "23"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     rows = dict(re.findall(r"^(.+?)\s+p50\s+([\d.]+) ms$", run.stdout, re.M))

@@ -10,7 +10,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -19,12 +18,10 @@ import pytest
 from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
 from bmx_rerank.errors import SearchError
 from bmx_rerank.stats.build import build_snapshots
+from tests.support.data import vectors
+from tests.support.engine_client import EngineClient
 
-from .conftest import EngineClient
-
-VECTORS = json.loads(
-    (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
-)
+VECTORS = vectors()
 CASE = VECTORS["cases"][0]  # BMX with defaults, query t0 t3, normalized variants too
 
 

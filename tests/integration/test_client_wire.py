@@ -20,9 +20,9 @@ import trustme
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient
 from bmx_rerank.stats.build import build_snapshots
+from tests.support.engine_client import EngineClient
+from tests.support.recorder import Recorder
 
-from .conftest import EngineClient
-from .recorder import Recorder
 from .test_client import CASE, VECTORS
 
 AUTH = ("bmx-user", "s3cret")

@@ -25,10 +25,10 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats import sweep
 from bmx_rerank.stats.cache import StatsCache
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread
 from tests.integration.test_tf_probe import TV, _lines, _same, _scores
 from tests.integration.test_tf_probe import _search as _answer
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 pytestmark = pytest.mark.integration
 

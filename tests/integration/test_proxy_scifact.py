@@ -18,10 +18,11 @@ from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, analyze, mtermvectors
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import SHARED, ProxyThread, _bulk
+from tests.support.corpora import bulk
+from tests.support.data import SCIFACT
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
-SCIFACT = SHARED / "data" / "beir" / "scifact"
 N_DOCS = 1000
 N_QUERIES = 8
 
@@ -50,7 +51,7 @@ def scifact(engine: EngineClient) -> Iterator[tuple]:
     mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
     engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
     corpus = _lines("corpus.jsonl", N_DOCS)
-    _bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in corpus})
+    bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in corpus})
     queries = [q["text"] for q in _lines("queries.jsonl", N_QUERIES)]
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats)

@@ -10,8 +10,8 @@ import numpy as np
 from bmx_rerank import scoring
 from bmx_rerank.client import BMXClient
 from bmx_rerank.stats.corpus import CorpusStats
+from tests.support.engine_client import EngineClient
 
-from .conftest import EngineClient
 from .test_client import VECTORS, _official, index_vectors
 
 CORPUS = VECTORS["corpus"]

@@ -7,7 +7,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import orjson
@@ -18,11 +17,11 @@ from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.sweep import sweep_index
-from tests.integration.conftest import EngineClient
+from tests.support.data import SCIFACT
+from tests.support.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
 
-SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
 DOCS = 1500
 
 

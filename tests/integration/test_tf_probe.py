@@ -7,7 +7,6 @@ import json
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,13 +17,13 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
-from tests.integration.conftest import EngineClient
-from tests.integration.recorder import Recorder
-from tests.integration.test_proxy import ProxyThread
+from tests.support.data import SCIFACT
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
+from tests.support.recorder import Recorder
 
 pytestmark = pytest.mark.integration
 
-SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
 DOCS = 800
 QUERIES = 25
 TV = {"term_statistics": False, "field_statistics": False, "positions": False, "offsets": False}

@@ -29,7 +29,7 @@ from bmx_rerank.cli.serve import statistics_source
 from bmx_rerank.nodes import NodePool, server_ssl
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
-from tests.integration.conftest import EngineClient
+from tests.support.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
 

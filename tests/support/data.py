@@ -1,0 +1,18 @@
+"""Where the shared data lie: the test vectors and the BEIR datasets, in `shared/` beside the checkout
+(they are not part of it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+VECTORS_FILE = SHARED / "testvectors" / "bmx_small.json"
+BEIR = SHARED / "data" / "beir"
+SCIFACT = BEIR / "scifact"
+
+
+def vectors() -> dict[str, Any]:
+    """bmx_small.json: a small corpus, queries and the expected BMX/BM25 scores of each case."""
+    return json.loads(VECTORS_FILE.read_text())
