@@ -1,5 +1,5 @@
 """Production query shapes reranked exactly: for each, the proxy's scores equal a brute-force BMX computed
-here, document by document (tests/unit/naive.py), from the same tokens and per-field statistics, to 1e-6.
+here, document by document (tests/support/naive.py), from the same tokens and per-field statistics, to 1e-6.
 
 Both engines, 3 shards. Statistics come from `bmx-rerank stats build INDEX --field title --field text`
 (one snapshot per field) through the cluster-backed cache the server uses. The words are lowercase ASCII
@@ -32,27 +32,12 @@ from bmx_rerank.upstream import request_json
 from tests.support import naive
 from tests.support.corpora import bulk
 from tests.support.engine_client import EngineClient
+from tests.support.naive import FIELDS, WORDS
+from tests.support.naive import FieldsCorpus as Corpus
 from tests.support.proxy_thread import ProxyThread
 
-WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
 WINDOW = 60  # more than the corpus: the window is every match
 TOLERANCE = 1e-6
-FIELDS = ("title", "text")
-
-
-class Corpus:
-    """The indexed documents as token lists per field: the brute force's whole input."""
-
-    def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
-        self.docs = docs
-        self.tokens = {f: {i: d[f].split() for i, d in docs.items()} for f in FIELDS}
-
-    def bmx(self, field: str, doc_id: str, text: str) -> float:
-        """Naive BMX of one document's field for a text, with that field's statistics."""
-        return naive.bmx(list(self.tokens[field].values()), self.tokens[field][doc_id], text.split())
-
-    def holds(self, field: str, doc_id: str, text: str) -> bool:
-        return bool(set(self.tokens[field][doc_id]) & set(text.split()))
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,8 @@ brute-force BMX over every document's term vectors: same documents, same scores,
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
-from itertools import islice
 
 import aiohttp
 import numpy as np
@@ -19,17 +17,12 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, analyze, mtermvectors
 from tests.support.corpora import bulk
-from tests.support.data import SCIFACT
+from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
 
 N_DOCS = 1000
 N_QUERIES = 8
-
-
-def _lines(name: str, n: int) -> list[dict]:
-    with open(SCIFACT / name) as fh:
-        return [json.loads(line) for line in islice(fh, n)]
 
 
 async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]):
@@ -50,9 +43,9 @@ def scifact(engine: EngineClient) -> Iterator[tuple]:
     settings = {"number_of_shards": 2, "number_of_replicas": 0}
     mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
     engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    corpus = _lines("corpus.jsonl", N_DOCS)
+    corpus = scifact_records("corpus.jsonl", N_DOCS)
     bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in corpus})
-    queries = [q["text"] for q in _lines("queries.jsonl", N_QUERIES)]
+    queries = [q["text"] for q in scifact_records("queries.jsonl", N_QUERIES)]
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats)
     ids = [d["_id"] for d in corpus]

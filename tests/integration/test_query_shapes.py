@@ -339,11 +339,11 @@ def test_plain_query_strings_score_as_the_multi_match_they_are_read_as(shapes, q
 def test_the_client_wrapper_marks_a_declined_search(shapes):
     """No header in a library call: the reason is in the `_bmx` marker, the hits are the cluster's."""
     from bmx_rerank.client import BMXClient
-    from tests.integration.test_client import _official
+    from tests.support.clients import official_client
 
     engine, index, _ = shapes
     body = {"query": {"match": {"text": {"query": "alpah", "fuzziness": "AUTO"}}}, "size": 5}
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         answer = bmx.search(index=index, body={**body, "ext": {"bmx": EXT}})
     direct = engine.ok("POST", f"/{index}/_search", body)

@@ -4,7 +4,6 @@ process, on both engines; partial files round-trip and a missing or repeated sli
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterator
 
@@ -17,7 +16,8 @@ from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.sweep import sweep_index
-from tests.support.data import SCIFACT
+from tests.support.corpora import bulk
+from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
@@ -31,15 +31,14 @@ def index(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
     settings = {"number_of_shards": 3, "number_of_replicas": 0}
     mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
     engine.ok("PUT", f"/{name}", {"settings": settings, "mappings": mappings})
-    lines = []
-    with open(SCIFACT / "corpus.jsonl") as fh:
-        for n, line in enumerate(fh):
-            if n >= DOCS:
-                break
-            doc = json.loads(line)
-            lines.append(json.dumps({"index": {"_index": name, "_id": doc["_id"]}}))
-            lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
-    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+    bulk(
+        engine,
+        name,
+        {
+            d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"}
+            for d in scifact_records("corpus.jsonl", DOCS)
+        },
+    )
     try:
         yield engine, name
     finally:

@@ -1,14 +1,18 @@
-"""Bulk loading of corpora into a real engine, and the exact statistics of what was loaded."""
+"""Bulk loading of corpora into a real engine (the test vectors' among them), and the exact statistics of
+what was loaded."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import aiohttp
 
 from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.corpus import CorpusStats
+from tests.support.data import vectors
 from tests.support.engine_client import EngineClient
 
 
@@ -32,3 +36,15 @@ async def exact_stats(base: str, index: str, field: str) -> CorpusStats:
     """The exact statistics of `field` in `index`, from one sweep (as `bmx-rerank stats build`)."""
     async with aiohttp.ClientSession() as session:
         return await stats_build.build(session, base, index, field, {})
+
+
+def index_vectors(engine: EngineClient, index: str, settings: dict, mappings: dict) -> None:
+    """Create `index`, bulk-index the test-vector corpus into `body` and build its statistics."""
+    engine.ok("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, **settings}, "mappings": mappings})
+    bulk(engine, index, {str(i): {"body": " ".join(tokens)} for i, tokens in enumerate(vectors()["corpus"])})
+
+    async def build() -> None:
+        async with aiohttp.ClientSession() as session:
+            await build_snapshots(session, engine.url, index, "body", {})
+
+    asyncio.run(build())

@@ -16,3 +16,14 @@ SCIFACT = BEIR / "scifact"
 def vectors() -> dict[str, Any]:
     """bmx_small.json: a small corpus, queries and the expected BMX/BM25 scores of each case."""
     return json.loads(VECTORS_FILE.read_text())
+
+
+def scifact_records(name: str, limit: int = 0) -> list[dict[str, Any]]:
+    """The first `limit` records (0: all) of a SciFact JSONL file (`corpus.jsonl`, `queries.jsonl`)."""
+    out = []
+    with open(SCIFACT / name) as fh:
+        for line in fh:
+            out.append(json.loads(line))
+            if limit and len(out) >= limit:
+                break
+    return out
