@@ -16,7 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.proxy_latency import Http, Proxy, index_corpus, load, plain, rerank
+from benchmarks.proxy_latency import Http, Proxy, index_corpus, plain, rerank
+from tests.support.data import scifact_records
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, load("corpus.jsonl", 0))
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
     proxies: list[Proxy] = []
     try:
         for checkout in args.checkouts:
@@ -47,7 +48,7 @@ def main() -> None:
             )
         conns = [Http(proxy.url) for proxy in proxies]
         path = f"/{index}/_search"
-        queries = [q["text"] for q in load("queries.jsonl", args.queries)]
+        queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
         if args.mode == "warm":
             for q in queries:
                 for conn in conns:

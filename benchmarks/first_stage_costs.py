@@ -14,8 +14,9 @@ import sys
 import time
 import uuid
 
-from benchmarks.proxy_latency import Http, index_corpus, load
+from benchmarks.proxy_latency import Http, index_corpus
 from bmx_rerank.rerank import tf_probe
+from tests.support.data import scifact_records
 
 WARMUP = 20
 
@@ -33,7 +34,7 @@ def main() -> None:
     url, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 220
     e = Http(url)
     idx = f"bmxtest-costs-{uuid.uuid4().hex[:8]}"
-    index_corpus(e, idx, load("corpus.jsonl", 0))
+    index_corpus(e, idx, scifact_records("corpus.jsonl", 0))
     times: dict[str, list[float]] = {}
     named = f"/{idx}/_search?{tf_probe.PARAM}=true"
 
@@ -49,7 +50,7 @@ def main() -> None:
         assert any(h.get("matched_queries") for h in a["hits"]["hits"]), "no probe reported"
 
     try:
-        for q in (q["text"] for q in load("queries.jsonl", n)):
+        for q in (q["text"] for q in scifact_records("queries.jsonl", n)):
             tokens = e.ok("POST", f"/{idx}/_analyze", {"field": "body", "text": q})["tokens"]
             probe = tf_probe.probe_terms({("body", q): [x["token"] for x in tokens]})
             orig = {"match": {"body": q}}

@@ -27,12 +27,12 @@ from benchmarks.proxy_latency import (
     cache_option,
     engine_cpu,
     index_corpus,
-    load,
     process_cpu,
     rerank,
     stats_source,
     sweep_stats,
 )
+from tests.support.data import scifact_records
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +99,8 @@ def main() -> None:
         return
     engine = Http(args.upstream)
     index = f"bmxtest-proxy-prof-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, load("corpus.jsonl", 0))
-    queries = [q["text"] for q in load("queries.jsonl", 0)][: args.requests]
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
+    queries = [q["text"] for q in scifact_records("queries.jsonl", 0)][: args.requests]
     port = free_port()
     caches = "1" if args.mode == "warm" else "0"
     proc = subprocess.Popen(

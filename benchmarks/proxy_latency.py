@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support.corpora import index_scifact
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = Path(os.environ.get("BMX_BEIR", "/work/shared/data/beir")) / "scifact"
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
 WARMUP = 20  # queries sent before measuring (not recorded), other than the measured ones
 
@@ -56,6 +58,7 @@ class Http:
     """One persistent HTTP/1.1 connection (the way a client library keeps one)."""
 
     def __init__(self, url: str) -> None:
+        self.url = url
         parts = urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
 
@@ -83,28 +86,9 @@ class Http:
         return answer
 
 
-def load(name: str, limit: int) -> list[dict]:
-    out = []
-    with open(SCIFACT / name) as fh:
-        for line in fh:
-            out.append(json.loads(line))
-            if limit and len(out) >= limit:
-                break
-    return out
-
-
 def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    settings = {"number_of_shards": 1, "number_of_replicas": 0}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    for start in range(0, len(docs), 1000):
-        lines = []
-        for doc in docs[start : start + 1000]:
-            lines.append(json.dumps({"index": {"_index": index, "_id": doc["_id"]}}))
-            lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
-        answer = engine.ok("POST", "/_bulk", ndjson="\n".join(lines) + "\n")
-        assert not answer["errors"]
-    engine.ok("POST", f"/{index}/_refresh")
+    """SciFact records into a fresh 1-shard index, as every benchmark of the proxy's latency uses it."""
+    index_scifact(EngineClient("?", engine.url), index, docs, chunk=1000)
 
 
 # ---- the proxy, in child processes ------------------------------------------------------------------
@@ -655,8 +639,8 @@ def main() -> None:
         upstream, index, port, caches, workers, loop = args.serve_child
         serve_child(upstream, index, int(port), caches == "1", int(workers), loop)
         return
-    docs = load("corpus.jsonl", args.docs)
-    queries = [q["text"] for q in load("queries.jsonl", args.queries)]
+    docs = scifact_records("corpus.jsonl", args.docs)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
     engines = args.engines.split(",")
     rows: list[dict] = []
     for name in engines:

@@ -36,8 +36,9 @@ from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.upstream import request_json
+from tests.support.data import BEIR
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
+DATA = BEIR
 FIELD = "text"
 FIELDS = ("title", "text")
 

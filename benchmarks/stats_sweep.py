@@ -22,7 +22,6 @@ import string
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -32,8 +31,9 @@ from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats import sweep
 from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.freshness import IndexMarks
+from tests.support.data import SCIFACT
 
-CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
+CORPUS = SCIFACT / "corpus.jsonl"
 FIELD = "body"
 
 

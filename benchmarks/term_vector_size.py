@@ -10,7 +10,8 @@ import argparse
 import json
 import uuid
 
-from benchmarks.proxy_latency import Http, load
+from benchmarks.proxy_latency import Http
+from tests.support.data import scifact_records
 
 
 def store_size(engine: Http, docs: list[dict], term_vector: str) -> int:
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
     args = parser.parse_args()
-    engine, docs = Http(args.upstream), load("corpus.jsonl", args.docs)
+    engine, docs = Http(args.upstream), scifact_records("corpus.jsonl", args.docs)
     without, with_tv = store_size(engine, docs, "no"), store_size(engine, docs, "yes")
     print(
         f"{len(docs)} documents: term_vector no {without:,} bytes, yes {with_tv:,} bytes, +{with_tv / without - 1:.0%}"

@@ -25,7 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "beir" / "scifact"
+from tests.support.data import SCIFACT
+
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
 TERM = re.compile(r"\btext:([^\s()^~]+)")
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 
 from benchmarks import proxy_latency as bench
+from tests.support.data import scifact_records
 
 
 def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path) -> None:
     args = argparse.Namespace(windows="10", clients="1,2", duration=0.5, workers="1", loop="asyncio")
-    docs = bench.load("corpus.jsonl", 400)
-    queries = [q["text"] for q in bench.load("queries.jsonl", bench.WARMUP + 3)]
+    docs = scifact_records("corpus.jsonl", 400)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", bench.WARMUP + 3)]
     rows = bench.run_engine("es", elasticsearch_url, docs, queries, args)
     kinds = {(r["request"], r["clients"]) for r in rows}
     ways = (

@@ -16,7 +16,7 @@ from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, analyze, mtermvectors
-from tests.support.corpora import bulk
+from tests.support.corpora import index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -40,11 +40,8 @@ async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]
 @pytest.fixture(scope="module")
 def scifact(engine: EngineClient) -> Iterator[tuple]:
     index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 2, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
     corpus = scifact_records("corpus.jsonl", N_DOCS)
-    bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in corpus})
+    index_scifact(engine, index, corpus, shards=2)
     queries = [q["text"] for q in scifact_records("queries.jsonl", N_QUERIES)]
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats)

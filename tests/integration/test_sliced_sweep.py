@@ -16,7 +16,7 @@ from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.sweep import sweep_index
-from tests.support.corpora import bulk
+from tests.support.corpora import index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 
@@ -28,17 +28,7 @@ DOCS = 1500
 @pytest.fixture(scope="module")
 def index(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
     name = f"bmxtest-sliced-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 3, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{name}", {"settings": settings, "mappings": mappings})
-    bulk(
-        engine,
-        name,
-        {
-            d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"}
-            for d in scifact_records("corpus.jsonl", DOCS)
-        },
-    )
+    index_scifact(engine, name, scifact_records("corpus.jsonl", DOCS), shards=3)
     try:
         yield engine, name
     finally:

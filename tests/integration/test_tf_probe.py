@@ -16,7 +16,7 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.stats_source import FixedStats
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
-from tests.support.corpora import bulk
+from tests.support.corpora import bulk, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -32,17 +32,7 @@ QUERIES = 25
 @pytest.fixture(scope="module")
 def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, list[str]]]:
     index = f"bmxtest-tfprobe-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 2, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    bulk(
-        engine,
-        index,
-        {
-            d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"}
-            for d in scifact_records("corpus.jsonl", DOCS)
-        },
-    )
+    index_scifact(engine, index, scifact_records("corpus.jsonl", DOCS), shards=2)
     queries = [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
     try:
         yield engine, index, queries

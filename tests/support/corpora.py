@@ -32,6 +32,20 @@ def bulk(
         assert answer["errors"] is False, answer
 
 
+SCIFACT_MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+
+
+def index_scifact(
+    engine: EngineClient, index: str, records: list[dict[str, Any]], shards: int = 1, chunk: int = 0
+) -> None:
+    """Create `index` (`body` with the standard analyzer, `shards` shards, no replica) and load SciFact
+    `records` (`tests.support.data.scifact_records`) into it, `title + " " + text` as `body`."""
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": SCIFACT_MAPPINGS})
+    docs = {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records}
+    bulk(engine, index, docs, chunk=chunk)
+
+
 async def exact_stats(base: str, index: str, field: str) -> CorpusStats:
     """The exact statistics of `field` in `index`, from one sweep (as `bmx-rerank stats build`)."""
     async with aiohttp.ClientSession() as session:

@@ -1,15 +1,16 @@
 """Where the shared data lie: the test vectors and the BEIR datasets, in `shared/` beside the checkout
-(they are not part of it)."""
+(they are not part of it); the BEIR datasets in `$BMX_BEIR_DIR` when set, as for `bmx-rerank eval`."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 VECTORS_FILE = SHARED / "testvectors" / "bmx_small.json"
-BEIR = SHARED / "data" / "beir"
+BEIR = Path(os.environ.get("BMX_BEIR_DIR") or SHARED / "data" / "beir")
 SCIFACT = BEIR / "scifact"
 
 

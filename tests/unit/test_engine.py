@@ -16,6 +16,7 @@ from bmx_rerank.cli import main
 from bmx_rerank.testing import artifacts, host, java, process
 from bmx_rerank.testing import engine as eng
 from bmx_rerank.testing import node as node_config
+from tests.support.net import free_port
 
 # Verbatim lines from the real integ-test-zip jvm.options files.
 OS_219_JVM = """\
@@ -219,12 +220,6 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fake OpenSearch 2.19.3 in a private cache/state, run as the current user."""
@@ -245,7 +240,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         launcher = home / "bin" / "opensearch"
         launcher.write_text("#!/bin/sh\n" + script)
         launcher.chmod(0o755)
-        return eng.StartRequest("opensearch", "2.19.3", _free_port(), java_home=jdk, timeout=timeout)
+        return eng.StartRequest("opensearch", "2.19.3", free_port(), java_home=jdk, timeout=timeout)
 
     return install
 
