@@ -4,13 +4,16 @@
   (`ProxyThread`), next to synchronous tests and clients;
 - `proxy_process`: the proxy as a separate process (`bmx-rerank serve`, exactly as deployed), with its
   RSS and file descriptors;
-- `fake_cluster`: the fake corpus, a fake Elasticsearch in aiohttp and the proxy in front of it;
-- `fuzzing`: bad input for the proxy (hypothesis strategies, raw HTTP), a fake cluster that tags its
-  own answers, and the verdict on each answer;
-- `engine_client`: plain-HTTP access to a real engine; `corpora`: bulk loading and exact statistics;
-  `data`: where the shared test vectors and BEIR datasets lie;
+- `fake_cluster`: the fake corpus, fake Elasticsearch clusters in aiohttp (`FakeCluster` for the unit
+  tests, `TaggingCluster` for fuzzing) and the proxy in front of them;
+- `fuzzing` (the proxy in a thread, raw requests, the verdict, fixed cases) and `fuzz_strategies`
+  (the hypothesis generator);
+- `engine_client`: plain-HTTP access to a real engine; `clients`: the official clients;
+  `corpora`: bulk loading, the test vectors' and SciFact's indices, exact statistics;
+  `data`: where the shared test vectors and BEIR datasets lie, SciFact's records;
+- `reranked`: reranked answers sent and compared; `naive`: the naive scorer the core is checked against;
 - `recorder`: a recording server between a client and an engine; `faults`: a fault-injecting one;
-- `net`: a free loopback port.
+- `benchmark_runs`: a benchmark run as CI runs its small version; `net`: a free loopback port.
 
 Dependencies run one way: test modules and `benchmarks` import `tests.support`; `tests.support`
 imports neither test modules nor benchmarks.

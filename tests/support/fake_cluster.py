@@ -12,6 +12,7 @@ import hashlib
 import json
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -29,6 +30,23 @@ DOCS = {
 }
 CORPUS = CorpusStats.from_documents(Counter(t.split()) for t in DOCS.values())
 ES_HEADERS = {"X-Elastic-Product": "Elasticsearch"}
+
+
+def window_hits(index: str, size: int, source: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first `size` documents of the corpus as the hits of a search, in corpus order, scores
+    1, 1/2, 1/3, ...; `source(n)` is the n-th hit's `_source`."""
+    hits = [
+        {
+            "_index": index,
+            "_id": i,
+            "_score": 1.0 / (n + 1),
+            "_seq_no": n,
+            "_primary_term": 1,
+            "_source": source(n),
+        }
+        for n, i in enumerate(DOCS)
+    ]
+    return hits[:size]
 
 
 class FakeCluster:
@@ -138,17 +156,7 @@ class FakeCluster:
                 content_type="application/json",
             )
         size = body.get("size", 10)
-        hits = [
-            {
-                "_index": index,
-                "_id": i,
-                "_score": 1.0 / (n + 1),
-                "_seq_no": n,
-                "_primary_term": 1,
-                "_source": {"n": n},
-            }
-            for n, i in enumerate(DOCS)
-        ][:size]
+        hits = window_hits(index, size, lambda n: {"n": n})
         return {
             "took": 1,
             "timed_out": False,
@@ -269,17 +277,7 @@ class TaggingCluster:
     def _window(self, index: str, body: Any) -> dict[str, Any]:
         size = body.get("size", 10) if isinstance(body, dict) else 10
         size = size if isinstance(size, int) and 0 <= size <= 10_000 else 10
-        hits = [
-            {
-                "_index": index,
-                "_id": i,
-                "_score": 1.0 / (n + 1),
-                "_seq_no": n,
-                "_primary_term": 1,
-                "_source": {},
-            }
-            for n, i in enumerate(DOCS)
-        ][:size]
+        hits = window_hits(index, size, lambda n: {})
         return {
             "took": 1,
             "timed_out": False,
