@@ -2,23 +2,22 @@
 reranked search (window 100, one client) through each, next to a plain search of the window, and
 each proxy's CPU per request. What changed in the code, apart from what changed in the machine.
 
-    .venv/bin/python benchmarks/ab_proxies.py OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
+    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200]
 
-Each checkout runs its own `benchmarks/proxy_latency.py --serve-child` (statistics swept by that
+Each checkout runs its own `python -m benchmarks.proxy_latency --serve-child` (statistics swept by that
 version; `first`: every cache off) with its own code and the interpreter at CHECKOUT/.venv."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, Proxy, index_corpus, load, plain, rerank  # noqa: E402
+from benchmarks.proxy_latency import Http, Proxy, index_corpus, plain, rerank
+from tests.support.data import scifact_records
 
 
 def main() -> None:
@@ -33,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, load("corpus.jsonl", 0))
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
     proxies: list[Proxy] = []
     try:
         for checkout in args.checkouts:
@@ -49,7 +48,7 @@ def main() -> None:
             )
         conns = [Http(proxy.url) for proxy in proxies]
         path = f"/{index}/_search"
-        queries = [q["text"] for q in load("queries.jsonl", args.queries)]
+        queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
         if args.mode == "warm":
             for q in queries:
                 for conn in conns:

@@ -1,6 +1,6 @@
 """Time the scoring core: windows of 100/1000/10000 candidates x queries of 5/20/200 tokens.
 
-Run: .venv/bin/python benchmarks/core.py
+Run: .venv/bin/python -m benchmarks.core
 Prints a Markdown table (median and p95 of repeated calls of `scoring.score`, validation included).
 Long queries stand for WQA: an original query plus augmentations merged into one token list.
 """

@@ -4,7 +4,7 @@ size-10/100/1000, size-100 without _source, the term-frequency probes in the pla
 `match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
 Each probed answer is checked against the plain one: the same ids and scores, and the probes reported.
 
-    .venv/bin/python benchmarks/first_stage_costs.py http://127.0.0.1:9200 [QUERIES]
+    .venv/bin/python -m benchmarks.first_stage_costs http://127.0.0.1:9200 [QUERIES]
 
 QUERIES (default 220) SciFact queries, the first 20 unmeasured.
 """
@@ -13,13 +13,10 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proxy_latency import Http, index_corpus, load  # noqa: E402
-
-from bmx_rerank.rerank import tf_probe  # noqa: E402
+from benchmarks.proxy_latency import Http, index_corpus
+from bmx_rerank.rerank import tf_probe
+from tests.support.data import scifact_records
 
 WARMUP = 20
 
@@ -37,7 +34,7 @@ def main() -> None:
     url, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 220
     e = Http(url)
     idx = f"bmxtest-costs-{uuid.uuid4().hex[:8]}"
-    index_corpus(e, idx, load("corpus.jsonl", 0))
+    index_corpus(e, idx, scifact_records("corpus.jsonl", 0))
     times: dict[str, list[float]] = {}
     named = f"/{idx}/_search?{tf_probe.PARAM}=true"
 
@@ -53,7 +50,7 @@ def main() -> None:
         assert any(h.get("matched_queries") for h in a["hits"]["hits"]), "no probe reported"
 
     try:
-        for q in (q["text"] for q in load("queries.jsonl", n)):
+        for q in (q["text"] for q in scifact_records("queries.jsonl", n)):
             tokens = e.ok("POST", f"/{idx}/_analyze", {"field": "body", "text": q})["tokens"]
             probe = tf_probe.probe_terms({("body", q): [x["token"] for x in tokens]})
             orig = {"match": {"body": q}}

@@ -1,12 +1,12 @@
-"""Bad input at scale: the generator of tests/unit/test_fuzz_proxy.py (hypothesis) for `--examples`
-requests, plus the fixed raw-HTTP, deep-nesting, extreme-parameter and gzip-bomb cases, against the real
+"""Bad input at scale: the generator of tests/unit/test_fuzz_proxy.py (tests/support/fuzz_strategies)
+for `--examples` requests, plus the fixed raw-HTTP, deep-nesting, extreme-parameter and gzip-bomb cases, against the real
 proxy app with a fake cluster behind it, both in a child process whose peak RSS (VmHWM) is reported.
 
 Counts every answer by status; a problem is a 5xx the sidecar made itself (the fake cluster tags its
 own answers), a rejection of the sidecar's not in Elasticsearch's error shape, no answer at all, or a
 reranked 200 with a non-finite score. Exit status 1 when there is any.
 
-    .venv/bin/python benchmarks/fuzz.py --examples 10000
+    .venv/bin/python -m benchmarks.fuzz --examples 10000
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ import multiprocessing as mp
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.proxyproc import proc_status  # noqa: E402
-from tests.fuzzing import Raw, Servers, gzip_bomb, nest, problems, requests, running, send  # noqa: E402
-from tests.unit.test_fuzz_proxy import RAW_HTTP, bmx_body  # noqa: E402
+from tests.support.fuzz_strategies import requests
+from tests.support.fuzzing import RAW_HTTP, Raw, Servers, bmx_body, gzip_bomb, nest, problems, running, send
+from tests.support.proxy_process import proc_status
 
 EXTREMES = [
     {"alpha": 1e308},

@@ -3,7 +3,7 @@
 Indexes `title + " " + text` of `../shared/data/beir/NAME` into the field `text` (as
 benchmarks/quality.py does), then builds statistics. Prints the `bmx-rerank eval` command to run next.
 
-  .venv/bin/python benchmarks/load_beir.py --upstream http://127.0.0.1:9200 --dataset scifact
+  .venv/bin/python -m benchmarks.load_beir --upstream http://127.0.0.1:9200 --dataset scifact
 """
 
 from __future__ import annotations

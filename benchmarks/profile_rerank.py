@@ -1,7 +1,7 @@
 """Where a reranked search's time goes: the proxy's own metrics (time per upstream call) and a
 pyinstrument profile of the proxy process, for warm or first-sight reranks of one window size, or for searches passed through.
 
-    .venv/bin/python benchmarks/profile_rerank.py --upstream http://127.0.0.1:9200 --window 100 \
+    .venv/bin/python -m benchmarks.profile_rerank --upstream http://127.0.0.1:9200 --window 100 \
         --mode warm|first|passthrough [--requests 200] [--profile-out /tmp/profile.txt]
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
@@ -21,16 +21,25 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, engine_cpu, free_port, index_corpus, load, process_cpu, rerank  # noqa: E402
+from benchmarks.proxy_latency import (
+    Http,
+    _no_analysis_cache,
+    cache_option,
+    engine_cpu,
+    index_corpus,
+    process_cpu,
+    rerank,
+    stats_source,
+    sweep_stats,
+)
+from tests.support.data import scifact_records
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
-    sys.path.insert(0, str(ROOT))
     from aiohttp import web
-    from proxy_latency import cache_option, stats_source, sweep_stats
 
     from bmx_rerank.proxy import ProxyConfig, make_app
 
@@ -40,8 +49,6 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
         lambda s, b: stats,
     )
     if not caches:
-        from proxy_latency import _no_analysis_cache
-
         app.on_startup.append(_no_analysis_cache)
     import uvloop
 
@@ -92,12 +99,14 @@ def main() -> None:
         return
     engine = Http(args.upstream)
     index = f"bmxtest-proxy-prof-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, load("corpus.jsonl", 0))
-    queries = [q["text"] for q in load("queries.jsonl", 0)][: args.requests]
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
+    queries = [q["text"] for q in scifact_records("queries.jsonl", 0)][: args.requests]
     port = free_port()
     caches = "1" if args.mode == "warm" else "0"
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--child", args.upstream, index, str(port), caches, args.profile_out],
+        [sys.executable, "-m", "benchmarks.profile_rerank", "--child", args.upstream, index, str(port)]
+        + [caches, args.profile_out],
+        cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -22,7 +22,7 @@ engine (its `_nodes/stats`), the proxy (its processes, /proc) and the client (th
 cores they explain the throughput ratios. Prints Markdown tables, writes the raw numbers
 as JSON and a plot (p50 at one client vs window, one line per way of asking, one panel per engine).
 
-    .venv/bin/python benchmarks/proxy_latency.py [--engines es,os] [--queries 120] [--windows 10,100,1000]
+    .venv/bin/python -m benchmarks.proxy_latency [--engines es,os] [--queries 120] [--windows 10,100,1000]
         [--clients 1,8,32] [--duration 4] [--workers 1,2] [--loop uvloop] [--plot benchmarks/latency.png]
 """
 
@@ -44,8 +44,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support.corpora import index_scifact
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-SCIFACT = Path(os.environ.get("BMX_BEIR", "/work/shared/data/beir")) / "scifact"
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
 WARMUP = 20  # queries sent before measuring (not recorded), other than the measured ones
 
@@ -54,6 +58,7 @@ class Http:
     """One persistent HTTP/1.1 connection (the way a client library keeps one)."""
 
     def __init__(self, url: str) -> None:
+        self.url = url
         parts = urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
 
@@ -81,28 +86,9 @@ class Http:
         return answer
 
 
-def load(name: str, limit: int) -> list[dict]:
-    out = []
-    with open(SCIFACT / name) as fh:
-        for line in fh:
-            out.append(json.loads(line))
-            if limit and len(out) >= limit:
-                break
-    return out
-
-
 def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    settings = {"number_of_shards": 1, "number_of_replicas": 0}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    for start in range(0, len(docs), 1000):
-        lines = []
-        for doc in docs[start : start + 1000]:
-            lines.append(json.dumps({"index": {"_index": index, "_id": doc["_id"]}}))
-            lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
-        answer = engine.ok("POST", "/_bulk", ndjson="\n".join(lines) + "\n")
-        assert not answer["errors"]
-    engine.ok("POST", f"/{index}/_refresh")
+    """SciFact records into a fresh 1-shard index, as every benchmark of the proxy's latency uses it."""
+    index_scifact(EngineClient("?", engine.url), index, docs, chunk=1000)
 
 
 # ---- the proxy, in child processes ------------------------------------------------------------------
@@ -111,7 +97,6 @@ def index_corpus(engine: Http, index: str, docs: list[dict]) -> None:
 def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
     """Exact statistics of the index's `body` and, in versions that build one, each concrete index's
     document-length table (what `stats build` keeps), from one sweep."""
-    sys.path.insert(0, str(ROOT))
     import aiohttp
 
     from bmx_rerank import upstream as cluster_calls
@@ -281,14 +266,6 @@ def engine_cpu(url: str) -> float:
     return sum(process_cpu(int(n["process"]["id"])) for n in nodes)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proxy:
     """A proxy (or the bare relay) in a child process; `checkout`: another checkout's code and venv
     (benchmarks/ab_proxies.py), else this one's."""
@@ -317,11 +294,12 @@ class Proxy:
                 str(workers),
                 loop,
             ]
-        python, script = sys.executable, __file__
-        if checkout is not None:
-            python, script = str(checkout / ".venv/bin/python"), str(checkout / "benchmarks/proxy_latency.py")
+        python = sys.executable if checkout is None else str(checkout / ".venv/bin/python")
         self.child = subprocess.Popen(
-            [python, script, *argv], stdout=subprocess.PIPE, text=True, cwd=checkout
+            [python, "-m", "benchmarks.proxy_latency", *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=checkout or ROOT,
         )
         assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
         self.url = f"http://127.0.0.1:{self.port}"
@@ -673,8 +651,8 @@ def main() -> None:
         upstream, index, port, caches, workers, loop = args.serve_child
         serve_child(upstream, index, int(port), caches == "1", int(workers), loop)
         return
-    docs = load("corpus.jsonl", args.docs)
-    queries = [q["text"] for q in load("queries.jsonl", args.queries)]
+    docs = scifact_records("corpus.jsonl", args.docs)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
     engines = args.engines.split(",")
     rows: list[dict] = []
     for name in engines:

@@ -13,9 +13,9 @@ and `most_fields` (the same `multi_match` sent with `ext.bmx.fields`, so the pro
 with its own statistics and folds them as the query type does).
 
 Run (engines from `bmx-rerank engine start ...`):
-  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9200 --dataset scifact
-  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9201 --dataset nfcorpus --analyzer english
-  .venv/bin/python benchmarks/quality.py --upstream http://127.0.0.1:9200 --dataset scifact --fields
+  .venv/bin/python -m benchmarks.quality --upstream http://127.0.0.1:9200 --dataset scifact
+  .venv/bin/python -m benchmarks.quality --upstream http://127.0.0.1:9201 --dataset nfcorpus --analyzer english
+  .venv/bin/python -m benchmarks.quality --upstream http://127.0.0.1:9200 --dataset scifact --fields
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.upstream import Cluster, request_json
+from tests.support.data import BEIR
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
+DATA = BEIR
 FIELD = "text"
 FIELDS = ("title", "text")
 

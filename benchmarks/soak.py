@@ -11,7 +11,7 @@ An error is any non-2xx answer, a broken connection, or a reranked search not ma
 (a fallback counts as an error). The proxy's RSS is sampled every second; growth is measured from the
 end of the warm-up (the first third of the run: the term-vector cache fills with the corpus) to the end.
 
-    .venv/bin/python benchmarks/soak.py --engine http://127.0.0.1:9200 --seconds 180 --clients 32
+    .venv/bin/python -m benchmarks.soak --engine http://127.0.0.1:9200 --seconds 180 --clients 32
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.proxyproc import BIN, Proxy, serve  # noqa: E402
+from tests.support.proxy_process import BIN, Proxy, serve
 
 VOCAB = [f"w{i}" for i in range(2000)]
 WEIGHTS = [1.0 / (i + 1) for i in range(len(VOCAB))]  # Zipf

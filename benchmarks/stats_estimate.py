@@ -1,6 +1,6 @@
 """How far the estimated mode's rankings are from exact ones, on SciFact and NFCorpus.
 
-    .venv/bin/python benchmarks/stats_estimate.py
+    .venv/bin/python -m benchmarks.stats_estimate
 
 Offline and deterministic: documents (`title + " " + text`) and queries are tokenized like the
 standard analyzer (lowercase, Unicode word characters), exact statistics come from every document
@@ -18,15 +18,15 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import numpy as np
 
 from bmx_rerank import scoring
 from bmx_rerank.stats import estimate
 from bmx_rerank.stats.corpus import CorpusStats
+from tests.support.data import BEIR
 
-DATA = Path("/work/shared/data/beir")
+DATA = BEIR
 TOKEN = re.compile(r"\w+", re.UNICODE)
 
 

@@ -1,6 +1,6 @@
 """Statistics benchmarks: sweep throughput next to a bare scan, and loading a large vocabulary.
 
-    .venv/bin/python benchmarks/stats_sweep.py --upstream http://127.0.0.1:9200 [--terms 1000000]
+    .venv/bin/python -m benchmarks.stats_sweep --upstream http://127.0.0.1:9200 [--terms 1000000]
 
 1. Indexes SciFact (`title + " " + text`, standard analyzer, 1 shard) into `bmxtest-stats-bench-*`,
    (`--term-vector yes`: with stored term vectors), then times, on the same index: a bare scan of every id (PIT or scroll, no `_source`), a scan that
@@ -22,7 +22,6 @@ import string
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
 
 import aiohttp
 import numpy as np
@@ -34,8 +33,9 @@ from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.sweep import SweepOptions
 from bmx_rerank.upstream import Cluster
+from tests.support.data import SCIFACT
 
-CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
+CORPUS = SCIFACT / "corpus.jsonl"
 FIELD = "body"
 
 

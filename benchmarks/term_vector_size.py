@@ -1,19 +1,17 @@
 """What stored term vectors cost on disk: SciFact (title + text in one field) indexed twice, with
 `term_vector: no` and `yes`, force-merged to one segment; the primaries' store size of each.
 
-    .venv/bin/python benchmarks/term_vector_size.py [--upstream http://127.0.0.1:9200]
+    .venv/bin/python -m benchmarks.term_vector_size [--upstream http://127.0.0.1:9200]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_latency import Http, load  # noqa: E402
+from benchmarks.proxy_latency import Http
+from tests.support.data import scifact_records
 
 
 def store_size(engine: Http, docs: list[dict], term_vector: str) -> int:
@@ -45,7 +43,7 @@ def main() -> None:
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
     args = parser.parse_args()
-    engine, docs = Http(args.upstream), load("corpus.jsonl", args.docs)
+    engine, docs = Http(args.upstream), scifact_records("corpus.jsonl", args.docs)
     without, with_tv = store_size(engine, docs, "no"), store_size(engine, docs, "yes")
     print(
         f"{len(docs)} documents: term_vector no {without:,} bytes, yes {with_tv:,} bytes, +{with_tv / without - 1:.0%}"

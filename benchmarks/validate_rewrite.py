@@ -10,7 +10,7 @@ Lucene query names analyzed `field:term` pairs. This measures that option on Sci
 and, for exactness, how many fuzzy queries expand to other terms on one shard than on all of them (one
 shard is what the rewrite inspects by default). Prints Markdown tables.
 
-    .venv/bin/python benchmarks/validate_rewrite.py [--engines es,os] [--queries 100] [--docs 0]
+    .venv/bin/python -m benchmarks.validate_rewrite [--engines es,os] [--queries 100] [--docs 0]
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "beir" / "scifact"
+from tests.support.data import SCIFACT
+
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
 TERM = re.compile(r"\btext:([^\s()^~]+)")
 

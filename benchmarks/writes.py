@@ -9,7 +9,7 @@ indices are read back (scroll) and compared: count, the set of ids, and the sha2
 (canonical JSON), plus the per-item statuses of every write. Documents hold unicode (CJK, emoji,
 escapes, control characters), large integers, floats, nested objects and arrays.
 
-    .venv/bin/python benchmarks/writes.py --engine http://127.0.0.1:9200 --docs 100000
+    .venv/bin/python -m benchmarks.writes --engine http://127.0.0.1:9200 --docs 100000
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.proxyproc import serve  # noqa: E402
+from tests.support.proxy_process import serve
 
 BATCH = 1000
 ALPHABET = 'abcdefghij ÄÖü ß é 中文字 😀🚀 "quoted" back\\slash tab\t nl\n \u0001 \u2028 <tag> &amp; \''

@@ -91,7 +91,8 @@ build_engine() {
     base="$(base_image jre openjdk-17-jre-headless,unzip)"
     # The archive the launcher downloads from Maven Central (and caches), not a second download.
     archive="$("$ROOT/.venv/bin/python" -c "
-from bmx_rerank.testing.engine import cache_dir, distribution_artifact, fetch_artifact
+from bmx_rerank.testing.artifacts import distribution_artifact, fetch_artifact
+from bmx_rerank.testing.host import cache_dir
 print(fetch_artifact(distribution_artifact('elasticsearch', '$ENGINE_VERSION'), cache_dir() / 'archives'))")"
     context="$(mktemp -d)"
     trap 'rm -rf "$context"' RETURN

@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-state_base=${BMX_RERANK_STATE:-$(python -c 'from bmx_rerank.testing.engine import state_dir; print(state_dir())')}
+state_base=${BMX_RERANK_STATE:-$(python -c 'from bmx_rerank.testing.host import state_dir; print(state_dir())')}
 
 free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 

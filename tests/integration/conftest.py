@@ -12,17 +12,14 @@ every test that takes `engine`/`engine_url` runs once per configured engine.
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.support.engine_client import EngineClient, MakeIndex, unavailable
 
 KINDS = ("elasticsearch", "opensearch")
 URL_VARS = {"elasticsearch": "BMX_TEST_ELASTICSEARCH_URL", "opensearch": "BMX_TEST_OPENSEARCH_URL"}
@@ -53,65 +50,6 @@ DEFAULT_IMAGES = {
     "opensearch": "opensearchproject/opensearch:2.19.3",
 }
 HEAP = "-Xms512m -Xmx512m"
-
-
-@dataclass(frozen=True)
-class Response:
-    """An engine's answer: HTTP status, parsed JSON body and headers."""
-
-    status: int
-    body: Any
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True)
-class EngineClient:
-    """Plain-HTTP access to one engine; identical for ES and OpenSearch, unlike the official clients."""
-
-    kind: str
-    url: str
-    version: str = ""
-
-    @property
-    def major(self) -> int:
-        """The server's major version (0 when unknown), for the few answers that differ by major."""
-        return int(self.version.split(".")[0]) if self.version else 0
-
-    def call(
-        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Response:
-        """Send a request and return the response whatever its status (tests assert on errors too)."""
-        query = ""
-        if params:
-            query = "?" + urllib.parse.urlencode(
-                {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items()}
-            )
-        data = None if body is None else json.dumps(body).encode()
-        if isinstance(body, str):  # NDJSON for _bulk
-            data = body.encode()
-        content_type = "application/x-ndjson" if isinstance(body, str) else "application/json"
-        request = urllib.request.Request(
-            f"{self.url}{path}{query}", data=data, method=method, headers={"Content-Type": content_type}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                status, raw, headers = resp.status, resp.read(), dict(resp.headers)
-        except urllib.error.HTTPError as err:
-            status, raw, headers = err.code, err.read(), dict(err.headers)
-        return Response(status, json.loads(raw) if raw else None, headers)
-
-    def ok(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
-        """Send a request that must succeed; return its JSON body."""
-        resp = self.call(method, path, body, params)
-        assert 200 <= resp.status < 300, f"{method} {path} -> {resp.status}: {resp.body}"
-        return resp.body
-
-
-def _unavailable(reason: str) -> None:
-    """Skip, or fail when the run promised real engines (BMX_REQUIRE_ENGINES=1)."""
-    if os.environ.get("BMX_REQUIRE_ENGINES") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
 
 
 def _check_engine(kind: str, url: str, source: str) -> None:
@@ -164,7 +102,7 @@ def _engine_url(kind: str) -> Iterator[str]:
         yield url
         return
     if not _docker_reachable():
-        _unavailable(
+        unavailable(
             f"no {kind}: set {env_var} (e.g. `export {env_var}=$(bmx-rerank engine start {kind} | tail -n1)`) "
             "or make a Docker engine reachable for testcontainers"
         )
@@ -196,7 +134,7 @@ def _extra_url(name: str) -> str:
     kind, var = EXTRA_ENGINES[name]
     url = os.environ.get(var, "").strip().rstrip("/")
     if not url:
-        _unavailable(f"no {name}: set {var} (e.g. from `bmx-rerank engine start {kind} --version ...`)")
+        unavailable(f"no {name}: set {var} (e.g. from `bmx-rerank engine start {kind} --version ...`)")
     _check_engine(kind, url, var)
     return url
 
@@ -225,9 +163,6 @@ def _version_of(url: str) -> str:
 def engine(engine_url: str) -> EngineClient:
     """An HTTP client for the current `engine_url`, knowing which engine and version it is."""
     return EngineClient(_kind_of(engine_url), engine_url, _version_of(engine_url))
-
-
-MakeIndex = Callable[..., str]
 
 
 @pytest.fixture

@@ -5,14 +5,17 @@ ratios and the plot come out of the rows."""
 from __future__ import annotations
 
 import argparse
+import re
 
 from benchmarks import proxy_latency as bench
+from tests.support.benchmark_runs import ROOT, run_benchmark
+from tests.support.data import scifact_records
 
 
 def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path) -> None:
     args = argparse.Namespace(windows="10", clients="1,2", duration=0.5, workers="1", loop="asyncio")
-    docs = bench.load("corpus.jsonl", 400)
-    queries = [q["text"] for q in bench.load("queries.jsonl", bench.WARMUP + 3)]
+    docs = scifact_records("corpus.jsonl", 400)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", bench.WARMUP + 3)]
     rows = bench.run_engine("es", elasticsearch_url, docs, queries, args)
     kinds = {(r["request"], r["clients"]) for r in rows}
     ways = (
@@ -43,14 +46,8 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
 def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:
     """benchmarks/profile_rerank.py, a few first sights without the profiler: the proxy's timers and
     the CPU each request cost the proxy, the engine and the client."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(bench.__file__).with_name("profile_rerank.py")
     args = ["--upstream", elasticsearch_url, "--mode", "first", "--requests", "5", "--profile-out", ""]
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    run = run_benchmark("profile_rerank", *args)
     assert run.returncode == 0, run.stderr[-2000:]
     cpu = re.search(r"CPU per request: proxy ([\d.]+) ms, engine ([\d.]+) ms, client ([\d.]+) ms", run.stdout)
     assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, run.stdout
@@ -60,15 +57,10 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
 def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -> None:
     """benchmarks/ab_proxies.py with this checkout on both sides: both proxies rerank, each line has
     its p50, its ratio to the plain search and its CPU per request."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(bench.__file__).resolve().parents[1]
-    args = [str(root), str(root), "--mode", "first", "--queries", "3", "--upstream", elasticsearch_url]
-    script = root / "benchmarks" / "ab_proxies.py"
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    root = str(ROOT)
+    run = run_benchmark(
+        "ab_proxies", root, root, "--mode", "first", "--queries", "3", "--upstream", elasticsearch_url
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
     assert len(lines) == 2 and all(float(p) > 0 and float(cpu) > 0 for p, _, cpu in lines), run.stdout
@@ -77,15 +69,7 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
 def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elasticsearch_url: str) -> None:
     """benchmarks/first_stage_costs.py on a few queries: every variant timed; the script itself asserts
     that each probed first stage answers the plain one's ids and scores, with the probes reported."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(bench.__file__).with_name("first_stage_costs.py")
-    run = subprocess.run(
-        [sys.executable, str(script), elasticsearch_url, "23"], capture_output=True, text=True, timeout=600
-    )
+    run = run_benchmark("first_stage_costs", elasticsearch_url, "23")
     assert run.returncode == 0, run.stderr[-2000:]
     rows = dict(re.findall(r"^(.+?)\s+p50\s+([\d.]+) ms$", run.stdout, re.M))
     for row in (

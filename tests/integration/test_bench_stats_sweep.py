@@ -5,23 +5,14 @@ scans, and a small vocabulary publishes and loads back."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchmark_runs import run_benchmark
 
 
 def test_small_sweep_benchmark_reports_every_rate(elasticsearch_url: str) -> None:
     args = ["--upstream", elasticsearch_url, "--terms", "2000", "--repeat", "1", "--variants", "200x2"]
     args += ["--slices", "1,2", "--term-vector", "yes"]
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "stats_sweep.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_benchmark("stats_sweep", *args, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     out = run.stdout
     assert "field mapping: term_vector yes" in out
@@ -35,9 +26,8 @@ def test_small_sweep_benchmark_reports_every_rate(elasticsearch_url: str) -> Non
 
 def test_term_vector_size_benchmark_reports_both_mappings(elasticsearch_url: str) -> None:
     """benchmarks/term_vector_size.py on 300 documents: stored term vectors make the index bigger."""
-    script = ROOT / "benchmarks" / "term_vector_size.py"
     args = ["--upstream", elasticsearch_url, "--docs", "300"]
-    run = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    run = run_benchmark("term_vector_size", *args, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     found = re.search(r"300 documents: term_vector no ([\d,]+) bytes, yes ([\d,]+) bytes", run.stdout)
     assert found, run.stdout

@@ -7,55 +7,22 @@ expected scores and leaves every other call to the wrapped client."""
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
-import aiohttp
 import numpy as np
 import pytest
 
 from bmx_rerank.client import AsyncBMXClient, BMXClient, node_url
 from bmx_rerank.errors import SearchError
 from bmx_rerank.rerank.plan import Bounds
-from bmx_rerank.stats.build import build_snapshots
-from bmx_rerank.upstream import Cluster
+from tests.support.clients import official_client
+from tests.support.corpora import index_vectors
+from tests.support.data import vectors
+from tests.support.engine_client import EngineClient
 
-from .conftest import EngineClient
-
-VECTORS = json.loads(
-    (Path(__file__).resolve().parents[2].parent / "shared/testvectors/bmx_small.json").read_text()
-)
+VECTORS = vectors()
 CASE = VECTORS["cases"][0]  # BMX with defaults, query t0 t3, normalized variants too
-
-
-def _official(kind: str, url: str, asynchronous: bool):
-    if kind == "elasticsearch":
-        from elasticsearch import AsyncElasticsearch, Elasticsearch
-
-        return (AsyncElasticsearch if asynchronous else Elasticsearch)(url)
-    from opensearchpy import AsyncOpenSearch, OpenSearch
-
-    return (AsyncOpenSearch if asynchronous else OpenSearch)(url)
-
-
-def index_vectors(engine: EngineClient, index: str, settings: dict, mappings: dict) -> None:
-    """Create `index`, bulk-index the test-vector corpus into `body` and build its statistics."""
-    engine.ok("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, **settings}, "mappings": mappings})
-    lines = []
-    for i, tokens in enumerate(VECTORS["corpus"]):
-        lines += [
-            json.dumps({"index": {"_index": index, "_id": str(i)}}),
-            json.dumps({"body": " ".join(tokens)}),
-        ]
-    engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
-
-    async def build() -> None:
-        async with aiohttp.ClientSession() as session:
-            await build_snapshots(Cluster(session, engine.url), index, "body", {})
-
-    asyncio.run(build())
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +57,12 @@ def _check_expected(answer, key: str = "scores") -> None:
 
 
 def test_node_url_is_read_from_the_official_client(engine: EngineClient):
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     assert node_url(client) == engine.url.rstrip("/")
 
 
 def test_sync_wrapper_reranks_exactly_and_passes_everything_else_through(engine: EngineClient, corpus: str):
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         _check_expected(bmx.search(index=corpus, body=_search_body()))
         _check_expected(bmx.search(index=corpus, body=_search_body(normalize="paper")), "normalized_paper")
@@ -111,7 +78,7 @@ def test_sync_wrapper_reranks_exactly_and_passes_everything_else_through(engine:
 
 def test_async_wrapper_reranks_exactly(engine: EngineClient, corpus: str):
     async def run() -> None:
-        client = _official(engine.kind, engine.url, asynchronous=True)
+        client = official_client(engine.kind, engine.url, asynchronous=True)
         try:
             async with AsyncBMXClient(client) as bmx:
                 answers = await asyncio.gather(
@@ -131,7 +98,7 @@ def test_async_wrapper_reranks_exactly(engine: EngineClient, corpus: str):
 def test_calling_style_is_the_wrapped_clients_own(engine: EngineClient, corpus: str):
     """elasticsearch-py's keyword style (query=, size=, ext=) works where the client takes it; opensearch-py
     refuses body fields as keywords, and so does the wrapper: it adds nothing to the client's signature."""
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         keywords = {"size": 30, "query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body"}}}
         if engine.kind == "elasticsearch":
@@ -148,7 +115,7 @@ def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient,
     """One pipeline for every front end: a new window's first stage carries term-frequency probes
     (`auto`, the statistics hold a length table), the same window again comes from the term-vector cache,
     both exact; the server's bounds apply to the wrapper too."""
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         first = bmx.search(index=corpus, body=_search_body())
         _check_expected(first)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import ssl
 import uuid
 from collections.abc import Iterator
@@ -21,10 +20,13 @@ import trustme
 from bmx_rerank.client import AsyncBMXClient, BMXClient
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.upstream import Cluster
+from tests.support.corpora import bulk
+from tests.support.data import vectors
+from tests.support.engine_client import EngineClient
+from tests.support.recorder import Recorder
 
-from .conftest import EngineClient
-from .recorder import Recorder
-from .test_client import CASE, VECTORS
+VECTORS = vectors()
+CASE = VECTORS["cases"][0]  # BMX with defaults, query t0 t3, normalized variants too
 
 AUTH = ("bmx-user", "s3cret")
 BASIC = "Basic " + base64.b64encode(":".join(AUTH).encode()).decode()
@@ -40,14 +42,8 @@ def split_corpus(engine: EngineClient) -> Iterator[tuple[str, str]]:
     mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
     for parity, name in enumerate(names):
         engine.ok("PUT", f"/{name}", {"settings": {"number_of_replicas": 0}, "mappings": mappings})
-        lines = []
-        for i, tokens in enumerate(VECTORS["corpus"]):
-            if i % 2 == parity:
-                lines += [
-                    json.dumps({"index": {"_index": name, "_id": str(i)}}),
-                    json.dumps({"body": " ".join(tokens)}),
-                ]
-        engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
+        docs = {str(i): {"body": " ".join(t)} for i, t in enumerate(VECTORS["corpus"]) if i % 2 == parity}
+        bulk(engine, name, docs)
 
     async def build() -> None:
         async with aiohttp.ClientSession() as session:

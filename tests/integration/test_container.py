@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import trustme
 
+from tests.support.engine_client import unavailable
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,12 +34,6 @@ PASSWORD = f"pw-{uuid.uuid4().hex[:12]}"
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"elastic:{PASSWORD}".encode()).decode()}
 IMAGES = ("localhost/bmx-rerank:latest", "localhost/bmx-rerank-elasticsearch:8.19.21")
 INDEX, FIELD = "bmx-demo-python-docs", "content"  # what the one-shot `demo` loads and builds
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("BMX_REQUIRE_ENGINES") == "1":
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
 
 
 def _free_port() -> int:
@@ -82,7 +78,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
     and the CA bundle that vouches for it."""
     compose = shutil.which("podman-compose") or str(Path(sys.executable).with_name("podman-compose"))
     if not shutil.which("podman") or not Path(compose).exists():
-        _unavailable(
+        unavailable(
             "podman and podman-compose are needed (apt-get install podman; pip install podman-compose)"
         )
     env = {
@@ -91,7 +87,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
     }
     for image in IMAGES:
         if subprocess.run(["podman", "image", "exists", image], env=env).returncode != 0:
-            _unavailable(f"image {image} is missing: bash scripts/build_image.sh")
+            unavailable(f"image {image} is missing: bash scripts/build_image.sh")
     project = f"bmxtest{uuid.uuid4().hex[:8]}"
     proxy_port, engine_port = _free_port(), _free_port()
     certs = tmp_path_factory.mktemp("certs")

@@ -27,10 +27,13 @@ from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.sweep import SweepOptions
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread
-from tests.integration.test_tf_probe import TV, _lines, _same, _scores
-from tests.integration.test_tf_probe import _search as _answer
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
+from tests.support.reranked import TV
+from tests.support.reranked import same as _same
+from tests.support.reranked import scores as _scores
+from tests.support.reranked import search as _answer
 
 pytestmark = pytest.mark.integration
 
@@ -54,12 +57,12 @@ def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, str, dict[
     index = f"bmxtest-lengths-{uuid.uuid4().hex[:10]}"
     store = f"bmxtest-lengths-store-{uuid.uuid4().hex[:8]}"
     texts: dict[str, Any] = {
-        d["_id"]: f"{d.get('title', '')} {d['text']}" for d in _lines("corpus.jsonl", DOCS)
+        d["_id"]: f"{d.get('title', '')} {d['text']}" for d in scifact_records("corpus.jsonl", DOCS)
     }
     texts["no-body"] = None  # length 0: recorded too
     texts["empty-body"] = ""
     _create(engine, index, texts)
-    queries = [q["text"] for q in _lines("queries.jsonl", QUERIES)]
+    queries = [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
     try:
         yield engine, index, store, texts, queries
     finally:

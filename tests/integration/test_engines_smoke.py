@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import EngineClient, MakeIndex
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient, MakeIndex
 
 TEXT = "The quick fox saw the lazy fox and the FOX ran"
 EXPECTED_TF = {"the": 3, "quick": 1, "fox": 3, "saw": 1, "lazy": 1, "and": 1, "ran": 1}
@@ -30,12 +31,6 @@ STOP_ANALYSIS = {
         },
     }
 }
-
-
-def _bulk(engine: EngineClient, index: str, docs: dict[str, dict[str, Any]], refresh: bool = True) -> None:
-    lines = "".join(json.dumps({"index": {"_id": i}}) + "\n" + json.dumps(d) + "\n" for i, d in docs.items())
-    body = engine.ok("POST", f"/{index}/_bulk", lines, params={"refresh": refresh})
-    assert body["errors"] is False, body
 
 
 def _tokens(body: dict[str, Any]) -> list[str]:
@@ -97,7 +92,7 @@ def test_mtermvectors_gives_exact_term_frequencies(
 def test_mtermvectors_sees_updates_before_refresh(engine: EngineClient, make_index: MakeIndex) -> None:
     """A re-indexed document's new tf shows immediately (realtime), with the new _version."""
     index = make_index(mappings={"properties": {"body": {"type": "text"}}})
-    _bulk(engine, index, {"1": {"body": "fox"}})
+    bulk(engine, index, {"1": {"body": "fox"}})
     engine.ok("PUT", f"/{index}/_doc/1", {"body": "fox fox dog"})
     doc = engine.ok("POST", f"/{index}/_mtermvectors", {"ids": ["1"]}, params={"fields": "body", **NO_STATS})[
         "docs"
@@ -203,7 +198,7 @@ def test_count_and_stats_after_delete(engine: EngineClient, make_index: MakeInde
     `_count` nor `_stats` sees the delete.
     """
     index = make_index(mappings={"properties": {"body": {"type": "text"}}})
-    _bulk(engine, index, {str(i): {"body": f"doc {i}"} for i in range(3)})
+    bulk(engine, index, {str(i): {"body": f"doc {i}"} for i in range(3)})
     assert _count(engine, index) == 3
     assert _stats_docs(engine, index) == {"count": 3, "deleted": 0}
 

@@ -23,8 +23,10 @@ from bmx_rerank.policy import parse_rule
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import SCIFACT, ProxyThread, _bulk
+from tests.support.corpora import bulk
+from tests.support.data import SCIFACT
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 N_QUERIES = 20
 N_OTHER_DOCS = 400
@@ -70,7 +72,7 @@ def subset(engine: EngineClient, tmp_path_factory) -> Iterator[tuple[EngineClien
     engine.ok(
         "PUT", f"/{index}", {"settings": settings, "mappings": {"properties": {"text": {"type": "text"}}}}
     )
-    _bulk(engine, index, docs)
+    bulk(engine, index, docs)
     _once(_session_call(build_snapshots, engine.url, index, "text", {}))
     folder = tmp_path_factory.mktemp("judged")
     qfile, rfile = folder / "queries.jsonl", folder / "qrels.tsv"

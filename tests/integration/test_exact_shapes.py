@@ -1,5 +1,5 @@
 """Production query shapes reranked exactly: for each, the proxy's scores equal a brute-force BMX computed
-here, document by document (tests/unit/naive.py), from the same tokens and per-field statistics, to 1e-6.
+here, document by document (tests/support/naive.py), from the same tokens and per-field statistics, to 1e-6.
 
 Both engines, 3 shards. Statistics come from `bmx-rerank stats build INDEX --field title --field text`
 (one snapshot per field) through the cluster-backed cache the server uses. The words are lowercase ASCII
@@ -30,29 +30,15 @@ from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import request_json
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread, _bulk
-from tests.unit import naive
+from tests.support import naive
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient
+from tests.support.naive import FIELDS, WORDS
+from tests.support.naive import FieldsCorpus as Corpus
+from tests.support.proxy_thread import ProxyThread
 
-WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
 WINDOW = 60  # more than the corpus: the window is every match
 TOLERANCE = 1e-6
-FIELDS = ("title", "text")
-
-
-class Corpus:
-    """The indexed documents as token lists per field: the brute force's whole input."""
-
-    def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
-        self.docs = docs
-        self.tokens = {f: {i: d[f].split() for i, d in docs.items()} for f in FIELDS}
-
-    def bmx(self, field: str, doc_id: str, text: str) -> float:
-        """Naive BMX of one document's field for a text, with that field's statistics."""
-        return naive.bmx(list(self.tokens[field].values()), self.tokens[field][doc_id], text.split())
-
-    def holds(self, field: str, doc_id: str, text: str) -> bool:
-        return bool(set(self.tokens[field][doc_id]) & set(text.split()))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +67,7 @@ def exact(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClien
         }
         if engine.kind == "elasticsearch":
             docs[str(i)]["v"] = [rng.random(), rng.random()]
-    _bulk(engine, index, docs)
+    bulk(engine, index, docs)
     built = CliRunner().invoke(
         stats_command,
         ["build", index, "--field", "title", "--field", "text", "--upstream", engine.url]
@@ -359,7 +345,7 @@ def test_documents_deleted_or_updated_between_the_stages_are_dropped(engine: Eng
         "PUT", f"/{index}", {"settings": settings, "mappings": {"properties": {"text": {"type": "text"}}}}
     )
     docs = {"a": "t1 t2", "b": "t1 t3 t3", "c": "t1 t1 t4", "d": "t2 t4"}
-    _bulk(engine, index, {i: {"text": t} for i, t in docs.items()})
+    bulk(engine, index, {i: {"text": t} for i, t in docs.items()})
     corpus = CorpusStats.from_documents([Counter(t.split()) for t in docs.values()])
 
     async def go() -> tuple[Any, Any, TermVectorCache]:
@@ -408,14 +394,8 @@ def test_quality_benchmark_small(engine: EngineClient):
     """The small version of benchmarks/quality.py --fields, so the benchmark keeps working: with the
     whole window reranked by the same formula, the proxy's exact multi-field BM25 ranks close to the
     engine's multi_match (only the statistics differ: one shard, so hardly)."""
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import quality as bench
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "quality.py"
-    spec = importlib.util.spec_from_file_location("quality", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     index, store = f"bmxtest-quality-{uuid.uuid4().hex[:10]}", f"bmxtest-store-{uuid.uuid4().hex[:10]}"
     argv = ["--upstream", engine.url, "--fields", "--docs", "400", "--queries", "8", "--window", "20"]
     try:

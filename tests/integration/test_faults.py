@@ -30,8 +30,9 @@ from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
-from tests.integration.faultproxy import FaultInjector, LoopThread, Rule
+from tests.support.engine_client import EngineClient
+from tests.support.faults import FaultInjector, Rule
+from tests.support.proxy_thread import LoopThread
 
 TIMEOUT = 2.0  # the proxy's --timeout in these tests (1 s was too tight for a loaded 2-core machine)
 # The answer must come within TIMEOUT + GRACE. Each sidecar call is bounded by the timeout, but

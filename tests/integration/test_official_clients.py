@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from bmx_rerank.stats.cache import StatsCache
-
-from .conftest import EngineClient
-from .test_proxy import ProxyThread
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 SCRIPT = Path(__file__).with_name("official_client_script.py")
 # (package, requirement) of each side install; the venv's own majors need none.

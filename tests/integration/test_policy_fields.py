@@ -20,11 +20,15 @@ from bmx_rerank.cli.stats import command as stats_command
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
-from tests.integration.conftest import EngineClient
-from tests.integration.test_exact_shapes import TOLERANCE, WINDOW, WORDS, Corpus
-from tests.integration.test_proxy import ProxyThread, _bulk
-from tests.unit import naive
+from tests.support import naive
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient
+from tests.support.naive import WORDS
+from tests.support.naive import FieldsCorpus as Corpus
+from tests.support.proxy_thread import ProxyThread
 
+WINDOW = 60  # more than the corpus: the window is every match
+TOLERANCE = 1e-6
 Q = "alpha omega sigma"
 
 
@@ -68,7 +72,7 @@ def policy_fields(engine: EngineClient) -> Iterator[tuple[EngineClient, str, Cor
         }
         for i in range(40)
     }
-    _bulk(engine, index, docs)
+    bulk(engine, index, docs)
     sides: list[Side] = []
     try:
         for store, fields in zip(stores, (["text"], ["title", "text"]), strict=True):

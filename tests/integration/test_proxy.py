@@ -1,68 +1,28 @@
 """The proxy in front of real Elasticsearch and OpenSearch: exact scores, official clients, paging,
-msearch, policies and failures. The proxy runs in-process, on an ephemeral port, in its own thread so
-the synchronous official clients can talk to it."""
+msearch, policies and failures. The proxy runs in-process, on an ephemeral port, in its own thread
+(`tests.support.proxy_thread`) so the synchronous official clients can talk to it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.request
 import uuid
-from collections.abc import Coroutine, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.proxy import ProxyConfig, make_app, start_server
-from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
-from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
+from tests.support.corpora import bulk, exact_stats
+from tests.support.data import vectors
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-VECTORS = json.loads((SHARED / "testvectors" / "bmx_small.json").read_text())
-SCIFACT = SHARED / "data" / "beir" / "scifact"
+VECTORS = vectors()
 MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}, "tag": {"type": "keyword"}}}
-
-
-class ProxyThread:
-    """A proxy app served by an event loop in a background thread."""
-
-    def __init__(self, upstream: str, stats: Any, **config: Any) -> None:
-        """`stats`: a statistics source, or a (session, base_url) -> source factory."""
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        factory = stats if callable(stats) else (lambda session, base: stats)
-        self.app = make_app(ProxyConfig(upstream=upstream, **config), factory)
-        self.runner, self.url = self.run(start_server(self.app))
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
-
-    def close(self) -> None:
-        self.run(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-async def _build(base: str, index: str, field: str) -> CorpusStats:
-    async with aiohttp.ClientSession() as session:
-        return await stats_build.build(Cluster(session, base), index, field, {})
-
-
-def _bulk(engine: EngineClient, index: str, docs: dict[str, dict]) -> None:
-    lines = []
-    for doc_id, source in docs.items():
-        lines += [json.dumps({"index": {"_index": index, "_id": doc_id}}), json.dumps(source)]
-    answer = engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})
-    assert not answer["errors"]
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +35,10 @@ def small(engine: EngineClient) -> Iterator[tuple[EngineClient, str, ProxyThread
         str(i): {"body": " ".join(toks), "tag": "even" if i % 2 == 0 else "odd"}
         for i, toks in enumerate(VECTORS["corpus"])
     }
-    _bulk(engine, index, docs)
+    bulk(engine, index, docs)
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats, policies=parse_rules([f"{index}=body,window_size=30"]))
-    stats.table[(index, "body")] = proxy.run(_build(engine.url, index, "body"))
+    stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
     try:
         yield engine, index, proxy, stats
     finally:
@@ -308,7 +268,7 @@ def test_estimated_statistics_are_marked(engine):
         f"/{index}",
         {"settings": {"number_of_shards": 1, "number_of_replicas": 0}, "mappings": MAPPINGS},
     )
-    _bulk(engine, index, {str(i): {"body": " ".join(t)} for i, t in enumerate(VECTORS["corpus"])})
+    bulk(engine, index, {str(i): {"body": " ".join(t)} for i, t in enumerate(VECTORS["corpus"])})
     proxy = ProxyThread(engine.url, lambda session, base: StatsCache(session, base))
     try:
         resp = _via(engine, proxy).call(
@@ -328,7 +288,7 @@ def test_unrefreshed_updates_do_not_leak_into_scores(engine: EngineClient):
     index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
     settings = {"number_of_shards": 1, "number_of_replicas": 0, "refresh_interval": -1}
     engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": MAPPINGS})
-    _bulk(engine, index, {"a": {"body": "t1 t2"}, "b": {"body": "t1 t3 t3"}})
+    bulk(engine, index, {"a": {"body": "t1 t2"}, "b": {"body": "t1 t3 t3"}})
     stats = FixedStats(
         {(index, "body"): CorpusStats.from_documents([{"t1": 1, "t2": 1}, {"t1": 1, "t3": 2}])}
     )

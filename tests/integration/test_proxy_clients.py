@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bmx_rerank.stats.cache import StatsCache
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 DOCS = {
     "a": "the quick brown fox jumps over the lazy dog",

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from bmx_rerank.stats.cache import StatsCache
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread, _bulk
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
 DOCS = {str(i): {"body": text} for i, text in enumerate(["red fox", "red red dog", "blue fox jumps", "dog"])}
@@ -24,7 +25,7 @@ DOCS = {str(i): {"body": text} for i, text in enumerate(["red fox", "red red dog
 @pytest.fixture
 def guarded(engine: EngineClient, make_index) -> Iterator[tuple[EngineClient, str, ProxyThread]]:
     index = make_index(MAPPINGS)
-    _bulk(engine, index, DOCS)
+    bulk(engine, index, DOCS)
     proxy = ProxyThread(
         engine.url,
         lambda session, base: StatsCache(session, base, timeout=5.0),

@@ -3,10 +3,8 @@ brute-force BMX over every document's term vectors: same documents, same scores,
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
-from itertools import islice
 
 import aiohttp
 import numpy as np
@@ -18,17 +16,13 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster, DocRef
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import SHARED, ProxyThread, _bulk
+from tests.support.corpora import index_scifact
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
-SCIFACT = SHARED / "data" / "beir" / "scifact"
 N_DOCS = 1000
 N_QUERIES = 8
-
-
-def _lines(name: str, n: int) -> list[dict]:
-    with open(SCIFACT / name) as fh:
-        return [json.loads(line) for line in islice(fh, n)]
 
 
 async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]):
@@ -47,12 +41,9 @@ async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]
 @pytest.fixture(scope="module")
 def scifact(engine: EngineClient) -> Iterator[tuple]:
     index = f"bmxtest-proxy-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 2, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    corpus = _lines("corpus.jsonl", N_DOCS)
-    _bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in corpus})
-    queries = [q["text"] for q in _lines("queries.jsonl", N_QUERIES)]
+    corpus = scifact_records("corpus.jsonl", N_DOCS)
+    index_scifact(engine, index, corpus, shards=2)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", N_QUERIES)]
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats)
     ids = [d["_id"] for d in corpus]

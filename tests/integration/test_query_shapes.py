@@ -14,8 +14,9 @@ import pytest
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.rerank.plan import mentions
 from bmx_rerank.stats.source import FixedStats
-from tests.integration.conftest import EngineClient
-from tests.integration.test_proxy import ProxyThread, _build, _bulk
+from tests.support.corpora import bulk, exact_stats
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
 MAPPINGS = {
@@ -59,14 +60,14 @@ def shapes(engine: EngineClient) -> Iterator[tuple[EngineClient, str, EngineClie
         }
         for i in range(40)
     }
-    _bulk(engine, index, docs)
+    bulk(engine, index, docs)
     stats = FixedStats({})
     engine.ok("POST", "/_aliases", {"actions": [{"add": {"index": index, "alias": f"{index}-two"}}]})
     rules = [f"{index}-two=title^2|text,window_size={WINDOW}", f"{index}=text,window_size={WINDOW}"]
     proxy = ProxyThread(engine.url, stats, policies=parse_rules(rules))
     for field in ("text", "title"):
         stats.table[(index, field)] = stats.table[(f"{index}-two", field)] = proxy.run(
-            _build(engine.url, index, field)
+            exact_stats(engine.url, index, field)
         )
     try:
         yield engine, index, EngineClient(engine.kind, proxy.url)
@@ -292,14 +293,8 @@ def test_no_request_of_the_issue_table_is_a_zero_score_rerank_or_a_silent_loss(s
 
 def test_the_validate_rewrite_benchmark_runs_small(engine):
     """The small version of benchmarks/validate_rewrite.py, so the benchmark keeps working."""
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import validate_rewrite as bench
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "validate_rewrite.py"
-    spec = importlib.util.spec_from_file_location("validate_rewrite", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     kind = "es" if engine.kind == "elasticsearch" else "os"
     out = bench.main(["--engines", kind, f"--{kind}-url", engine.url, "--docs", "300", "--queries", "3"])
     times = out[kind]["times"]
@@ -344,11 +339,11 @@ def test_plain_query_strings_score_as_the_multi_match_they_are_read_as(shapes, q
 def test_the_client_wrapper_marks_a_declined_search(shapes):
     """No header in a library call: the reason is in the `_bmx` marker, the hits are the cluster's."""
     from bmx_rerank.client import BMXClient
-    from tests.integration.test_client import _official
+    from tests.support.clients import official_client
 
     engine, index, _ = shapes
     body = {"query": {"match": {"text": {"query": "alpah", "fuzziness": "AUTO"}}}, "size": 5}
-    client = _official(engine.kind, engine.url, asynchronous=False)
+    client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         answer = bmx.search(index=index, body={**body, "ext": {"bmx": EXT}})
     direct = engine.ok("POST", f"/{index}/_search", body)

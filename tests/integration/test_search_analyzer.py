@@ -10,11 +10,12 @@ import numpy as np
 from bmx_rerank import scoring
 from bmx_rerank.client import BMXClient
 from bmx_rerank.stats.corpus import CorpusStats
+from tests.support.clients import official_client
+from tests.support.corpora import index_vectors
+from tests.support.data import vectors
+from tests.support.engine_client import EngineClient
 
-from .conftest import EngineClient
-from .test_client import VECTORS, _official, index_vectors
-
-CORPUS = VECTORS["corpus"]
+CORPUS = vectors()["corpus"]
 
 
 def _expected(query: list[str]) -> dict[str, float]:
@@ -45,7 +46,7 @@ def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
         assert [t["token"] for t in field_tokens] == ["t0", "t3"]
 
         body = {"size": 30, "query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body"}}}
-        with BMXClient(_official(engine.kind, engine.url, asynchronous=False)) as bmx:
+        with BMXClient(official_client(engine.kind, engine.url, asynchronous=False)) as bmx:
             answer = bmx.search(index=index, body=body)
         got = {h["_id"]: h["_score"] for h in answer["hits"]["hits"]}
         want = _expected(["t0"])

@@ -46,8 +46,9 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.testing import engine as eng
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import _unavailable
-from tests.integration.faultproxy import FaultInjector, LoopThread
+from tests.support.engine_client import unavailable
+from tests.support.faults import FaultInjector
+from tests.support.proxy_thread import LoopThread
 
 USERS = {"alice": "role_a", "bob": "role_b"}
 
@@ -143,7 +144,7 @@ def secured() -> Iterator[Secured]:
         try:
             started = eng.start(req)
         except (eng.EngineError, OSError) as exc:
-            _unavailable(f"could not start Elasticsearch with security on: {exc}")
+            unavailable(f"could not start Elasticsearch with security on: {exc}")
         yield Secured(started.url, password, Path(started.node_dir) / "config")
     finally:
         eng.stop("elasticsearch")

@@ -4,10 +4,8 @@ process, on both engines; partial files round-trip and a missing or repeated sli
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import orjson
@@ -19,29 +17,19 @@ from bmx_rerank.stats import sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.sweep import SweepOptions, sweep_index
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
+from tests.support.corpora import index_scifact
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
 
-SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
 DOCS = 1500
 
 
 @pytest.fixture(scope="module")
 def index(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
     name = f"bmxtest-sliced-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 3, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{name}", {"settings": settings, "mappings": mappings})
-    lines = []
-    with open(SCIFACT / "corpus.jsonl") as fh:
-        for n, line in enumerate(fh):
-            if n >= DOCS:
-                break
-            doc = json.loads(line)
-            lines.append(json.dumps({"index": {"_index": name, "_id": doc["_id"]}}))
-            lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
-    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+    index_scifact(engine, name, scifact_records("corpus.jsonl", DOCS), shards=3)
     try:
         yield engine, name
     finally:

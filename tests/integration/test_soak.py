@@ -2,7 +2,7 @@
 `bmx-rerank serve` in its own process, 16 concurrent clients in this one mixing reranked searches, plain
 searches and writes into the searched index. Zero errors (a fallback counts as one), every kind of
 traffic served, and the proxy's RSS after warm-up growing by less than 25 % in so short a run (the full
-soak holds it under 10 %), its file descriptors bounded by the connection pools."""
+soak's own limit is 10 %), its file descriptors bounded by the connection pools."""
 
 from __future__ import annotations
 

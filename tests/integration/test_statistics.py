@@ -14,7 +14,6 @@ import math
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -34,10 +33,11 @@ from bmx_rerank.stats.errors import StatisticsError
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.sweep import SweepOptions
 from bmx_rerank.upstream import Cluster
+from tests.support.corpora import bulk
+from tests.support.data import SCIFACT
+from tests.support.engine_client import EngineClient
 
-from .conftest import EngineClient
-
-CORPUS = Path("/work/shared/data/beir/scifact/corpus.jsonl")
+CORPUS = SCIFACT / "corpus.jsonl"
 FIELD = "body"
 MAPPING = {"properties": {FIELD: {"type": "text", "analyzer": "standard"}, "tag": {"type": "keyword"}}}
 
@@ -56,15 +56,8 @@ def _create(engine: EngineClient, name: str, shards: int) -> None:
     engine.ok("PUT", f"/{name}", {"settings": settings, "mappings": MAPPING})
 
 
-def _bulk(engine: EngineClient, index: str, docs: dict[str, str], chunk: int = 1000) -> None:
-    items = list(docs.items())
-    for start in range(0, len(items), chunk):
-        lines = "".join(
-            json.dumps({"index": {"_id": i}}) + "\n" + json.dumps({FIELD: text, "tag": "x"}) + "\n"
-            for i, text in items[start : start + chunk]
-        )
-        body = engine.ok("POST", f"/{index}/_bulk", lines, params={"refresh": "true"})
-        assert body["errors"] is False
+def _bulk(engine: EngineClient, index: str, docs: dict[str, str]) -> None:
+    bulk(engine, index, {i: {FIELD: text, "tag": "x"} for i, text in docs.items()}, chunk=1000)
 
 
 @pytest.fixture(scope="module")

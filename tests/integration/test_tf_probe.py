@@ -4,10 +4,8 @@ proxy using them answers exactly as one fetching `_mtermvectors`, also after doc
 from __future__ import annotations
 
 import json
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,40 +17,24 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
-from tests.integration.recorder import Recorder
-from tests.integration.test_proxy import ProxyThread
+from tests.support.corpora import bulk, index_scifact
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
+from tests.support.recorder import Recorder
+from tests.support.reranked import TV, same, scores, search
 
 pytestmark = pytest.mark.integration
 
-SCIFACT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "beir" / "scifact"
 DOCS = 800
 QUERIES = 25
-TV = {"term_statistics": False, "field_statistics": False, "positions": False, "offsets": False}
-
-
-def _lines(name: str, limit: int) -> list[dict]:
-    out = []
-    with open(SCIFACT / name) as fh:
-        for line in fh:
-            out.append(json.loads(line))
-            if len(out) >= limit:
-                break
-    return out
 
 
 @pytest.fixture(scope="module")
 def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, list[str]]]:
     index = f"bmxtest-tfprobe-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": 2, "number_of_replicas": 0}
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    lines = []
-    for doc in _lines("corpus.jsonl", DOCS):
-        lines.append(json.dumps({"index": {"_index": index, "_id": doc["_id"]}}))
-        lines.append(json.dumps({"body": f"{doc.get('title', '')} {doc['text']}"}))
-    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
-    queries = [q["text"] for q in _lines("queries.jsonl", QUERIES)]
+    index_scifact(engine, index, scifact_records("corpus.jsonl", DOCS), shards=2)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
     try:
         yield engine, index, queries
     finally:
@@ -160,33 +142,6 @@ async def _build(base: str, index: str, sweep: Any = stats_build.build) -> Any:
         return await sweep(Cluster(session, base), index, "body", {})
 
 
-def _search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
-    body = {
-        "query": {"match": {"body": text}},
-        "size": 100,
-        "ext": {"bmx": {"field": "body", "window_size": 100}},
-        **(extra or {}),
-    }
-    req = urllib.request.Request(
-        f"{url}/{index}/_search",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
-def _scores(answer: dict) -> list[tuple[str, float]]:
-    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
-    return [(h["_id"], h["_score"]) for h in answer["hits"]["hits"]]
-
-
-def _same(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> None:
-    assert [i for i, _ in a] == [i for i, _ in b]
-    assert all(abs(x - y) <= 1e-6 for (_, x), (_, y) in zip(a, b, strict=True))
-
-
 def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpus) -> None:
     engine, index, queries = corpus
     stats = FixedStats({})
@@ -197,12 +152,12 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
         stats.table[(index, "body")] = probed.run(_build(engine.url, index))
         seen: list[str] = []
         for text in queries:
-            a, b = _search(probed.url, index, text), _search(fetched.url, index, text)
+            a, b = search(probed.url, index, text), search(fetched.url, index, text)
             assert "_bmx_tf_" not in json.dumps(a) and all(
                 "matched_queries" not in h for h in a["hits"]["hits"]
             )
-            _same(_scores(a), _scores(b))
-            seen += [i for i, _ in _scores(a)[:3]]
+            same(scores(a), scores(b))
+            seen += [i for i, _ in scores(a)[:3]]
         reranker = probed.app[STATE].rerank
         assert len(reranker.frequencies.lengths) > 0
         tv = [d for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
@@ -211,16 +166,16 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
         # Documents change between two searches: longer, with the query's terms more often. Both proxies
         # have them cached at their old versions; each must see the new ones.
         text = queries[0]
-        top = [i for i, _ in _scores(_search(probed.url, index, text))[:5]]
-        lines = []
-        for n, doc_id in enumerate(top):
-            lines.append(json.dumps({"index": {"_index": index, "_id": doc_id}}))
-            lines.append(json.dumps({"body": " ".join([text] * (n + 2)) + " padding words" * n}))
-        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        top = [i for i, _ in scores(search(probed.url, index, text))[:5]]
+        bulk(
+            engine,
+            index,
+            {i: {"body": " ".join([text] * (n + 2)) + " padding words" * n} for n, i in enumerate(top)},
+        )
         for text in queries[:5]:
-            a, b = _scores(_search(probed.url, index, text)), _scores(_search(fetched.url, index, text))
-            _same(a, b)
-        after = dict(_scores(_search(probed.url, index, queries[0])))
+            a, b = scores(search(probed.url, index, text)), scores(search(fetched.url, index, text))
+            same(a, b)
+        after = dict(scores(search(probed.url, index, queries[0])))
         assert set(top) <= set(after)
     finally:
         probed.close()
@@ -236,12 +191,12 @@ class _Traced:
         self, recorder: Recorder, url: str, index: str, text: str, extra: dict | None = None
     ) -> None:
         recorder.clear()
-        self.answer = _search(url, index, text, extra)
+        self.answer = search(url, index, text, extra)
         bodies = [json.dumps(r.body) for r in recorder.requests("_search")]
         self.probed = any("_bmx_tf_" in b for b in bodies)
         self.fetched = [d["_id"] for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
         self.marker = self.answer["_bmx"]
-        self.scores = _scores(self.answer)
+        self.scores = scores(self.answer)
 
 
 def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpus) -> None:
@@ -262,11 +217,11 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
         for text in texts:
             first = _Traced(recorder, auto.url, index, text)
             assert first.probed and first.marker["tf"] == "probes" and first.marker["tf_probes"] is None
-            _same(first.scores, _scores(_search(fetched.url, index, text)))
+            same(first.scores, scores(search(fetched.url, index, text)))
             again = _Traced(recorder, auto.url, index, text)
             assert not again.probed and again.fetched == []
             assert (again.marker["tf"], again.marker["tf_probes"]) == ("cache", "seen")
-            _same(again.scores, first.scores)
+            same(again.scores, first.scores)
         metrics = auto.app[STATE].metrics.render().decode()
         assert f'bmx_tf_windows_total{{probes="probed",source="probes"}} {len(texts)}.0' in metrics
         assert f'bmx_tf_windows_total{{probes="seen",source="cache"}} {len(texts)}.0' in metrics
@@ -276,40 +231,33 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
         assert not highlight.probed and highlight.marker["tf_probes"] == "highlight"
         ids = [i for i, _ in highlight.scores]
         assert highlight.marker["tf"] == "termvectors" and sorted(highlight.fetched) == sorted(ids)
-        _same(
+        same(
             highlight.scores,
-            _scores(_search(fetched.url, index, text, {"highlight": {"fields": {"body": {}}}})),
+            scores(search(fetched.url, index, text, {"highlight": {"fields": {"body": {}}}})),
         )
         # The same query without highlight is another window request: probed, its lengths all from the
         # length cache that `_mtermvectors` filled just before.
         plain = _Traced(recorder, auto.url, index, text)
         assert plain.probed and plain.fetched == [] and plain.marker["tf"] == "probes"
-        _same(plain.scores, highlight.scores)
+        same(plain.scores, highlight.scores)
         # A document of a seen window is updated: its new version misses the cache and is fetched.
         text = texts[0]
-        top = _scores(_search(auto.url, index, text))[0][0]
-        lines = [json.dumps({"index": {"_index": index, "_id": top}}), json.dumps({"body": f"{text} {text}"})]
-        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        top = scores(search(auto.url, index, text))[0][0]
+        bulk(engine, index, {top: {"body": f"{text} {text}"}})
         after = _Traced(recorder, auto.url, index, text)
         assert not after.probed and top in after.fetched and after.marker["tf"] == "termvectors"
         assert after.marker["tf_probes"] == "seen"
-        _same(after.scores, _scores(_search(fetched.url, index, text)))
+        same(after.scores, scores(search(fetched.url, index, text)))
         # New documents enter a repeated query's window: they are fetched, the others come from the cache.
         text = texts[1]
         new = [f"new-{n}" for n in range(3)]
-        lines = []
-        for n, doc_id in enumerate(new):
-            lines += [
-                json.dumps({"index": {"_index": index, "_id": doc_id}}),
-                json.dumps({"body": text * (n + 1)}),
-            ]
-        assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+        bulk(engine, index, {doc_id: {"body": text * (n + 1)} for n, doc_id in enumerate(new)})
         grown = _Traced(recorder, auto.url, index, text)
         ids = [i for i, _ in grown.scores]
         assert set(new) <= set(ids) and set(new) <= set(grown.fetched)
         assert len(grown.fetched) < len(ids), "the rest of the window came from the cache"
         assert not grown.probed and grown.marker["tf"] == "termvectors"
-        _same(grown.scores, _scores(_search(fetched.url, index, text)))
+        same(grown.scores, scores(search(fetched.url, index, text)))
     finally:
         auto.close()
         fetched.close()
@@ -347,14 +295,13 @@ def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corp
             for text in queries[10:15]:
                 got = _Traced(recorder, auto.url, index, text)
                 assert got.probed and got.fetched == [] and got.marker["tf"] == "probes"
-                _same(got.scores, _scores(_search(fetched.url, index, text)))
+                same(got.scores, scores(search(fetched.url, index, text)))
             text = queries[15]
-            top = _scores(_search(fetched.url, index, text))[0][0]
-            lines = [json.dumps({"index": {"_index": index, "_id": top}}), json.dumps({"body": f"{text} x"})]
-            assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+            top = scores(search(fetched.url, index, text))[0][0]
+            bulk(engine, index, {top: {"body": f"{text} x"}})
             got = _Traced(recorder, auto.url, index, text)
             assert got.probed and got.fetched == [top], "only the version the table does not hold"
-            _same(got.scores, _scores(_search(fetched.url, index, text)))
+            same(got.scores, scores(search(fetched.url, index, text)))
         finally:
             auto.close()
     finally:

@@ -13,7 +13,6 @@ itself (x-pack security, a generated CA) is in test_container.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -30,7 +29,8 @@ from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.stats.source import statistics_source
 from bmx_rerank.upstream import Cluster
-from tests.integration.conftest import EngineClient
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
 
@@ -107,11 +107,7 @@ async def deployment(engine: EngineClient, tmp_path: Path) -> AsyncIterator[Depl
     ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(proxy_pem))
     index, store = f"bmx-test-{uuid.uuid4().hex[:12]}", f"bmx-test-stats-{uuid.uuid4().hex[:8]}"
     engine.ok("PUT", f"/{index}", {"settings": {"number_of_shards": 2, "number_of_replicas": 0}})
-    lines = "".join(
-        json.dumps({"index": {"_id": str(i)}}) + "\n" + json.dumps({"body": d}) + "\n"
-        for i, d in enumerate(DOCS)
-    )
-    assert not engine.ok("POST", f"/{index}/_bulk", lines, {"refresh": "true"})["errors"]
+    bulk(engine, index, {str(i): {"body": d} for i, d in enumerate(DOCS)})
     async with aiohttp.ClientSession() as session:
         await build_snapshots(Cluster(session, engine.url), index, "body", {}, store=store)
     relays = [Relay(URL(engine.url), node_tls), Relay(URL(engine.url), node_tls)]

@@ -5,11 +5,12 @@ run and its figures are in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
-from benchmarks import proxyproc, writes
+from benchmarks import writes
+from tests.support.proxy_process import serve
 
 
 def test_writes_through_the_proxy_arrive_identical(engine_url: str):
-    with proxyproc.serve(engine_url) as proxy:
+    with serve(engine_url) as proxy:
         out = writes.run(engine_url, proxy.url, 2_000)
     assert out.expected > 1_800
     assert out.count_direct == out.count_proxied == out.expected, out

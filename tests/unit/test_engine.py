@@ -13,7 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from bmx_rerank.cli import main
+from bmx_rerank.testing import artifacts, host, java, process
 from bmx_rerank.testing import engine as eng
+from bmx_rerank.testing import node as node_config
+from tests.support.net import free_port
 
 # Verbatim lines from the real integ-test-zip jvm.options files.
 OS_219_JVM = """\
@@ -42,7 +45,7 @@ ES_819_JVM = """\
 
 def test_rewrite_jvm_options_makes_log_paths_absolute() -> None:
     logs = Path("/n/logs")
-    out = eng.rewrite_jvm_options(OS_219_JVM, logs)
+    out = node_config.rewrite_jvm_options(OS_219_JVM, logs)
     assert "-XX:HeapDumpPath=/n/logs\n" in out
     assert "-XX:ErrorFile=/n/logs/hs_err_pid%p.log\n" in out
     assert "8:-Xloggc:/n/logs/gc.log\n" in out
@@ -50,20 +53,20 @@ def test_rewrite_jvm_options_makes_log_paths_absolute() -> None:
     assert "-Djava.io.tmpdir=${OPENSEARCH_TMPDIR}\n" in out  # env placeholders untouched
     assert "-Xms1g\n" in out and "## specify an alternative path for heap dumps\n" in out
 
-    es = eng.rewrite_jvm_options(ES_819_JVM, logs)
+    es = node_config.rewrite_jvm_options(ES_819_JVM, logs)
     assert "-XX:ErrorFile=/n/logs/hs_err_pid%p.log\n" in es
     assert "safepoint:file=/n/logs/gc.log:utctime,level" in es
     assert "# -XX:HeapDumpPath=/heap/dump/path\n" in es  # comments untouched
-    assert eng.rewrite_jvm_options(es, logs) == es  # absolute paths stay as they are
+    assert node_config.rewrite_jvm_options(es, logs) == es  # absolute paths stay as they are
 
 
 def test_plugin_classname_is_read_from_the_jar() -> None:
     names_2x = ["META-INF/MANIFEST.MF", "org/opensearch/analysis/common/CommonAnalysisPlugin.class"]
     names_3x = ["org/opensearch/analysis/common/CommonAnalysisModulePlugin.class"]
-    assert eng.plugin_classname(names_2x) == "org.opensearch.analysis.common.CommonAnalysisPlugin"
-    assert eng.plugin_classname(names_3x) == "org.opensearch.analysis.common.CommonAnalysisModulePlugin"
+    assert artifacts.plugin_classname(names_2x) == "org.opensearch.analysis.common.CommonAnalysisPlugin"
+    assert artifacts.plugin_classname(names_3x) == "org.opensearch.analysis.common.CommonAnalysisModulePlugin"
     with pytest.raises(eng.EngineError, match="neither"):
-        eng.plugin_classname(["org/opensearch/Other.class"])
+        artifacts.plugin_classname(["org/opensearch/Other.class"])
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -72,17 +75,17 @@ def _properties(text: str) -> dict[str, str]:
 
 def test_plugin_descriptor_has_only_known_keys_and_no_painless_dependency() -> None:
     props = _properties(
-        eng.plugin_descriptor("2.19.3", "org.opensearch.analysis.common.CommonAnalysisPlugin")
+        artifacts.plugin_descriptor("2.19.3", "org.opensearch.analysis.common.CommonAnalysisPlugin")
     )
     assert set(props) == {"name", "description", "version", "opensearch.version", "java.version", "classname"}
     assert props["opensearch.version"] == props["version"] == "2.19.3"
     assert props["java.version"] == "11"
     assert props["classname"] == "org.opensearch.analysis.common.CommonAnalysisPlugin"
-    assert _properties(eng.plugin_descriptor("3.6.0", "x.Y"))["java.version"] == "21"
+    assert _properties(artifacts.plugin_descriptor("3.6.0", "x.Y"))["java.version"] == "21"
 
 
-def _jdk(feature: int, modules: str = "java.base jdk.attach") -> eng.JavaHome:
-    return eng.JavaHome(Path(f"/jvm/{feature}"), f"{feature}.0.1", feature, frozenset(modules.split()))
+def _jdk(feature: int, modules: str = "java.base jdk.attach") -> java.JavaHome:
+    return java.JavaHome(Path(f"/jvm/{feature}"), f"{feature}.0.1", feature, frozenset(modules.split()))
 
 
 @pytest.mark.parametrize(
@@ -95,68 +98,68 @@ def _jdk(feature: int, modules: str = "java.base jdk.attach") -> eng.JavaHome:
     ],
 )
 def test_choose_java_picks_the_oldest_accepted_jdk(kind: eng.EngineKind, version: str, expected: int) -> None:
-    assert eng.choose_java(kind, version, [_jdk(25), _jdk(17)]).feature == expected
+    assert java.choose_java(kind, version, [_jdk(25), _jdk(17)]).feature == expected
 
 
 def test_choose_java_explains_what_is_missing() -> None:
     with pytest.raises(eng.EngineError, match=r"opensearch 2\.19\.3 needs Java 11 to 23.*found: 25"):
-        eng.choose_java("opensearch", "2.19.3", [_jdk(25)])
+        java.choose_java("opensearch", "2.19.3", [_jdk(25)])
     with pytest.raises(eng.EngineError, match=r"needs Java 21 or newer.*openjdk-21-jdk-headless"):
-        eng.choose_java("elasticsearch", "9.3.0", [_jdk(17)])
+        java.choose_java("elasticsearch", "9.3.0", [_jdk(17)])
     with pytest.raises(eng.EngineError, match="found: none"):
-        eng.choose_java("elasticsearch", "8.19.21", [])
+        java.choose_java("elasticsearch", "8.19.21", [])
     # ES self-attaches its entitlement agent: a JRE without jdk.attach does not do.
     with pytest.raises(eng.EngineError, match="full JDK"):
-        eng.choose_java("elasticsearch", "8.19.21", [_jdk(17, "java.base")])
+        java.choose_java("elasticsearch", "8.19.21", [_jdk(17, "java.base")])
     with pytest.raises(eng.EngineError, match="MAJOR.MINOR.PATCH"):
-        eng.java_range("elasticsearch", "8.19")
+        java.java_range("elasticsearch", "8.19")
 
 
 def test_read_java_home_parses_the_release_file(tmp_path: Path) -> None:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "java").write_text("")
-    assert eng.read_java_home(tmp_path) is None  # no release file
+    assert java.read_java_home(tmp_path) is None  # no release file
     (tmp_path / "release").write_text('JAVA_VERSION="1.8.0_402"\nMODULES="java.base"\n')
-    assert eng.read_java_home(tmp_path) == eng.JavaHome(tmp_path, "1.8.0_402", 8, frozenset({"java.base"}))
+    assert java.read_java_home(tmp_path) == java.JavaHome(tmp_path, "1.8.0_402", 8, frozenset({"java.base"}))
 
 
 def test_artifacts_and_their_maven_paths() -> None:
-    es = eng.distribution_artifact("elasticsearch", "8.19.21")
+    es = artifacts.distribution_artifact("elasticsearch", "8.19.21")
     assert es.coordinate == "org.elasticsearch.distribution.integ-test-zip:elasticsearch:8.19.21:zip"
     assert es.local_path(Path("/m2")) == Path(
         "/m2/org/elasticsearch/distribution/integ-test-zip/elasticsearch/8.19.21/elasticsearch-8.19.21.zip"
     )
     assert (
-        eng.analysis_common_artifact("2.19.3").coordinate
+        artifacts.analysis_common_artifact("2.19.3").coordinate
         == "org.opensearch.plugin:analysis-common:2.19.3:jar"
     )
 
 
 def test_classify_maven_failure() -> None:
-    es9 = eng.distribution_artifact("elasticsearch", "9.3.0")
+    es9 = artifacts.distribution_artifact("elasticsearch", "9.3.0")
     cached = (
         "[ERROR] Failed ... zip:9.3.0 was not found in https://repo.maven.apache.org/maven2 during a previous"
     )
-    message = str(eng.classify_maven_failure(cached, es9))
+    message = str(artifacts.classify_maven_failure(cached, es9))
     assert "not on Maven Central" in message and "does not publish the 9.x integ-test-zip" in message
-    os2 = eng.distribution_artifact("opensearch", "2.0.99")
-    message = str(eng.classify_maven_failure("[ERROR] Could not find artifact org.opensearch...", os2))
+    os2 = artifacts.distribution_artifact("opensearch", "2.0.99")
+    message = str(artifacts.classify_maven_failure("[ERROR] Could not find artifact org.opensearch...", os2))
     assert "not on Maven Central" in message and "9.x" not in message
     refused = "[ERROR] Failed to transfer file ... status code: 403, reason phrase: Forbidden (403)\n"
-    message = str(eng.classify_maven_failure(refused, os2))
+    message = str(artifacts.classify_maven_failure(refused, os2))
     assert "could not download" in message and "403" in message and "settings.xml" in message
 
 
 def test_engine_settings_security_only_on_elasticsearch() -> None:
-    es = eng.engine_settings("elasticsearch", 9200, Path("/d"), Path("/l"))
-    os_ = eng.engine_settings("opensearch", 9201, Path("/d"), Path("/l"))
+    es = node_config.engine_settings("elasticsearch", 9200, Path("/d"), Path("/l"))
+    os_ = node_config.engine_settings("opensearch", 9201, Path("/d"), Path("/l"))
     assert es["xpack.security.enabled"] == "false"
     assert not [k for k in os_ if "security" in k or k.startswith("xpack")]  # unknown settings are fatal
     for settings, port in ((es, "9200"), (os_, "9201")):
         assert settings["network.host"] == "127.0.0.1" and settings["http.port"] == port
         assert settings["discovery.type"] == "single-node"
         assert settings["cluster.routing.allocation.disk.watermark.flood_stage"] == "1b"
-    assert eng.render_yaml({"a.b": "1b"}) == 'a.b: "1b"\n'
+    assert node_config.render_yaml({"a.b": "1b"}) == 'a.b: "1b"\n'
 
 
 def test_check_traversable_rejects_a_private_parent(tmp_path: Path) -> None:
@@ -164,7 +167,7 @@ def test_check_traversable_rejects_a_private_parent(tmp_path: Path) -> None:
     private.mkdir(mode=0o700)
     private.chmod(0o700)
     with pytest.raises(eng.EngineError, match="BMX_RERANK_CACHE"):
-        eng.check_traversable(private / "cache")
+        host.check_traversable(private / "cache")
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,22 +179,22 @@ def test_fetch_without_maven_or_cache_says_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BMX_RERANK_M2_REPO", str(tmp_path / "m2"))
-    monkeypatch.setattr(eng.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(artifacts.shutil, "which", lambda _name: None)
     with pytest.raises(eng.EngineError, match=r"no Maven.*apt-get install maven"):
-        eng.fetch_artifact(eng.distribution_artifact("opensearch", "2.19.3"), tmp_path / "cache")
+        artifacts.fetch_artifact(artifacts.distribution_artifact("opensearch", "2.19.3"), tmp_path / "cache")
 
 
 def test_fetch_copies_from_m2_and_checks_sha1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BMX_RERANK_M2_REPO", str(tmp_path / "m2"))
-    artifact = eng.analysis_common_artifact("2.19.3")
+    artifact = artifacts.analysis_common_artifact("2.19.3")
     local = artifact.local_path(tmp_path / "m2")
     local.parent.mkdir(parents=True)
     local.write_bytes(b"jar bytes")
     Path(f"{local}.sha1").write_text("0" * 40)
     with pytest.raises(eng.EngineError, match="does not match its .sha1"):
-        eng.fetch_artifact(artifact, tmp_path / "cache")
+        artifacts.fetch_artifact(artifact, tmp_path / "cache")
     Path(f"{local}.sha1").write_text(hashlib.sha1(b"jar bytes").hexdigest() + "  file\n")
-    copied = eng.fetch_artifact(artifact, tmp_path / "cache")
+    copied = artifacts.fetch_artifact(artifact, tmp_path / "cache")
     assert copied == tmp_path / "cache" / "analysis-common-2.19.3.jar"
     assert copied.read_bytes() == b"jar bytes" and copied.stat().st_mode & 0o777 == 0o644
 
@@ -217,18 +220,12 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fake OpenSearch 2.19.3 in a private cache/state, run as the current user."""
     monkeypatch.setenv("BMX_RERANK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("BMX_RERANK_STATE", str(tmp_path / "state"))
-    monkeypatch.setattr(eng, "_is_root", lambda: False)
+    monkeypatch.setattr(host, "is_root", lambda: False)
     home = tmp_path / "cache" / "dists" / "opensearch-2.19.3"
     (home / "bin").mkdir(parents=True)
     (home / "config").mkdir()
@@ -243,14 +240,14 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         launcher = home / "bin" / "opensearch"
         launcher.write_text("#!/bin/sh\n" + script)
         launcher.chmod(0o755)
-        return eng.StartRequest("opensearch", "2.19.3", _free_port(), java_home=jdk, timeout=timeout)
+        return eng.StartRequest("opensearch", "2.19.3", free_port(), java_home=jdk, timeout=timeout)
 
     return install
 
 
 def _group_gone(pgid: int) -> bool:
     for _ in range(50):
-        if not eng._group_alive(pgid):
+        if not process.group_alive(pgid):
             return True
         time.sleep(0.1)
     return False
@@ -293,7 +290,7 @@ def test_engine_exiting_during_start_shows_its_log(fake) -> None:
     req = fake("echo 'fatal error: unknown setting [plugins.security.disabled]'\nexit 3\n")
     with pytest.raises(eng.EngineError, match=r"(?s)exited with code 3.*unknown setting \[plugins"):
         eng.start(req)
-    assert eng.load_state("opensearch") is None
+    assert process.load_state("opensearch") is None
 
 
 def test_start_timeout_kills_the_whole_process_group(fake, tmp_path: Path) -> None:
@@ -303,10 +300,10 @@ def test_start_timeout_kills_the_whole_process_group(fake, tmp_path: Path) -> No
         eng.start(req)
     child = int(pidfile.read_text())
     for _ in range(50):  # the grandchild (same process group) must die too; init reaps it
-        if eng._proc_start_ticks(child) is None:
+        if process.proc_start_ticks(child) is None:
             break
         time.sleep(0.1)
-    assert eng._proc_start_ticks(child) is None
+    assert process.proc_start_ticks(child) is None
 
 
 def test_another_cluster_on_the_port_is_not_taken_for_ours(fake, tmp_path: Path) -> None:
@@ -367,11 +364,11 @@ def test_an_engine_whose_state_cannot_be_saved_is_stopped_not_orphaned(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(eng.subprocess, "Popen", popen)
-    monkeypatch.setattr(eng, "_save_state", no_space)
+    monkeypatch.setattr(eng, "save_state", no_space)
     with pytest.raises(eng.EngineError, match="could not record the engine's state.*No space left"):
         eng.start(req)
     assert len(pids) == 1 and _group_gone(pids[0])
-    assert eng.load_state("opensearch") is None
+    assert process.load_state("opensearch") is None
 
 
 @pytest.mark.parametrize("args", [["start", "opensearch"], ["stop"]])

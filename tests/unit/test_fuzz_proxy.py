@@ -5,13 +5,22 @@ the same generator for >= 10,000 examples."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from benchmarks.proxyproc import proc_status
-from tests.fuzzing import Raw, es_error_shape, gzip_bomb, nest, problems, requests, running, send
+from tests.support.fuzz_strategies import requests
+from tests.support.fuzzing import (
+    RAW_HTTP,
+    Raw,
+    bmx_body,
+    es_error_shape,
+    gzip_bomb,
+    nest,
+    problems,
+    running,
+    send,
+)
+from tests.support.proxy_process import proc_status
 
 SEARCH = "/docs/_search"
 JSON = (("Content-Type", "application/json"),)
@@ -37,12 +46,6 @@ def servers():
 def test_generated_bad_requests_never_get_a_sidecar_5xx(servers, raw):
     answer = send(servers, raw)
     assert problems(raw, answer) == [], raw.describe()
-
-
-def bmx_body(**bmx) -> bytes:
-    return json.dumps(
-        {"query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body", **bmx}}}
-    ).encode()
 
 
 @pytest.mark.parametrize(
@@ -94,31 +97,6 @@ def test_body_labelled_gzip_that_is_not_is_no_502(servers):
     answer = send(servers, raw)
     assert problems(raw, answer) == []
     assert answer.status != 502, answer.body[:300]
-
-
-LONG = "a" * 9000
-RAW_HTTP = {
-    "request line over 8 KiB": f"POST /docs/_search?q={LONG} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-    "header over 8 KiB": f"GET / HTTP/1.1\r\nHost: x\r\nX-Big: {LONG}\r\n\r\n",
-    "many headers": "GET / HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{i}: v\r\n" for i in range(200)) + "\r\n",
-    "content-length with transfer-encoding": (
-        "POST /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
-        "0\r\n\r\n"
-    ),
-    "lowercase method": "post /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
-    "unknown method": "FOO /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-    "bad chunk size": "POST /docs/_search HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
-    "two content-lengths": (
-        "POST /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"
-    ),
-    "negative content-length": "POST /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-    "header without colon": "GET / HTTP/1.1\r\nHost: x\r\nnot a header\r\n\r\n",
-    "absolute-URL target": (
-        "POST http://127.0.0.1:1/docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-    ),
-    "asterisk target": "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
-    "NUL in the target": "GET /do\x00cs/_search HTTP/1.1\r\nHost: x\r\n\r\n",
-}
 
 
 @pytest.mark.parametrize("wire", list(RAW_HTTP.values()), ids=list(RAW_HTTP))

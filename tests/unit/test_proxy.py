@@ -13,175 +13,14 @@ from collections.abc import AsyncIterator
 import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
 
 from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream, start_server
 from bmx_rerank.rerank.candidates import candidate_features
-from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, DocTerms
-
-DOCS = {
-    "1": "t0 t0 t1",
-    "2": "t0 t3 t3 t5 t6",
-    "3": "t3",
-    "4": "t1 t2 t2 t2",
-    "5": "t0 t3 t4 t4 t4 t4 t4",
-}
-CORPUS = CorpusStats.from_documents(Counter(t.split()) for t in DOCS.values())
-ES_HEADERS = {"X-Elastic-Product": "Elasticsearch"}
-
-
-class FakeCluster:
-    """Enough of Elasticsearch for the proxy: _search, _msearch, _analyze, _mtermvectors, echo, errors."""
-
-    def __init__(self) -> None:
-        self.searches: list[dict] = []
-        self.requests: list[tuple[str, str, dict, bytes]] = []
-        self.fail_termvectors = False
-        self.analyze_calls = 0
-        self.analyzers: list[str | None] = []  # the `analyzer` of each _analyze call
-        self.sidecar_headers: list[dict[str, str]] = []  # of each _analyze and _mtermvectors call
-        self.search_analyzer: str | None = None  # what the mapping of every index says
-        self.probe_checks = 0  # searches with include_named_queries_score (refused)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("HEAD", "/", self.head)
-        app.router.add_get("/gz", self.gz)
-        app.router.add_get("/slow", self.slow)
-        app.router.add_post("/sink", self.sink)
-        app.router.add_get("/source", self.source)
-        app.router.add_route("*", "/echo/{tail:.*}", self.echo)
-        app.router.add_post("/_mtermvectors", self.termvectors)
-        app.router.add_route("*", "/{index}/_analyze", self.analyze)
-        app.router.add_get("/{index}/_mapping/field/{field}", self.mapping)
-        app.router.add_route("*", "/{index}/_search", self.search)
-        app.router.add_route("*", "/{index}/_msearch", self.msearch)
-        return app
-
-    async def head(self, request: web.Request) -> web.Response:
-        return web.Response(body=b'{"name":"fake"}', content_type="application/json", headers=ES_HEADERS)
-
-    async def gz(self, request: web.Request) -> web.Response:
-        body = gzip.compress(b'{"compressed":true}')
-        return web.Response(
-            body=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
-        )
-
-    async def slow(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
-        return web.Response(text="late")
-
-    async def sink(self, request: web.Request) -> web.Response:
-        total = 0
-        digest = hashlib.sha256()
-        async for chunk in request.content.iter_chunked(1 << 16):
-            total += len(chunk)
-            digest.update(chunk)
-        return web.json_response({"bytes": total, "sha256": digest.hexdigest()})
-
-    async def source(self, request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        await resp.prepare(request)
-        for _ in range(int(request.query["chunks"])):
-            await resp.write(b"x" * (1 << 20))
-        await resp.write_eof()
-        return resp
-
-    async def echo(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        self.requests.append((request.method, request.path_qs, dict(request.headers), raw))
-        headers = {
-            **ES_HEADERS,
-            "Warning": '299 Elasticsearch-8.19 "deprecated"',
-            "X-Opaque-Id": request.headers.get("X-Opaque-Id", ""),
-        }
-        status = int(request.query.get("status", "200"))
-        return web.Response(
-            status=status, body=raw or b"{}", headers=headers, content_type="application/json"
-        )
-
-    async def mapping(self, request: web.Request) -> web.Response:
-        if request.headers.get("Authorization") == "Basic no-metadata":
-            return web.json_response({"error": {"type": "security_exception"}, "status": 403}, status=403)
-        index, name = request.match_info["index"], request.match_info["field"]
-        leaf = {"type": "text", **({"search_analyzer": self.search_analyzer} if self.search_analyzer else {})}
-        mapping = {name: {"full_name": name, "mapping": {name: leaf}}}
-        return web.json_response({index: {"mappings": mapping}})
-
-    async def analyze(self, request: web.Request) -> web.Response:
-        self.analyze_calls += 1
-        self.sidecar_headers.append(dict(request.headers))
-        body = await request.json()
-        self.analyzers.append(body.get("analyzer"))
-        tokens = [{"token": t.lower()} for t in body["text"].split()]
-        return web.json_response({"tokens": tokens})
-
-    async def termvectors(self, request: web.Request) -> web.Response:
-        self.sidecar_headers.append(dict(request.headers))
-        body = await request.json()
-        docs = []
-        for spec in body["docs"]:
-            if self.fail_termvectors:
-                docs.append({"_index": spec["_index"], "_id": spec["_id"], "error": {"reason": "boom"}})
-                continue
-            hidden = request.headers.get("Authorization") == "Basic fls"  # field-level security
-            counts = Counter([] if hidden else DOCS[spec["_id"]].split())
-            terms = {t: {"term_freq": c} for t, c in counts.items()}
-            docs.append({"_id": spec["_id"], "found": True, "term_vectors": {"body": {"terms": terms}}})
-        return web.json_response({"docs": docs})
-
-    def _window(self, index: str, body: dict) -> dict:
-        if index == "missing":
-            raise web.HTTPNotFound(
-                text=json.dumps({"error": {"type": "index_not_found_exception"}, "status": 404}),
-                content_type="application/json",
-            )
-        size = body.get("size", 10)
-        hits = [
-            {
-                "_index": index,
-                "_id": i,
-                "_score": 1.0 / (n + 1),
-                "_seq_no": n,
-                "_primary_term": 1,
-                "_source": {"n": n},
-            }
-            for n, i in enumerate(DOCS)
-        ][:size]
-        return {
-            "took": 1,
-            "timed_out": False,
-            "hits": {"total": {"value": 5, "relation": "eq"}, "max_score": 1.0, "hits": hits},
-            "aggregations": {"a": {"value": 1}},
-        }
-
-    async def search(self, request: web.Request) -> web.Response:
-        if "include_named_queries_score" in request.query:  # as an engine before ES 8.8 / OpenSearch 2.13
-            self.probe_checks += 1
-            reason = (
-                f"request [{request.path}] contains unrecognized parameter: [include_named_queries_score]"
-            )
-            error = {"type": "illegal_argument_exception", "reason": reason}
-            return web.json_response({"error": {"root_cause": [error], **error}, "status": 400}, status=400)
-        body = await request.json() if request.body_exists else {}
-        self.searches.append(body)
-        return web.json_response(self._window(request.match_info["index"], body), headers=ES_HEADERS)
-
-    async def msearch(self, request: web.Request) -> web.Response:
-        lines = [json.loads(x) for x in (await request.read()).splitlines() if x.strip()]
-        responses = []
-        for header, body in zip(lines[0::2], lines[1::2], strict=True):
-            self.searches.append(body)
-            index = header.get("index", request.match_info["index"])
-            try:
-                responses.append({**self._window(index, body), "status": 200})
-            except web.HTTPNotFound:
-                responses.append({"error": {"type": "index_not_found_exception"}, "status": 404})
-        return web.json_response({"took": 1, "responses": responses}, headers=ES_HEADERS)
+from tests.support.fake_cluster import CORPUS, DOCS, FakeCluster, post, run_proxy
 
 
 def expected_scores(ids, text, **request):
@@ -205,12 +44,6 @@ async def cluster() -> AsyncIterator[tuple[FakeCluster, str]]:
     await runner.cleanup()
 
 
-async def run_proxy(upstream: str, **config) -> tuple[web.AppRunner, str]:
-    stats = FixedStats({(name, "body"): CORPUS for name in ("docs", "docs,other", "docs-*")})
-    app = make_app(ProxyConfig(upstream=upstream, **config), lambda session, base: stats)
-    return await start_server(app)
-
-
 @pytest.fixture
 async def proxy(cluster) -> AsyncIterator[tuple[FakeCluster, str]]:
     fake, url = cluster
@@ -223,11 +56,6 @@ async def proxy(cluster) -> AsyncIterator[tuple[FakeCluster, str]]:
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         yield session
-
-
-async def post(client, url, body, **kw):
-    async with client.post(url, json=body, **kw) as resp:
-        return resp.status, dict(resp.headers), await resp.json(content_type=None)
 
 
 # ---- passthrough ----

@@ -15,8 +15,9 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.policy import parse_rules
+from bmx_rerank.proxy import start_server
 from bmx_rerank.proxy.bodies import MAX_DEPTH, Inflater, too_deep
-from tests.unit.test_proxy import FakeCluster, post, run_proxy, start_server
+from tests.support.fake_cluster import FakeCluster, post, run_proxy
 
 BMX = {"field": "body", "query": "t3", "window_size": 5}
 NDJSON = {"Content-Type": "application/x-ndjson"}

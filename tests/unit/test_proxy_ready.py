@@ -91,7 +91,7 @@ def test_json_logs_keep_stack_traces_and_flatten_fields():
 
 
 async def test_logs_never_carry_credentials_or_headers():
-    from tests.unit.test_proxy import FakeCluster, run_proxy
+    from tests.support.fake_cluster import FakeCluster, run_proxy
 
     stream = io.StringIO()
     root = logging.getLogger()

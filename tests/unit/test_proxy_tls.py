@@ -10,7 +10,7 @@ from aiohttp import web
 
 from bmx_rerank.nodes import server_ssl
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
-from tests.unit.test_proxy import FixedStats
+from bmx_rerank.stats.source import FixedStats
 
 
 async def _https_node(ca: trustme.CA) -> tuple[web.AppRunner, str]:

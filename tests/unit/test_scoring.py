@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from bmx_rerank import scoring
 from bmx_rerank.stats.corpus import CorpusStats
-
-from . import naive
+from tests.support import naive
 
 TERMS = [f"w{i}" for i in range(8)]
 docs_st = st.lists(st.lists(st.sampled_from(TERMS), min_size=0, max_size=30), min_size=1, max_size=12)

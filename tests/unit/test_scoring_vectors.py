@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bmx_rerank import scoring
+from tests.support.data import VECTORS_FILE
 
-VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "testvectors" / "bmx_small.json"
+VECTORS = VECTORS_FILE
 
 
 def load_vectors() -> dict:

@@ -1,11 +1,16 @@
 """A deliberately naive, per-document BMX/BM25 straight from BMX.md: loops over token lists, no numpy.
 
-The tests compare the vectorized core against it on random corpora."""
+The tests compare the vectorized core against it on random corpora, and the proxy's multi-field
+answers against `FieldsCorpus` (documents of a `title` and a `text` field drawn from `WORDS`)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
+
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega".split()
+FIELDS = ("title", "text")
 
 
 def entropy_of(tf: int) -> float:
@@ -70,3 +75,18 @@ def bm25(corpus, doc, query, k1=1.2, b=0.75) -> float:
             continue
         total += idf(n, df[q]) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(doc) / avgdl))
     return total
+
+
+class FieldsCorpus:
+    """The indexed documents as token lists per field: the brute force's whole input."""
+
+    def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
+        self.docs = docs
+        self.tokens = {f: {i: d[f].split() for i, d in docs.items()} for f in FIELDS}
+
+    def bmx(self, field: str, doc_id: str, text: str) -> float:
+        """Naive BMX of one document's field for a text, with that field's statistics."""
+        return bmx(list(self.tokens[field].values()), self.tokens[field][doc_id], text.split())
+
+    def holds(self, field: str, doc_id: str, text: str) -> bool:
+        return bool(set(self.tokens[field][doc_id]) & set(text.split()))

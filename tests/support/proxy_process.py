@@ -1,12 +1,12 @@
 """The proxy as a separate process (`bmx-rerank serve`, exactly as deployed), for the soak and writes
-benchmarks and their CI versions: start it, wait until it answers, read its RSS, stop it."""
+benchmarks and their CI versions: start it, wait until it answers, read its RSS, stop it; and the RSS
+of any process (the fuzzing benchmark's child, a test's own)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.net import free_port
+
 BIN = Path(sys.executable).parent / "bmx-rerank"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

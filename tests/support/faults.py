@@ -1,45 +1,16 @@
-"""Helpers between the proxy and a real engine: an event loop in a thread, and a fault injector (an
-aiohttp reverse proxy that forwards everything to the engine, records what went through, and misbehaves
-for the requests a rule picks)."""
+"""A fault injector between the proxy and a real engine: an aiohttp reverse proxy that forwards
+everything to the engine, records what went through, and misbehaves for the requests a rule picks
+(serve it with `tests.support.proxy_thread.LoopThread`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
-import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from aiohttp import web
-
-
-class LoopThread:
-    """An event loop in a daemon thread, to serve aiohttp apps next to the synchronous tests."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 120) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        """Cancel whatever still runs (stalled handlers, pipes) while the loop lives, then stop it."""
-
-        async def drain() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        with contextlib.suppress(Exception):
-            self.run(drain(), 30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @dataclass
