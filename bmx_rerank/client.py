@@ -30,22 +30,21 @@ import aiohttp
 
 from bmx_rerank import defaults
 from bmx_rerank.applied import AppliedConfigs
+from bmx_rerank.identity import basic_auth as upstream_basic_auth
+from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Answer, FirstStage, Outcome, Reranker
 from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
-from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.stats.cache import StatsCache
-from bmx_rerank.upstream import basic_auth as upstream_basic_auth
+from bmx_rerank.stats.source import StatsFactory
+from bmx_rerank.upstream import Cluster
 
-# Header names the sidecar's calls carry from the search they serve: its credentials, nothing else.
-CREDENTIAL_HEADERS = ("authorization", "es-security-runas-user")
 # opensearch-py keeps these transport options in `params`; they are not part of the search.
 TRANSPORT_PARAMS = ("request_timeout", "ignore")
 
-StatsFactory = Callable[[aiohttp.ClientSession, str], StatsSource]
 Send = Callable[[str, str, dict[str, Any], Any], Any]
 C = TypeVar("C")
 
@@ -122,7 +121,7 @@ def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
                 client_cert=config.client_cert,
                 client_key=config.client_key,
             )
-        return Sidecar(base, tls, _credentials(client._headers))
+        return Sidecar(base, tls, credentials(client._headers))
     options = client.transport.kwargs
     tls = None
     if https:
@@ -133,7 +132,7 @@ def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
             client_cert=options.get("client_cert"),
             client_key=options.get("client_key"),
         )
-    headers = _credentials(options.get("headers") or {})
+    headers = credentials(options.get("headers") or {})
     auth = options.get("http_auth")
     if callable(auth):
         raise TypeError(
@@ -143,12 +142,6 @@ def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
     if auth is not None:
         headers["authorization"] = basic_auth(auth)
     return Sidecar(base, tls, headers)
-
-
-def _credentials(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """The credential headers among `headers` (lower-cased names)."""
-    found = {k.lower(): v for k, v in (headers or {}).items()}
-    return {k: found[k] for k in CREDENTIAL_HEADERS if k in found}
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,12 +232,10 @@ class _Core:
             connector = aiohttp.TCPConnector(ssl=self.sidecar.ssl) if self.sidecar.ssl else None
             self.session = aiohttp.ClientSession(connector=connector)
             self.reranker = Reranker(
-                self.session,
-                self.sidecar.url,
+                Cluster(self.session, self.sidecar.url, self.timeout),
                 self.stats(self.session, self.sidecar.url),
                 Metrics(),
                 cache=TermVectorCache(self.cache_bytes),
-                timeout=self.timeout,
                 on_error=self.on_rerank_error,
                 probes=self.tf_probes,
             )
@@ -253,7 +244,7 @@ class _Core:
 
     def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:
         """The sidecar calls' headers for one search: the client's credentials, the request's own first."""
-        return {**self.sidecar.headers, **_credentials(request_headers)}
+        return {**self.sidecar.headers, **credentials(request_headers)}
 
     async def close(self) -> None:
         if self.session is not None:

@@ -19,7 +19,6 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
-from bmx_rerank.identity import basic_auth, forwardable_headers  # noqa: F401  (proxy.py, client.py import them here)
 
 # Sidecar-originated reads are idempotent: a dropped connection is retried a few times, quickly.
 # Client requests are never retried (a retried write could apply twice).
@@ -296,55 +295,6 @@ class Cluster:
             if doc.error is not None:
                 raise_doc_error(ref, doc.error)
         return answer.docs
-
-
-# The free functions below are the `Cluster` methods for rerank/pipeline.py, which has not moved to
-# `Cluster` yet; they go once it has.
-
-
-async def analyze(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    index: str,
-    field_name: str,
-    text: str,
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    analyzer: str | None = None,
-) -> list[str]:
-    """`Cluster.analyze`."""
-    return await Cluster(session, base_url, timeout, attempts).analyze(
-        index, field_name, text, headers, analyzer
-    )
-
-
-async def search_analyzer(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    index: str,
-    field_name: str,
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-) -> str | None:
-    """`Cluster.search_analyzer`."""
-    return await Cluster(session, base_url, timeout, attempts).search_analyzer(index, field_name, headers)
-
-
-async def mtermvectors_fields(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    docs: Sequence[DocRef],
-    fields: Sequence[str],
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    realtime: bool | None = None,
-) -> list[dict[str, DocTerms]]:
-    """`Cluster.mtermvectors_fields`."""
-    cluster = Cluster(session, base_url, timeout, attempts)
-    return await cluster.mtermvectors_fields(docs, fields, headers, realtime)
 
 
 def raise_doc_error(ref: DocRef, err: Any) -> None:

@@ -16,12 +16,12 @@ from typing import Any
 
 import click
 
+from bmx_rerank import defaults
 from bmx_rerank.identity import IDENTITY_HEADERS
 from bmx_rerank.logs import json_log_handler
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, serve_forever
-from bmx_rerank.rerank.candidates import DEFAULT_CACHE_BYTES
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.source import statistics_source
@@ -170,16 +170,21 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option(
     "--on-rerank-error",
     type=click.Choice(["fallback", "fail"]),
-    default="fallback",
+    default=defaults.ON_RERANK_ERROR,
     show_default=True,
     help="When reranking fails: answer in the cluster's order with a marker, or fail the search.",
 )
-@click.option("--timeout", type=POSITIVE, default=60.0, help="Seconds to wait for the cluster.")
-@click.option("--connect-timeout", type=POSITIVE, default=10.0, help="Seconds to connect to the cluster.")
+@click.option("--timeout", type=POSITIVE, default=defaults.TIMEOUT, help="Seconds to wait for the cluster.")
+@click.option(
+    "--connect-timeout",
+    type=POSITIVE,
+    default=defaults.CONNECT_TIMEOUT,
+    help="Seconds to connect to the cluster.",
+)
 @click.option(
     "--cache-bytes",
     type=ByteSize(),
-    default=DEFAULT_CACHE_BYTES,
+    default=defaults.CACHE_BYTES,
     help="Term-vector cache size (estimated bytes; 0 disables it), e.g. 256MiB.",
 )
 @click.option(
@@ -198,7 +203,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option(
     "--tf-probes",
     type=ProbeMode(),
-    default="auto",
+    default=defaults.TF_PROBES,
     is_flag=False,
     flag_value="on",
     help="Term frequencies from the first stage (named intervals probes): auto (new windows whose "
@@ -220,24 +225,34 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option(
     "--max-body",
     type=ByteSize(),
-    default=64 << 20,
+    default=defaults.MAX_BODY,
     help="Search/msearch body bytes read (after decompression); a larger body goes to the cluster unread.",
 )
 @click.option(
     "--max-window", type=click.IntRange(1, MAX_WINDOW), default=MAX_WINDOW, help="Largest rerank window."
 )
-@click.option("--max-augment", type=click.IntRange(min=0), default=64, help="Augmented queries per search.")
-@click.option("--max-msearch", type=click.IntRange(min=1), default=100, help="Items reranked per _msearch.")
+@click.option(
+    "--max-augment",
+    type=click.IntRange(min=0),
+    default=defaults.MAX_AUGMENT,
+    help="Augmented queries per search.",
+)
+@click.option(
+    "--max-msearch",
+    type=click.IntRange(min=1),
+    default=defaults.MAX_MSEARCH,
+    help="Items reranked per _msearch.",
+)
 @click.option(
     "--max-concurrent-reranks",
     type=click.IntRange(min=1),
-    default=32,
+    default=defaults.MAX_CONCURRENT_RERANKS,
     help="Reranks running at once; beyond them --on-overload applies.",
 )
 @click.option(
     "--on-overload",
     type=click.Choice(["fallback", "reject"]),
-    default="fallback",
+    default=defaults.ON_OVERLOAD,
     help="Past --max-concurrent-reranks: the cluster's own answer (marked), or 429.",
 )
 @click.option(

@@ -16,6 +16,7 @@ from yarl import URL
 
 from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.errors import SearchError, bad_request, timed_out, unreachable
+from bmx_rerank.identity import basic_auth, forwardable_headers
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
@@ -28,8 +29,8 @@ from bmx_rerank.proxy.search import MARKER, search
 from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
-from bmx_rerank.rerank.stats_source import StatsSource
-from bmx_rerank.upstream import basic_auth, forwardable_headers
+from bmx_rerank.stats.source import StatsSource
+from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger("bmx_rerank.proxy")
 READY_TIMEOUT = 5.0  # seconds each readiness check may take, at most
@@ -80,12 +81,10 @@ def make_app(
         connector = aiohttp.TCPConnector(limit=SIDECAR_CONNECTIONS, ssl=tls)
         sidecar = FailoverSession(aiohttp.ClientSession(connector=connector, timeout=timeout), pool)
         state.reranker = Reranker(
-            sidecar,  # type: ignore[arg-type]  # the ClientSession calls the reranker makes
-            state.base,
+            Cluster(sidecar, state.base, config.timeout),  # type: ignore[arg-type]  # a ClientSession's calls
             stats(sidecar, state.base),  # type: ignore[arg-type]
             metrics,
             cache=TermVectorCache(config.cache_bytes),
-            timeout=config.timeout,
             on_error=config.on_rerank_error,
             probes=str(config.tf_probes),
             identity_headers=config.identity_headers,
@@ -210,14 +209,14 @@ async def _ready(request: web.Request) -> web.Response:
     limit = min(state.config.timeout, READY_TIMEOUT)
     checks: dict[str, str] = {}
     try:
-        status = await _status_of(reranker.session, state.base + "/", headers, limit)
+        status = await _status_of(reranker.cluster.session, state.base + "/", headers, limit)
         checks["upstream"] = "ok" if status < 500 else f"status {status}"
         store = getattr(reranker.stats, "store", None)
         if store is None:
             checks["statistics"] = "ok"  # fixed statistics, in memory
         else:
             status = await _status_of(
-                reranker.session, f"{state.base}/{store}/_search?size=0", headers, limit
+                reranker.cluster.session, f"{state.base}/{store}/_search?size=0", headers, limit
             )
             checks["statistics"] = {200: "ok", 404: "absent (estimated mode)"}.get(status, f"status {status}")
     except SearchError as exc:

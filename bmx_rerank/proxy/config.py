@@ -9,11 +9,11 @@ from aiohttp import web
 
 from bmx_rerank import defaults
 from bmx_rerank.applied import DEFAULT_TTL
+from bmx_rerank.identity import IDENTITY_HEADERS
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession
 from bmx_rerank.policy import Rule
 from bmx_rerank.proxy.admission import Admission
-from bmx_rerank.rerank.candidates import IDENTITY_HEADERS
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW

@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from bmx_rerank.errors import bad_request
+from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
@@ -26,7 +27,6 @@ from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.pipeline import Answer
 from bmx_rerank.rerank.plan import Plan, asks_bmx
 from bmx_rerank.rerank.window import Window
-from bmx_rerank.upstream import forwardable_headers
 
 
 def parse_ndjson(data: bytes) -> list[Any] | None:

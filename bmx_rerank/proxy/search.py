@@ -10,6 +10,7 @@ import orjson
 from aiohttp import web
 
 from bmx_rerank.errors import bad_request
+from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
@@ -23,7 +24,6 @@ from bmx_rerank.proxy.framing import (
 from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.rerank.pipeline import Answer, Marker, skipped
 from bmx_rerank.rerank.plan import Plan, asks_bmx
-from bmx_rerank.upstream import forwardable_headers
 
 MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for the request's metrics
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-import aiohttp
 from cachetools import TTLCache
 
 from bmx_rerank.errors import UpstreamError
+from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank.candidates import caller
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries
 from bmx_rerank.rerank.window import Tokens
-from bmx_rerank.upstream import analyze, search_analyzer
+from bmx_rerank.upstream import Cluster
 
 AnalysisKey = tuple[str, str, str, str]
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
@@ -54,19 +53,15 @@ class Analysis:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        cluster: Cluster,
         metrics: Metrics,
         *,
         cache: AnalysisCache | None = None,
-        timeout: float | None,
         identity_headers: Sequence[str],
     ) -> None:
-        self.session = session
-        self.base_url = base_url
+        self.cluster = cluster
         self.metrics = metrics
         self.cache = cache if cache is not None else AnalysisCache()
-        self.timeout = timeout
         self.identity_headers = tuple(identity_headers)
         self._analyzers: TTLCache[tuple[str, str], str | None] = TTLCache(ANALYZER_CACHE, ANALYZER_TTL)
 
@@ -101,9 +96,7 @@ class Analysis:
         if key in self._analyzers:
             return self._analyzers[key]
         try:
-            name = await self.metrics.timed(
-                "mapping", search_analyzer(self.session, self.base_url, index, field, headers, self.timeout)
-            )
+            name = await self.metrics.timed("mapping", self.cluster.search_analyzer(index, field, headers))
         except UpstreamError as exc:
             # Reading mappings needs view_index_metadata, which a search-only user may lack: analyze
             # with the field then, which is exact unless the mapping sets a search_analyzer.
@@ -119,8 +112,5 @@ class Analysis:
         if not text.strip():
             return []
         return await self.metrics.timed(
-            "analyze",
-            analyze(
-                self.session, self.base_url, index, field, text, headers, self.timeout, analyzer=analyzer
-            ),
+            "analyze", self.cluster.analyze(index, field, text, headers, analyzer)
         )

@@ -35,12 +35,11 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from bmx_rerank.identity import IDENTITY_HEADERS, caller  # noqa: F401  (pipeline.py, proxy.py import them here)
+from bmx_rerank import defaults
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocRef, DocTerms
 
 CacheKey = tuple[str, str, str, int, int, str]
-DEFAULT_CACHE_BYTES = 256 << 20
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 
@@ -100,7 +99,7 @@ def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
 class TermVectorCache:
     """An LRU map from `CacheKey` to a document's term frequencies, bounded in (estimated) bytes."""
 
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, max_bytes: int = defaults.CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._items: LRUCache[CacheKey, DocTerms] = LRUCache(max(1, max_bytes), getsizeof=entry_bytes)
 

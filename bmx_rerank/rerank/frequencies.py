@@ -12,13 +12,11 @@ import asyncio
 from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import DocTerms, mtermvectors_fields
+from bmx_rerank.upstream import Cluster, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 HitTerms = dict[str, DocTerms]  # one hit's terms per field
@@ -29,20 +27,16 @@ class TermFrequencies:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        cluster: Cluster,
         metrics: Metrics,
         *,
         cache: TermVectorCache,
         lengths: tf_probe.LengthCache,
-        timeout: float | None,
     ) -> None:
-        self.session = session
-        self.base_url = base_url
+        self.cluster = cluster
         self.metrics = metrics
         self.cache = cache
         self.lengths = lengths
-        self.timeout = timeout
 
     async def from_term_vectors(
         self,
@@ -140,10 +134,7 @@ class TermFrequencies:
         parts = await asyncio.gather(
             *(
                 self.metrics.timed(
-                    "termvectors",
-                    mtermvectors_fields(
-                        self.session, self.base_url, batch, names, headers, self.timeout, realtime=False
-                    ),
+                    "termvectors", self.cluster.mtermvectors_fields(batch, names, headers, realtime=False)
                 )
                 for batch in batches
             )

@@ -22,24 +22,24 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-import aiohttp
-
 from bmx_rerank.errors import SearchError, UpstreamError
+from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.candidates import IDENTITY_HEADERS, TermVectorCache, caller
+from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.frequencies import HitTerms, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import fields
 from bmx_rerank.rerank.rescore import score_tree
-from bmx_rerank.rerank.stats_source import StatsSource
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.stats.source import StatsSource
+from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -110,13 +110,11 @@ class Reranker:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        cluster: Cluster,
         stats: StatsSource,
         metrics: Metrics,
         *,
         cache: TermVectorCache | None = None,
-        timeout: float | None = 30.0,
         on_error: str = "fallback",
         llm: LLMProvider | None = None,
         lengths: tf_probe.LengthCache | None = None,
@@ -126,31 +124,19 @@ class Reranker:
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-        self.session = session
-        self.base_url = base_url
+        self.cluster = cluster
         self.stats = stats
         self.metrics = metrics
-        self.timeout = timeout
         self.on_error = on_error
         self.identity_headers = tuple(identity_headers)
         if llm is None and (llm_config := LLMConfig.from_env()) is not None:
             llm = LLMProvider(llm_config)
         self.llm = llm
         cache = cache if cache is not None else TermVectorCache()
-        self.analysis = Analysis(
-            session, base_url, metrics, cache=analyses, timeout=timeout, identity_headers=identity_headers
-        )
-        self.prober = Prober(
-            session, base_url, metrics, mode=probes, timeout=timeout, remember_windows=cache.max_bytes > 0
-        )
-        self.frequencies = TermFrequencies(
-            session,
-            base_url,
-            metrics,
-            cache=cache,
-            lengths=lengths if lengths is not None else tf_probe.LengthCache(),
-            timeout=timeout,
-        )
+        self.analysis = Analysis(cluster, metrics, cache=analyses, identity_headers=identity_headers)
+        self.prober = Prober(cluster, metrics, mode=probes, remember_windows=cache.max_bytes > 0)
+        lengths = lengths if lengths is not None else tf_probe.LengthCache()
+        self.frequencies = TermFrequencies(cluster, metrics, cache=cache, lengths=lengths)
 
     async def rerank(
         self, index_expr: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage

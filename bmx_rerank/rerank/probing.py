@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
-import aiohttp
 import orjson
 from cachetools import TTLCache
 
@@ -21,7 +20,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.window import Tokens, Window
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import request_json_retrying
+from bmx_rerank.upstream import Cluster
 
 PROBE_MODES = ("auto", "on", "off")
 # Seconds (at most a quarter of --timeout) the first stage may wait for what its probes need (the
@@ -40,21 +39,17 @@ class Prober:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        cluster: Cluster,
         metrics: Metrics,
         *,
         mode: str,
-        timeout: float | None,
         remember_windows: bool,
     ) -> None:
         if mode not in PROBE_MODES:
             raise ValueError(f"probes must be one of {PROBE_MODES}, got {mode!r}")
-        self.session = session
-        self.base_url = base_url
+        self.cluster = cluster
         self.metrics = metrics
         self.mode = mode
-        self.timeout = timeout
         self.remember_windows = remember_windows  # no term-vector cache: a seen window costs as a new one
         self.seen: TTLCache[tuple[str, str], bool] = TTLCache(maxsize=SEEN_WINDOWS, ttl=SEEN_TTL)
         self._named_scores: bool | None = None  # does the cluster report named query scores?
@@ -101,7 +96,8 @@ class Prober:
         if auto and self.remember_windows and (who, window.digest) in self.seen:
             return "seen"
         tables = auto  # a length cache cannot say before the search whether it holds these hits
-        wait = PROBE_WAIT if self.timeout is None else min(PROBE_WAIT, self.timeout / 4)
+        timeout = self.cluster.timeout
+        wait = PROBE_WAIT if timeout is None else min(PROBE_WAIT, timeout / 4)
         try:
             tokens, views = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
         except (SearchError, asyncio.TimeoutError):
@@ -142,12 +138,11 @@ class Prober:
         >= 2.13): asked once with an empty search, with the caller's credentials. Only the cluster's
         refusal of the parameter is remembered; any other failure means no probes for this search."""
         if self._named_scores is None:
-            url = f"{self.base_url}/{index}/_search?{tf_probe.PARAM}=true"
+            path = f"/{index}/_search?{tf_probe.PARAM}=true"
             body = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
             try:
                 await self.metrics.timed(
-                    "probe_check",
-                    request_json_retrying(self.session, "POST", url, body, headers, self.timeout),
+                    "probe_check", self.cluster.request("POST", path, body, headers, retried=True)
                 )
                 self._named_scores = True
             except UpstreamError as exc:

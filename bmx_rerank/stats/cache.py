@@ -16,6 +16,7 @@ import aiohttp
 import numpy as np
 from cachetools import LRUCache
 
+from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.singleflight import SingleFlight
@@ -103,7 +104,7 @@ class StatsCache:
         store: str = DEFAULT_STORE,
         estimator: str = estimate.DEFAULT_ESTIMATOR,
         clock: Callable[[], float] = time.monotonic,
-        timeout: float = 60.0,
+        timeout: float = defaults.TIMEOUT,
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
         max_entries: int = MAX_ENTRIES,
     ) -> None:

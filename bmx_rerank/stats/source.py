@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import IDENTITY_HEADERS
 from bmx_rerank.stats.cache import StatsCache, StatsView
@@ -53,7 +54,7 @@ StatsFactory = Callable[..., StatsSource]  # (session, base_url) -> StatsSource
 def statistics_source(
     check_interval: float,
     store: str = DEFAULT_STORE,
-    timeout: float = 60.0,
+    timeout: float = defaults.TIMEOUT,
     identity: Sequence[str] = IDENTITY_HEADERS,
 ) -> StatsFactory:
     """The cluster-backed statistics cache, made per session (each proxy worker makes its own)."""

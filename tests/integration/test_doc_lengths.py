@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from bmx_rerank.cli.stats import command as stats_cli
 from bmx_rerank.proxy import STATE
-from bmx_rerank.rerank import frequencies, tf_probe
+from bmx_rerank.rerank import tf_probe
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import scan
 from bmx_rerank.stats import store as stats_store
@@ -150,13 +150,13 @@ def test_first_sights_need_no_term_vectors_and_stay_exact_through_changes(corpus
         return caches[-1]
 
     fetched_docs: list[int] = []
-    real = frequencies.mtermvectors_fields
+    real = Cluster.mtermvectors_fields
 
-    async def counting(session, base_url, docs, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def counting(cluster, docs, *args, **kwargs):  # type: ignore[no-untyped-def]
         fetched_docs.append(len(docs))
-        return await real(session, base_url, docs, *args, **kwargs)
+        return await real(cluster, docs, *args, **kwargs)
 
-    monkeypatch.setattr(frequencies, "mtermvectors_fields", counting)
+    monkeypatch.setattr(Cluster, "mtermvectors_fields", counting)
     probed = ProxyThread(engine.url, stats, tf_probes=True, cache_bytes=0)
     plain = ProxyThread(engine.url, stats, tf_probes=False, cache_bytes=0)
     try:

@@ -29,7 +29,7 @@ from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
-from bmx_rerank.upstream import request_json
+from bmx_rerank.upstream import Cluster, request_json
 from tests.support import naive
 from tests.support.corpora import bulk
 from tests.support.engine_client import EngineClient
@@ -352,7 +352,7 @@ def test_documents_deleted_or_updated_between_the_stages_are_dropped(engine: Eng
         cache = TermVectorCache()
         async with aiohttp.ClientSession() as session:
             reranker = Reranker(
-                session, engine.url, FixedStats({(index, "text"): corpus}), Metrics(), cache=cache
+                Cluster(session, engine.url), FixedStats({(index, "text"): corpus}), Metrics(), cache=cache
             )
             plan = plan_search({"query": {"match": {"text": "t1"}}, "ext": {"bmx": {"field": "text"}}}, {})
             answers: list[Any] = []

@@ -7,7 +7,7 @@ import pytest
 
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.candidates import ProbedDoc, TermVectorCache, entry_bytes
-from bmx_rerank.upstream import DocRef, DocTerms
+from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 
 def _why(body: dict, params: dict | None = None) -> str | None:
@@ -137,7 +137,8 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
 
     def reranker(mode: str, stats=None, **kw) -> Reranker:
         cache = TermVectorCache(cache_bytes)
-        r = Reranker(None, "http://x", stats or Tables({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
+        cluster = Cluster(None, "http://x", timeout=30.0)  # type: ignore[arg-type]  # never called
+        r = Reranker(cluster, stats or Tables({}), Metrics(), probes=mode, cache=cache, **kw)  # type: ignore[arg-type]
         r.prober._reports_named_scores = named_scores  # type: ignore[method-assign]
         r.analysis.tokens = tokens  # type: ignore[method-assign]
         return r
