@@ -35,9 +35,9 @@ from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
-from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Answer, FirstStage, Outcome, Reranker
 from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.source import StatsFactory
 from bmx_rerank.upstream import Cluster

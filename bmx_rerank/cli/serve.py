@@ -82,7 +82,7 @@ class ProbeMode(click.ParamType):
         return mode
 
 
-def read_config(path: str) -> dict[str, Any]:
+def read_config_file(path: str) -> dict[str, Any]:
     """A config file's settings: TOML (`.toml`) or YAML (anything else), a flat table of option names
     (`upstream = ["https://a:9200", "https://b:9200"]`, `upstream-ca = "ca.pem"`); `-` or `_` alike."""
     text = Path(path).read_text(encoding="utf-8")
@@ -114,7 +114,7 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
             names[p.name] = p
             names.update({o.lstrip("-").replace("-", "_"): p for o in p.opts})
     settings: dict[str, Any] = {}
-    for key, setting in read_config(value).items():
+    for key, setting in read_config_file(value).items():
         option = names.get(key)
         if option is None:
             raise click.BadParameter(f"{value}: unknown setting {key!r}", param_hint="--config")

@@ -26,9 +26,9 @@ from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
 from bmx_rerank.proxy.search import MARKER, search
-from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache
 from bmx_rerank.stats.source import StatsSource
 from bmx_rerank.upstream import Cluster
 

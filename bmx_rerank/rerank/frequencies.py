@@ -14,9 +14,9 @@ from typing import Any
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key, doc_refs
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache, cache_key
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import Cluster, DocTerms
+from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 HitTerms = dict[str, DocTerms]  # one hit's terms per field
@@ -170,6 +170,17 @@ def table_lengths(
             for i, n in zip(rows, found, strict=True):
                 out[i][name] = n
     return out
+
+
+def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
+    """Where each hit lives; `_index` and `_id` come back even with `_source: false`."""
+    refs = []
+    for hit in hits:
+        if "_id" not in hit or "_index" not in hit:
+            raise ValueError("a hit without _index/_id cannot be reranked (stored_fields: _none_?)")
+        routing = hit.get("_routing")
+        refs.append(DocRef(hit["_index"], str(hit["_id"]), None if routing is None else str(routing)))
+    return refs
 
 
 def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:

@@ -28,13 +28,13 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.frequencies import HitTerms, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import fields
 from bmx_rerank.rerank.rescore import score_tree
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from bmx_rerank.rerank.candidates import CacheKey, ProbedDoc
+from bmx_rerank.rerank.term_vector_cache import CacheKey, ProbedDoc
 from bmx_rerank.upstream import DocRef
 
 PARAM = "include_named_queries_score"

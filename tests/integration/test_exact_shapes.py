@@ -23,9 +23,9 @@ from bmx_rerank.cli.stats import command as stats_command
 from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.rerank.candidates import TermVectorCache, cache_key
 from bmx_rerank.rerank.pipeline import Answer, Reranker
 from bmx_rerank.rerank.plan import plan_search
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache, cache_key
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats

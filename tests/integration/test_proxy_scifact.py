@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bmx_rerank import scoring
-from bmx_rerank.rerank.candidates import candidate_features
+from bmx_rerank.rerank.rescore import candidate_features
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats

@@ -17,7 +17,7 @@ import pytest
 from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream, start_server
-from bmx_rerank.rerank.candidates import candidate_features
+from bmx_rerank.rerank.rescore import candidate_features
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, DocTerms
 from tests.support.fake_cluster import CORPUS, DOCS, FakeCluster, post, run_proxy

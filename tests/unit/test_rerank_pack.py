@@ -9,17 +9,12 @@ import pytest
 
 from bmx_rerank import scoring
 from bmx_rerank.identity import caller
-from bmx_rerank.rerank.candidates import (
-    TermVectorCache,
-    cache_key,
-    candidate_features,
-    doc_refs,
-    entry_bytes,
-)
+from bmx_rerank.rerank.frequencies import doc_refs
 from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.query import Combine, Text
-from bmx_rerank.rerank.rescore import Folded, rescore, score_tree
+from bmx_rerank.rerank.rescore import Folded, candidate_features, rescore, score_tree
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache, cache_key, entry_bytes
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, DocTerms
 

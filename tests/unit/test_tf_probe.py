@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.candidates import ProbedDoc, TermVectorCache, entry_bytes
+from bmx_rerank.rerank.term_vector_cache import ProbedDoc, TermVectorCache, entry_bytes
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 

@@ -1,4 +1,4 @@
-"""Candidates: which documents a window holds, and their term frequencies as the scoring core wants them.
+"""The term-vector cache: each window document's term frequencies, kept for the next window that holds it.
 
 Term vectors are cached by (caller, index, id, _seq_no, _primary_term, field), in one cache shared by
 every request. Why each part is there:
@@ -27,32 +27,18 @@ entry always wins over a partial one."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
-import numpy as np
 from cachetools import LRUCache
 
 from bmx_rerank import defaults
-from bmx_rerank.scoring import Candidates
-from bmx_rerank.upstream import DocRef, DocTerms
+from bmx_rerank.upstream import DocTerms
 
 CacheKey = tuple[str, str, str, int, int, str]
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
-
-
-def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
-    """Where each hit lives; `_index` and `_id` come back even with `_source: false`."""
-    refs = []
-    for hit in hits:
-        if "_id" not in hit or "_index" not in hit:
-            raise ValueError("a hit without _index/_id cannot be reranked (stored_fields: _none_?)")
-        routing = hit.get("_routing")
-        refs.append(DocRef(hit["_index"], str(hit["_id"]), None if routing is None else str(routing)))
-    return refs
 
 
 def cache_key(hit: Mapping[str, Any], field: str, who: str) -> CacheKey | None:
@@ -137,15 +123,3 @@ class TermVectorCache:
 
     def __len__(self) -> int:
         return len(self._items)
-
-
-def candidate_features(docs: Sequence[DocTerms], vocabulary: Sequence[str]) -> Candidates:
-    """tf of each vocabulary term per document, and each document's full length in the field.
-
-    Looks up the few query terms in each document, not each document's many terms in the query
-    (`map` over the bound `get`: the per-term loop runs in C, faster than a comprehension)."""
-    zeros = [0] * len(vocabulary)
-    flat = list(chain.from_iterable(map(doc.tf.get, vocabulary, zeros) for doc in docs))
-    tf = np.array(flat, dtype=np.float64).reshape(len(docs), len(vocabulary))
-    length = np.array([doc.length for doc in docs], dtype=np.float64)
-    return Candidates(tf, length)
