@@ -35,7 +35,7 @@ from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
-from bmx_rerank.rerank.pipeline import Answer, FirstStage, Outcome, Reranker
+from bmx_rerank.rerank.pipeline import Answer, Outcome, Reranker
 from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
 from bmx_rerank.rerank.term_vector_cache import TermVectorCache
 from bmx_rerank.stats.cache import StatsCache
@@ -45,7 +45,7 @@ from bmx_rerank.upstream import Cluster
 # opensearch-py keeps these transport options in `params`; they are not part of the search.
 TRANSPORT_PARAMS = ("request_timeout", "ignore")
 
-Send = Callable[[str, str, dict[str, Any], Any], Any]
+AsyncSend = Callable[..., Awaitable[Any]]  # a transport's perform_request(method, path, **kw)
 C = TypeVar("C")
 
 
@@ -222,10 +222,28 @@ class _Core:
             policy = await self.applied.policy(index, body_map, headers)
         return bounded_plan(body_map, query_strings(params), policy, self.bounds)
 
-    async def rerank(
-        self, index: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
-    ) -> Outcome:
-        return await self._ready().rerank(index, plan, headers, first_stage)
+    async def search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
+        """One search the official client built (`send`: its transport's `perform_request`, awaitable),
+        reranked when `ext.bmx` or a policy asks for it, else sent as planned."""
+        index = search_index(path)
+        assert index is not None
+        params, transport = _split_transport(kw.get("params"))
+        headers = self.headers_for(_request_headers(view, kw))
+        plan = await self.plan(index, params, kw.get("body"), headers)
+        if plan.spec is None:
+            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
+            return _declined(await send(method, path, **unchanged), plan)
+
+        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+            try:
+                response = await send("POST", path, **{**kw, "params": {**first, **transport}, "body": body})
+            except Exception as exc:
+                if (refused := _refused(exc)) is None:
+                    raise
+                return refused
+            return _answered(response)
+
+        return _result(await self._ready().rerank(index, plan, headers, first_stage))
 
     def _ready(self) -> Reranker:
         if self.reranker is None:
@@ -426,27 +444,9 @@ class AsyncBMXClient(_Wrapper):
         return await _hooked(self.client, self._hook).search(**kwargs)
 
     async def _hook(self, view: Any, send: Any, method: str, path: str, kw: dict[str, Any], args=()) -> Any:
-        index = search_index(path)
-        if index is None or args:
+        if search_index(path) is None or args:
             return await send(method, path, *args, **kw)
-        params, transport = _split_transport(kw.get("params"))
-        headers = self._core.headers_for(_request_headers(view, kw))
-        plan = await self._core.plan(index, params, kw.get("body"), headers)
-        if plan.spec is None:
-            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
-            return _declined(await send(method, path, **unchanged), plan)
-
-        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
-            try:
-                return _answered(
-                    await send("POST", path, **{**kw, "params": {**first, **transport}, "body": body})
-                )
-            except Exception as exc:
-                if (refused := _refused(exc)) is None:
-                    raise
-                return refused
-
-        return _result(await self._core.rerank(index, plan, headers, first_stage))
+        return await self._core.search(view, send, method, path, kw)
 
     def options(self, **kwargs: Any) -> AsyncBMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar."""
@@ -483,27 +483,14 @@ class BMXClient(_Wrapper):
         return _hooked(self.client, self._hook).search(**kwargs)
 
     def _hook(self, view: Any, send: Any, method: str, path: str, kw: dict[str, Any], args=()) -> Any:
-        index = search_index(path)
-        if index is None or args:
+        if search_index(path) is None or args:
             return send(method, path, *args, **kw)
-        params, transport = _split_transport(kw.get("params"))
-        headers = self._core.headers_for(_request_headers(view, kw))
-        plan = self._run(self._core.plan(index, params, kw.get("body"), headers))
-        if plan.spec is None:
-            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
-            return _declined(send(method, path, **unchanged), plan)
 
-        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+        async def threaded(*args: Any, **kwargs: Any) -> Any:
             # The client is synchronous: its request runs in a worker thread, off the pipeline's loop.
-            request = {**kw, "params": {**first, **transport}, "body": body}
-            try:
-                return _answered(await asyncio.to_thread(send, "POST", path, **request))
-            except Exception as exc:
-                if (refused := _refused(exc)) is None:
-                    raise
-                return refused
+            return await asyncio.to_thread(send, *args, **kwargs)
 
-        return _result(self._run(self._core.rerank(index, plan, headers, first_stage)))
+        return self._run(self._core.search(view, threaded, method, path, kw))
 
     def options(self, **kwargs: Any) -> BMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar and loop."""
