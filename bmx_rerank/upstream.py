@@ -144,22 +144,6 @@ def is_retryable(exc: BaseException) -> bool:
     return is_unreachable(exc) or (isinstance(exc, UpstreamError) and exc.status == 429)
 
 
-async def request_json_retrying(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    body: Any = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float | None = None,
-    attempts: int = DEFAULT_ATTEMPTS,
-    decode: Callable[[bytes], Any] = orjson.loads,
-) -> Any:
-    """`request_json` for idempotent calls, retried on connection errors and 429s (bounded, with backoff)."""
-    return await _retried(
-        attempts, lambda: request_json(session, method, url, body, headers, timeout, decode)
-    )
-
-
 async def _retried(attempts: int, call: Callable[[], Awaitable[Any]]) -> Any:
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(max(1, attempts)),
