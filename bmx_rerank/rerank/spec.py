@@ -63,15 +63,9 @@ class RerankSpec:
     field: str
     query: str | None = None
     window_size: int = DEFAULT_WINDOW
-    alpha: float | None = None
-    beta: float | None = None
-    k1: float = 1.2
-    b: float = 0.75
-    normalize: str = "none"
+    scoring: Request = field(default_factory=Request)  # the scoring core's parameters, as it takes them
     min_score: float | None = None
-    mode: str = "bmx"
     augment: Augment = field(default_factory=Augment)
-    wqa_mode: str = "merged"
     widen: bool = True
     explain: bool = False
     # Several fields: (name, weight) pairs; empty means `field` alone. A weight multiplies every leaf
@@ -91,9 +85,37 @@ class RerankSpec:
         """The fields this rerank may score, in the order given."""
         return tuple(name for name, _ in self.fields)
 
+    @property
+    def mode(self) -> str:
+        return self.scoring.mode
+
+    @property
+    def normalize(self) -> str:
+        return self.scoring.normalize
+
+    @property
+    def wqa_mode(self) -> str:
+        return self.scoring.wqa_mode
+
+    @property
+    def alpha(self) -> float | None:
+        return self.scoring.alpha
+
+    @property
+    def beta(self) -> float | None:
+        return self.scoring.beta
+
+    @property
+    def k1(self) -> float:
+        return self.scoring.k1
+
+    @property
+    def b(self) -> float:
+        return self.scoring.b
+
     def scoring_request(self) -> Request:
         """The scoring core's view of these parameters."""
-        return Request(self.mode, self.alpha, self.beta, self.k1, self.b, self.wqa_mode, self.normalize)
+        return self.scoring
 
     def marker(self) -> dict[str, Any]:
         """The parameters echoed in the `_bmx` marker of a reranked answer."""
@@ -134,28 +156,30 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
         values["query"] = _string(raw, "query", where, allow_empty=True)
     if "window_size" in raw:
         values["window_size"] = _integer(raw, "window_size", where, 1, MAX_WINDOW)
-    for name in ("alpha", "beta", "k1", "b", "min_score"):
+    core: dict[str, Any] = {}  # the scoring core's parameters (`Request`)
+    for name in ("alpha", "beta", "k1", "b"):
         if raw.get(name) is not None:
-            values[name] = _number(raw, name, where)
+            core[name] = _number(raw, name, where)
+    if raw.get("min_score") is not None:
+        values["min_score"] = _number(raw, "min_score", where)
     if "normalize" in raw:
-        values["normalize"] = (
+        core["normalize"] = (
             "none" if raw["normalize"] is None else _choice(raw, "normalize", where, NORMALIZATIONS)
         )
     if "mode" in raw:
-        values["mode"] = _choice(raw, "mode", where, MODES)
+        core["mode"] = _choice(raw, "mode", where, MODES)
     if "wqa_mode" in raw:
-        values["wqa_mode"] = _choice(raw, "wqa_mode", where, WQA_MODES)
+        core["wqa_mode"] = _choice(raw, "wqa_mode", where, WQA_MODES)
     for name in ("widen", "explain"):
         if name in raw:
             values[name] = _boolean(raw, name, where)
     if raw.get("augment") is not None:
         values["augment"] = parse_augment(raw["augment"], where)
-    spec = replace(spec, **values)
     try:
-        spec.scoring_request()
+        values["scoring"] = Request(**core)
     except ValueError as exc:  # the core's own checks, should a combination slip through
         raise bad_request(f"[{where}] {exc}") from exc
-    return spec
+    return replace(spec, **values)
 
 
 def _fields(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
