@@ -1,0 +1,157 @@
+"""What both wrappers share: planning a search, and the rerank pipeline on one event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from bmx_rerank.applied import AppliedConfigs
+from bmx_rerank.client.sidecar import Sidecar
+from bmx_rerank.client.transport import query_strings, request_headers, search_index, split_transport
+from bmx_rerank.identity import credentials
+from bmx_rerank.metrics import Metrics
+from bmx_rerank.policy import Rule
+from bmx_rerank.policy import match as match_policy
+from bmx_rerank.rerank.pipeline import Answer, Outcome, Reranker
+from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
+from bmx_rerank.rerank.term_vector_cache import TermVectorCache
+from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.source import StatsFactory
+from bmx_rerank.upstream import Cluster
+
+AsyncSend = Callable[..., Awaitable[Any]]  # a transport's perform_request(method, path, **kw)
+
+
+class Core:
+    """What both wrappers share: planning, and the rerank pipeline on one event loop."""
+
+    def __init__(
+        self,
+        sidecar: Sidecar,
+        policies: Sequence[Rule],
+        on_rerank_error: str,
+        stats: StatsFactory | None,
+        timeout: float,
+        cache_bytes: int,
+        tf_probes: str,
+        bounds: Bounds,
+    ) -> None:
+        self.sidecar = sidecar
+        self.policies = list(policies)
+        self.on_rerank_error = on_rerank_error
+        self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base))
+        self.timeout = timeout
+        self.cache_bytes = cache_bytes
+        self.tf_probes = tf_probes
+        self.bounds = bounds
+        self.session: aiohttp.ClientSession | None = None
+        self.reranker: Reranker | None = None
+        self.applied: AppliedConfigs | None = None
+
+    async def plan(
+        self, index: str, params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str]
+    ) -> Plan:
+        """Read the search (raises SearchError on a bad `ext.bmx`, as the proxy answers 400): its own
+        `ext.bmx`, else a policy, else the configuration applied to the index (`bmx-rerank eval --apply`);
+        within the same bounds as the proxy's."""
+        body_map = dict(body) if isinstance(body, Mapping) else None
+        policy = match_policy(self.policies, index)
+        if policy is None:
+            self._ready()
+            assert self.applied is not None
+            policy = await self.applied.policy(index, body_map, headers)
+        return bounded_plan(body_map, query_strings(params), policy, self.bounds)
+
+    async def search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
+        """One search the official client built (`send`: its transport's `perform_request`, awaitable),
+        reranked when `ext.bmx` or a policy asks for it, else sent as planned."""
+        index = search_index(path)
+        assert index is not None
+        params, transport = split_transport(kw.get("params"))
+        headers = self.headers_for(request_headers(view, kw))
+        plan = await self.plan(index, params, kw.get("body"), headers)
+        if plan.spec is None:
+            unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
+            return declined(await send(method, path, **unchanged), plan)
+
+        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+            try:
+                response = await send("POST", path, **{**kw, "params": {**first, **transport}, "body": body})
+            except Exception as exc:
+                if (answer := refused(exc)) is None:
+                    raise
+                return answer
+            return answered(response)
+
+        return result(await self._ready().rerank(index, plan, headers, first_stage))
+
+    def _ready(self) -> Reranker:
+        if self.reranker is None:
+            connector = aiohttp.TCPConnector(ssl=self.sidecar.ssl) if self.sidecar.ssl else None
+            self.session = aiohttp.ClientSession(connector=connector)
+            self.reranker = Reranker(
+                Cluster(self.session, self.sidecar.url, self.timeout),
+                self.stats(self.session, self.sidecar.url),
+                Metrics(),
+                cache=TermVectorCache(self.cache_bytes),
+                on_error=self.on_rerank_error,
+                probes=self.tf_probes,
+            )
+            self.applied = AppliedConfigs(self.session, self.sidecar.url, timeout=self.timeout)
+        return self.reranker
+
+    def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:
+        """The sidecar calls' headers for one search: the client's credentials, the request's own first."""
+        return {**self.sidecar.headers, **credentials(request_headers)}
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        self.session = self.reranker = self.applied = None
+
+
+def answered(response: Any) -> Answer:
+    """The official client's answer to a first stage (it raises for a status >= 400)."""
+    meta = getattr(response, "meta", None)
+    return Answer(getattr(meta, "status", 200), plain(response), response)
+
+
+def refused(exc: Exception) -> Answer | None:
+    """An error the cluster answered a first stage with (elasticsearch-py's `ApiError`, opensearch-py's
+    `TransportError`, both with an HTTP `status_code`), as an answer; None for any other failure."""
+    status = getattr(exc, "status_code", None)
+    return Answer(status, None, exc) if isinstance(status, int) and status >= 300 else None
+
+
+def result(outcome: Outcome) -> Any:
+    """What `search` returns: the reranked body in the client's own response type, else the cluster's
+    answer as the client gave it (its exception raised again)."""
+    raw = outcome.answer.raw
+    if outcome.body is None:
+        if isinstance(raw, BaseException):
+            raise raw
+        return raw
+    return rewrap(raw, outcome.body)
+
+
+def plain(response: Any) -> dict[str, Any]:
+    """A search answer as a dict (elasticsearch-py wraps it in an ObjectApiResponse)."""
+    return dict(getattr(response, "body", response))
+
+
+def rewrap(response: Any, body: dict[str, Any]) -> Any:
+    """The reranked body in the same type the client returns (ObjectApiResponse keeps its meta)."""
+    meta = getattr(response, "meta", None)
+    return body if meta is None else type(response)(body=body, meta=meta)
+
+
+def declined(response: Any, plan: Plan) -> Any:
+    """The cluster's answer; a rerank the wrapper declined is said out loud in a `_bmx` marker (a library
+    call has no header for it): `{"reranked": false, "skipped": reason}`."""
+    if plan.skipped is None:
+        return response
+    answer = plain(response)
+    answer["_bmx"] = {"reranked": False, "skipped": plan.skipped}
+    return rewrap(response, answer)
