@@ -1,6 +1,7 @@
 """Two versions of the proxy side by side against one engine, interleaved query by query: p50 of a
 reranked search (window 100, one client) through each, next to a plain search of the window, and
-each proxy's CPU per request. What changed in the code, apart from what changed in the machine.
+each proxy's CPU per request, and how many answers the two versions gave differently (ids or scores).
+What changed in the code, apart from what changed in the machine.
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200]
@@ -56,16 +57,20 @@ def main() -> None:
         direct: list[float] = []
         through: list[list[float]] = [[], []]
         before = [proxy.cpu() for proxy in proxies]
+        differ = 0  # searches the two versions answered with other hits or other scores
         for _ in range(2):
             for q in queries:
                 start = time.perf_counter()
                 engine.ok("POST", path, plain(q, args.window))
                 direct.append(time.perf_counter() - start)
+                answers = []
                 for k, conn in enumerate(conns):
                     start = time.perf_counter()
                     answer = conn.ok("POST", path, rerank(q, args.window))
                     through[k].append(time.perf_counter() - start)
                     assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+                    answers.append([(h["_id"], h["_score"]) for h in answer["hits"]["hits"]])
+                differ += not _same_page(*answers)
         after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
@@ -75,10 +80,18 @@ def main() -> None:
             p50 = statistics.median(through[k]) * 1000
             cpu = (after[k] - before[k]) * 1000 / len(through[k])
             print(f"  {checkout}: p50 {p50:.2f} ms ({p50 / base:.2f}x), proxy CPU {cpu:.2f} ms/request")
+        print(f"  answers that differ between the two (ids or scores): {differ} of {len(direct)}")
     finally:
         for proxy in proxies:
             proxy.stop()
         engine.call("DELETE", f"/{index}")
+
+
+def _same_page(a: list[tuple[str, float]], b: list[tuple[str, float]]) -> bool:
+    """The same hits in the same order with the same scores (to float rounding)."""
+    return [i for i, _ in a] == [i for i, _ in b] and all(
+        abs(x - y) <= 1e-9 * max(1.0, abs(x)) for (_, x), (_, y) in zip(a, b, strict=True)
+    )
 
 
 if __name__ == "__main__":
