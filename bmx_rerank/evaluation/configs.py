@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINE = "engine"
+# `bmx-rerank eval`'s default grid (its options say the same).
+DEFAULT_WINDOWS = (100, 200)
+DEFAULT_ALPHAS = (0.5, 1.0, 1.5)
+DEFAULT_BETAS = (0.05, 0.2)
+DEFAULT_FUSED = (0.3, 0.5, 0.7)  # weights of the engine's own (min-max normalized) score, `combine: linear`
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,12 @@ def grid(
     betas: Sequence[float] = (),
     prf: bool = True,
     llm: bool = False,
+    fused: Sequence[float] = (),
     extra: Mapping[str, Any] | None = None,
 ) -> list[Candidate]:
     """The engine, exact BM25 and BMX at each window, an alpha x beta grid of BMX at the first window,
-    and the augmentations (PRF; LLM when one is configured). `extra` joins every `ext.bmx`."""
+    BMX fused with the engine's own score (`combine: linear`, one per weight of the engine's score in
+    `fused`), and the augmentations (PRF; LLM when one is configured). `extra` joins every `ext.bmx`."""
     base = {"field": field_name, **(extra or {})}
     out = [Candidate(ENGINE)]
     for window in windows:
@@ -47,9 +54,45 @@ def grid(
         values = {k: v for k, v in (("alpha", alpha), ("beta", beta)) if v is not None}
         label = " ".join(f"{k}={v:g}" for k, v in values.items())
         out.append(Candidate(f"bmx {label}", {**first, **values}))
+    for weight in fused:
+        out.append(Candidate(f"bmx+engine {weight:g}", {**first, "combine": "linear", "weight": weight}))
     if prf:
         out.append(Candidate("bmx+prf", {**first, "augment": {"provider": "prf"}}))
         out.append(Candidate("bm25+prf", {**first, "mode": "bm25", "augment": {"provider": "prf"}}))
     if llm:
         out.append(Candidate("bmx+llm", {**first, "augment": {"provider": "llm"}}))
     return out
+
+
+# What is compared first when the judged queries allow only a few: the plain levers before their
+# variants (a grid point, a second window), so a small set of queries does not pay for a dozen guesses.
+PRIORITY = ("bmx", "bm25", "bmx+engine 0.5", "bmx+prf", "bmx+engine 0.3", "bmx+engine 0.7", "bm25+prf")
+QUERIES_PER_CANDIDATE = 10  # judged queries per configuration compared with the engine
+
+
+def max_compared(n_queries: int) -> int:
+    """How many configurations besides the engine `n_queries` judged queries can choose among: one per
+    QUERIES_PER_CANDIDATE queries, at least one (15 queries: 1, 30: 3, 60: 6; 150 or more: the default grid of 15)."""
+    return max(1, n_queries // QUERIES_PER_CANDIDATE)
+
+
+def shrink(candidates: Sequence[Candidate], n_queries: int) -> list[Candidate]:
+    """The engine and the first `max_compared(n_queries)` others by PRIORITY (then the grid's order),
+    kept in the grid's order."""
+    others = [c for c in candidates if not c.is_engine]
+    rank = {name: i for i, name in enumerate(PRIORITY)}
+    by_priority = sorted(range(len(others)), key=lambda i: (rank.get(others[i].name, len(rank)), i))
+    keep = {others[i].name for i in by_priority[: max_compared(n_queries)]}
+    return [c for c in candidates if c.is_engine or c.name in keep]
+
+
+def default_grid(field_name: str, *, fused: bool = True, llm: bool = False) -> list[Candidate]:
+    """`eval`'s default grid (`fused=False`: as it was before fusion joined it)."""
+    return grid(
+        field_name,
+        windows=DEFAULT_WINDOWS,
+        alphas=DEFAULT_ALPHAS,
+        betas=DEFAULT_BETAS,
+        fused=DEFAULT_FUSED if fused else (),
+        llm=llm,
+    )
