@@ -124,9 +124,11 @@ def gate_lines(gate: Gate, texts: Mapping[str, str], grid_size: int | None = Non
     the chance of a loss, how many more queries would settle it, the queries the best hurts most."""
     compared = f"{gate.compared} configurations compared"
     if grid_size and grid_size > gate.compared:
-        compared += f" (of {grid_size}: fewer for {gate.queries} judged queries)"
+        compared = (
+            f"{gate.compared} of {grid_size} configurations compared, fewer for {gate.queries} judged queries"
+        )
     lines = [
-        f"expected gain of applying the best on new queries: {100 * gate.expected:+.2f} {PRIMARY}, "
+        f"expected gain on new queries of choosing the best this way: {100 * gate.expected:+.2f} {PRIMARY}, "
         f"{interval_text(gate)} (nested cross-validation, bootstrap of the whole choice; {compared})",
         f"chance that applying loses: {100 * gate.p_loss:.0f} %"
         + (
@@ -157,7 +159,7 @@ def plot(report: Report, path: str | Path) -> Path:
     rows = report.rows
     values = [100 * r.means[PRIMARY] for r in rows]
     colors = ["#d62728" if r.name == report.selection.chosen else "#1f77b4" for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 2.5))
     ax.barh([r.name for r in rows], values, color=colors)
     ax.axvline(100 * report.selection.engine_score, color="black", linestyle="--", label="engine BM25")
     ax.axvline(
@@ -181,7 +183,7 @@ def plot(report: Report, path: str | Path) -> Path:
     ax.set_xlim(max(0.0, low - 3), high + 1)
     ax.set_xlabel(f"{PRIMARY} x 100")
     ax.set_title(title, fontsize="small")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize="small")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)

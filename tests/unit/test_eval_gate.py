@@ -117,8 +117,8 @@ def test_the_report_says_the_interval_the_decision_and_the_queries_hurt(tmp_path
     texts = {q: f"text of {q}" for q in ids}
     report = Report("ix", "f", 14, 5, rows, sel, per_query=scores, texts=texts, grid_size=16)
     text = table(report)
-    assert "expected gain of applying the best on new queries" in text and "90 % interval" in text
-    assert "2 configurations compared (of 16: fewer for 14 judged queries)" in text
+    assert "expected gain on new queries of choosing the best this way" in text and "90 % interval" in text
+    assert "2 of 16 configurations compared, fewer for 14 judged queries" in text
     assert "chance that applying loses" in text and "decision (*): engine kept" in text
     data = json.loads(json.dumps(report.to_json()))["selection"]
     assert data["gate"]["low"] < data["gate"]["high"] and data["decision"].startswith("engine kept")
