@@ -5,7 +5,9 @@ For each collection (BEIR, `../shared/data/beir/NAME`), engine and analyzer: tun
 other judged query, against the engine's own BM25. Per size: the share of draws that lose more than
 0.5 nDCG@10 points, the worst draw, the mean held-out change, and how often the engine was kept, for
 today's rule (5-fold cross-validation over the 13-configuration grid, `selection.cross_validate`) and
-the new one (`gate.decide` over the grid shrunk to the draw's size, fusion included) side by side.
+the new one (`gate.decide` over the grid shrunk to the draw's size, fusion included) side by side;
+`new-q` is the new rule with the narrower interval of `gate.decide(method="queries")` (the held-out
+per-query differences resampled, the choices as made), for comparison.
 
 How: every configuration of the full grid is run ONCE per collection/engine/analyzer on all judged
 queries, through the proxy exactly as `eval` runs them (`evaluation.run.run_all`), and each query's
@@ -49,7 +51,7 @@ from bmx_rerank.evaluation.run import ranking, run_all, search_body
 from bmx_rerank.evaluation.selection import cross_validate
 
 LOSS = 0.005  # "lost more than 0.5 nDCG@10 points"
-RULES = ("today", "new")
+RULES = ("today", "new", "new-q")
 CHECK_TOLERANCE = 0.001  # through the proxy vs from the cache, mean nDCG@10
 
 
@@ -164,8 +166,14 @@ def choose(
     sub = {n: {q: scores[n][q] for q in tuning} for n in scores}
     today = cross_validate({n: sub[n] for n in old_names}, old_names, ENGINE, k=5, seed=0).chosen
     names = [c.name for c in shrink(grid, len(tuning))]
-    gate = decide({n: sub[n] for n in names}, names, ENGINE, confidence=confidence, k=5, seed=0)
-    return {"today": today, "new": gate.best if gate.apply else ENGINE}
+    shrunk = {n: sub[n] for n in names}
+    gate = decide(shrunk, names, ENGINE, confidence=confidence, k=5, seed=0)
+    per_query = decide(shrunk, names, ENGINE, confidence=confidence, k=5, seed=0, method="queries")
+    return {
+        "today": today,
+        "new": gate.best if gate.apply else ENGINE,
+        "new-q": per_query.best if per_query.apply else ENGINE,
+    }
 
 
 def resample(
@@ -256,8 +264,9 @@ def summary(draws: Sequence[Draw], sizes: Sequence[int]) -> list[str]:
 
 def per_setting(draws: Sequence[Draw], sizes: Sequence[int]) -> list[str]:
     lines = [
-        "| setting | size | today: mean / worst / kept | new: mean / worst / kept | new applied |",
-        "|---|---|---|---|---|",
+        "| setting | size | today: mean / worst / kept | new: mean / worst / kept "
+        "| new-q: mean / worst / kept | new applied |",
+        "|---|---|---|---|---|---|",
     ]
     for label in dict.fromkeys(d.setting for d in draws):
         for size in sizes:
@@ -270,7 +279,7 @@ def per_setting(draws: Sequence[Draw], sizes: Sequence[int]) -> list[str]:
                 kept = sum(d.chosen[rule] == ENGINE for d in group)
                 cells.append(f"{100 * ch.mean():+.2f} / {100 * ch.min():+.2f} / {kept}")
             applied = sorted({d.chosen["new"] for d in group} - {ENGINE})
-            lines.append(f"| {label} | {size} | {cells[0]} | {cells[1]} | {', '.join(applied) or '-'} |")
+            lines.append(f"| {label} | {size} | {' | '.join(cells)} | {', '.join(applied) or '-'} |")
     return lines
 
 

@@ -14,7 +14,10 @@ outside:
   and the same cross-validated choice is re-run on each resample (a query drawn twice stays in one fold,
   never on both sides of a choice). The spread of those re-run estimates, centred on the expected gain,
   is the interval at `confidence` (two-sided: 90 % leaves 5 % on each side), and the share of them
-  below zero the chance that applying loses.
+  below zero the chance that applying loses. (`method="queries"` resamples the held-out per-query
+  differences instead, the choices as made: about half as wide, but blind to how unstable the choice
+  is, it applies the best of eight pure-noise configurations in 8-19 % of draws where the whole
+  choice's interval applies it in 0-1 %; benchmarks/eval_resampling.py compares the two on real data.)
 - **The rule**: the best configuration on all queries is applied only when it is not the engine and the
   interval's lower bound is above zero; otherwise the engine's own ranking stays, and `reason` says why
   in words.
@@ -83,9 +86,12 @@ def _choose(means: np.ndarray) -> int:
     return best if means[best] > means[0] + TIE else 0
 
 
-def _cv_gain(m: np.ndarray, weights: np.ndarray, labels: np.ndarray, k: int) -> float:
+def _cv_gain(
+    m: np.ndarray, weights: np.ndarray, labels: np.ndarray, k: int, held: np.ndarray | None = None
+) -> float:
     """Weighted mean held-out gain over the engine of choosing on the other folds; `labels` assign each
-    query (column) a fold, -1 for a query not in the sample."""
+    query (column) a fold, -1 for a query not in the sample. `held`, if given, receives each query's
+    held-out difference."""
     total = 0.0
     for fold in range(k):
         test = labels == fold
@@ -98,6 +104,8 @@ def _cv_gain(m: np.ndarray, weights: np.ndarray, labels: np.ndarray, k: int) -> 
         else:
             choice = _choose(m @ w / w.sum())
         total += float(((m[choice] - m[0]) * weights * test).sum())
+        if held is not None:
+            held[test] = (m[choice] - m[0])[test]
     return total / float(weights.sum())
 
 
@@ -110,11 +118,16 @@ def _labels(present: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray
     return labels
 
 
-def nested_cv(m: np.ndarray, k: int, repeats: int, rng: np.random.Generator) -> float:
-    """Expected held-out gain of the choice over the engine, averaged over `repeats` fold splits."""
+def nested_cv(m: np.ndarray, k: int, repeats: int, rng: np.random.Generator) -> np.ndarray:
+    """Each query's held-out gain of the choice over the engine, averaged over `repeats` fold splits
+    (their mean: the expected gain)."""
     n = m.shape[1]
     ones, present = np.ones(n), np.ones(n, dtype=bool)
-    return float(np.mean([_cv_gain(m, ones, _labels(present, k, rng), k) for _ in range(repeats)]))
+    held, out = np.zeros(n), np.zeros(n)
+    for _ in range(repeats):
+        _cv_gain(m, ones, _labels(present, k, rng), k, held)
+        out += held
+    return out / repeats
 
 
 def bootstrap_cv(m: np.ndarray, k: int, draws: int, rng: np.random.Generator) -> np.ndarray:
@@ -147,6 +160,7 @@ def decide(
     repeats: int = DEFAULT_REPEATS,
     draws: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
+    method: str = "choice",
 ) -> Gate:
     """`scores[name][qid]`: the primary measure per configuration and query. The rule (module doc)."""
     if not 0.0 < confidence < 1.0:
@@ -167,8 +181,12 @@ def decide(
         p_loss = 0.0
     else:
         rng = np.random.default_rng(seed)
-        expected = nested_cv(m, k, repeats, rng)
-        spread = bootstrap_cv(m, k, draws, rng)
+        held = nested_cv(m, k, repeats, rng)
+        expected = float(held.mean())
+        if method == "choice":
+            spread = bootstrap_cv(m, k, draws, rng)
+        else:  # "queries": the held-out differences resampled, the choices as made
+            spread = held[rng.integers(0, n, (draws, n))].mean(axis=1)
         spread = expected + (spread - spread.mean())  # the bootstrap's spread, centred on the estimate
         tail = (1.0 - confidence) / 2.0
         low, high = (float(x) for x in np.quantile(spread, [tail, 1.0 - tail]))

@@ -37,13 +37,13 @@ def test_small_resampling_run_reports_both_rules_and_checks_the_proxy(elasticsea
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
     rows = re.findall(
-        r"^\| (\d+) \| (\d+) \| (today|new) \| (\d+) \(.*?\) \| ([-+][\d.]+) \| ([-+][\d.]+) \| (\d+) ",
+        r"^\| (\d+) \| (\d+) \| (today|new|new-q) \| (\d+) \(.*?\) \| ([-+][\d.]+) \| ([-+][\d.]+) \| (\d+) ",
         out,
         re.M,
     )
-    assert {(r[0], r[2]) for r in rows} == {("15", "today"), ("15", "new"), ("30", "today"), ("30", "new")}, (
-        out
-    )
+    assert {(r[0], r[2]) for r in rows} == {
+        (size, rule) for size in ("15", "30") for rule in ("today", "new", "new-q")
+    }, out
     for _size, draws, _rule, lost, worst, mean, kept in rows:
         assert int(draws) == 4 and 0 <= int(lost) <= 4 and 0 <= int(kept) <= 4
         assert float(worst) <= float(mean)
