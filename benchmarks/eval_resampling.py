@@ -367,7 +367,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     if all_draws:
         secs = [d.seconds for d in all_draws]
-        print(f"  deciding one draw from cached scores (both rules): mean {1000 * np.mean(secs):.0f} ms")
+        print(f"  deciding one draw from cached scores (all three rules): mean {1000 * np.mean(secs):.0f} ms")
     for label, name, got, cached in checks:
         print(
             f"  check {label}: {name} applied, held-out queries through the proxy {100 * got:.2f}, "
