@@ -22,6 +22,8 @@ a proxy that reads it; the two means are printed side by side).
       --engine os=http://127.0.0.1:9201 --dataset scifact --dataset nfcorpus --draws 20
 
 The `english` analyzer is skipped where the engine has none (the integ-test Elasticsearch).
+`--fields` indexes title and text as fields of their own (statistics for both): searches are
+`multi_match` over them and field weights (`bmx title^2`, `bmx title^0.5`) join the grid.
 `--queries N --other-docs M` index a slice (N judged queries, their judged documents and M others) for
 a quick run (the CI test does)."""
 
@@ -43,7 +45,7 @@ import orjson
 
 from bmx_rerank.applied import delete_config, write_config
 from bmx_rerank.evaluation import measure
-from bmx_rerank.evaluation.beir import FIELD, load_beir, shared_dataset
+from bmx_rerank.evaluation.beir import FIELD, TITLE, load_beir, shared_dataset
 from bmx_rerank.evaluation.configs import ENGINE, Candidate, default_grid, shrink
 from bmx_rerank.evaluation.data import read_qrels, read_queries
 from bmx_rerank.evaluation.gate import DEFAULT_CONFIDENCE, decide
@@ -68,10 +70,15 @@ class Setting:
     run_seconds: float = 0.0
     searches: int = 0
     root: Path | None = None
+    fields: tuple[str, ...] = (FIELD,)  # several: title and text apart, searched with a multi_match
 
     @property
     def label(self) -> str:
-        return f"{self.dataset} {self.engine} {self.analyzer}"
+        return f"{self.dataset} {self.engine} {self.analyzer}" + (" fields" if len(self.fields) > 1 else "")
+
+    @property
+    def searched(self) -> str | tuple[str, ...]:
+        return self.fields if len(self.fields) > 1 else self.fields[0]
 
 
 @dataclass(frozen=True)
@@ -136,12 +143,12 @@ async def measure_setting(s: Setting, root: Path, grid: Sequence[Candidate], cac
             print(f"{s.label}: per-query scores from {path}")
             return
     async with aiohttp.ClientSession() as session:
-        docs = await load_beir(session, s.url, s.index, root, analyzer=s.analyzer)
+        docs = await load_beir(session, s.url, s.index, root, analyzer=s.analyzer, separate=len(s.fields) > 1)
     print(
         f"{s.label}: {docs} documents in {s.index}, {len(s.queries)} judged queries, {len(grid)} configurations"
     )
     start = time.perf_counter()
-    runs = await run_all(s.url, s.index, FIELD, s.queries, grid, concurrency=4)
+    runs = await run_all(s.url, s.index, s.searched, s.queries, grid, concurrency=4)
     s.run_seconds = time.perf_counter() - start
     s.searches = len(s.queries) * len(grid)
     fell = {n: k for n, k in runs.fallbacks.items() if k}
@@ -225,7 +232,7 @@ async def check_through_proxy(
 
             async def one(qid: str) -> None:
                 async with gate:
-                    body = orjson.dumps(search_body(FIELD, s.queries[qid], 100, None))
+                    body = orjson.dumps(search_body(s.searched, s.queries[qid], 100, None))
                     async with session.post(
                         f"{proxy}/{s.index}/_search", data=body, headers={"Content-Type": "application/json"}
                     ) as resp:
@@ -291,6 +298,7 @@ async def cleanup(settings: Sequence[Setting]) -> None:
             async with session.delete(f"{s.url}/{s.index}") as resp:
                 await resp.read()
             query = {"query": {"prefix": {"key": s.index + "|"}}, "size": 10000, "_source": False}
+            # (every field's statistics: their keys all start with "INDEX|")
             async with session.post(
                 f"{s.url}/bmx-stats/_search",
                 data=orjson.dumps(query),
@@ -316,8 +324,9 @@ async def cleanup(settings: Sequence[Setting]) -> None:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    grid = default_grid(FIELD)
-    old_names = [c.name for c in default_grid(FIELD, fused=False)]
+    fields = (TITLE, FIELD) if args.fields else (FIELD,)
+    grid = default_grid(fields if args.fields else FIELD)
+    old_names = [c.name for c in default_grid(fields if args.fields else FIELD, fused=False)]
     engines = dict(e.split("=", 1) for e in args.engine)
     settings: list[Setting] = []
     tmp = tempfile.TemporaryDirectory(prefix="evalgate-")
@@ -334,8 +343,12 @@ async def main_async(args: argparse.Namespace) -> int:
                             f"{dataset} {engine} {analyzer}: skipped (the engine has no {analyzer} analyzer)"
                         )
                         continue
-                    index = f"{args.index_prefix}{dataset}-{engine}-{analyzer}"
-                    settings.append(Setting(dataset, engine, url.rstrip("/"), analyzer, index, root=root))
+                    index = f"{args.index_prefix}{dataset}-{engine}-{analyzer}" + (
+                        "-fields" if args.fields else ""
+                    )
+                    settings.append(
+                        Setting(dataset, engine, url.rstrip("/"), analyzer, index, root=root, fields=fields)
+                    )
     wall = time.perf_counter()
     all_draws: list[Draw] = []
     checks = []
@@ -402,6 +415,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--queries", type=int, help="index a slice: this many judged queries ...")
     ap.add_argument("--other-docs", type=int, help="... their judged documents and this many others")
+    ap.add_argument(
+        "--fields",
+        action="store_true",
+        help="title and text as fields of their own (multi_match; field weights)",
+    )
     ap.add_argument("--index-prefix", default="evalgate-")
     ap.add_argument(
         "--cache", help="folder for the per-query scores (reused when the grid and queries match)"

@@ -13,6 +13,7 @@ import orjson
 from bmx_rerank.evaluation.configs import (
     DEFAULT_ALPHAS,
     DEFAULT_BETAS,
+    DEFAULT_FIELD_WEIGHTS,
     DEFAULT_FUSED,
     DEFAULT_WINDOWS,
     QUERIES_PER_CANDIDATE,
@@ -33,7 +34,14 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("eval")
 @click.argument("index")
-@click.option("--field", "field_name", required=True, help="The text field searched and reranked.")
+@click.option(
+    "--field",
+    "field_names",
+    required=True,
+    multiple=True,
+    help="The text field searched and reranked; repeated, the fields of a multi_match (each with its "
+    "own statistics), and field weights join the grid.",
+)
 @click.option(
     "--queries",
     "queries_path",
@@ -93,6 +101,15 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     help="Also try BMX fused with the engine's own score (combine: linear), this weight on the engine's "
     "(repeatable; --fuse 0 alone: none).",
 )
+@click.option(
+    "--field-weight",
+    "field_weights",
+    multiple=True,
+    type=click.FloatRange(0.0, 100.0, min_open=True),
+    default=DEFAULT_FIELD_WEIGHTS,
+    show_default=True,
+    help="With several --field: also try BMX with each field but the last weighted so (repeatable).",
+)
 @click.option("--prf/--no-prf", default=True, show_default=True, help="Try pseudo-relevance feedback.")
 @click.option(
     "--llm-url", envvar="BMX_LLM_BASE_URL", help="OpenAI-compatible base URL: also try LLM augmentation."
@@ -143,7 +160,7 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 def command(
     index: str,
-    field_name: str,
+    field_names: tuple[str, ...],
     queries_path: str,
     qrels_path: str,
     upstream: str,
@@ -152,6 +169,7 @@ def command(
     alphas: tuple[float, ...],
     betas: tuple[float, ...],
     fused: tuple[float, ...],
+    field_weights: tuple[float, ...],
     prf: bool,
     llm_url: str | None,
     llm_model: str,
@@ -187,13 +205,21 @@ def command(
     except DataError as exc:
         raise click.BadParameter(str(exc)) from exc
     fused = tuple(w for w in fused if w > 0)
+    fields = tuple(dict.fromkeys(field_names))
     candidates = grid(
-        field_name, windows=windows, alphas=alphas, betas=betas, fused=fused, prf=prf, llm=bool(llm_url)
+        fields if len(fields) > 1 else fields[0],
+        windows=windows,
+        alphas=alphas,
+        betas=betas,
+        fused=fused,
+        field_weights=field_weights,
+        prf=prf,
+        llm=bool(llm_url),
     )
     task = Task(
         upstream,
         index,
-        field_name,
+        fields[0],
         queries,
         qrels,
         candidates,
@@ -202,6 +228,7 @@ def command(
         significance=significance,
         confidence=confidence,
         shrink=not full_grid,
+        fields=fields,
         size=size,
         limit=limit,
         concurrency=concurrency,

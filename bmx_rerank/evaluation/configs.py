@@ -13,6 +13,7 @@ DEFAULT_WINDOWS = (100, 200)
 DEFAULT_ALPHAS = (0.5, 1.0, 1.5)
 DEFAULT_BETAS = (0.05, 0.2)
 DEFAULT_FUSED = (0.3, 0.5, 0.7)  # weights of the engine's own (min-max normalized) score, `combine: linear`
+DEFAULT_FIELD_WEIGHTS = (0.5, 2.0)  # with several fields: each but the last weighted so, in turn
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Candidate:
 
 
 def grid(
-    field_name: str,
+    field_name: str | Sequence[str],
     *,
     windows: Sequence[int] = (100,),
     alphas: Sequence[float] = (),
@@ -36,12 +37,18 @@ def grid(
     prf: bool = True,
     llm: bool = False,
     fused: Sequence[float] = (),
+    field_weights: Sequence[float] = (),
     extra: Mapping[str, Any] | None = None,
 ) -> list[Candidate]:
     """The engine, exact BM25 and BMX at each window, an alpha x beta grid of BMX at the first window,
     BMX fused with the engine's own score (`combine: linear`, one per weight of the engine's score in
-    `fused`), and the augmentations (PRF; LLM when one is configured). `extra` joins every `ext.bmx`."""
-    base = {"field": field_name, **(extra or {})}
+    `fused`), with several fields BMX with each field but the last weighted by each of `field_weights`
+    (`fields: ["title^2", "text"]`: the proxy scores each field with its own statistics), and the
+    augmentations (PRF; LLM when one is configured). `extra` joins every `ext.bmx`."""
+    names = [field_name] if isinstance(field_name, str) else list(field_name)
+    base: dict[str, Any] = {"field": names[0], **(extra or {})}
+    if len(names) > 1:
+        base["fields"] = names
     out = [Candidate(ENGINE)]
     for window in windows:
         suffix = "" if window == windows[0] else f" w{window}"
@@ -56,6 +63,10 @@ def grid(
         out.append(Candidate(f"bmx {label}", {**first, **values}))
     for weight in fused:
         out.append(Candidate(f"bmx+engine {weight:g}", {**first, "combine": "linear", "weight": weight}))
+    for name in names[:-1] if len(names) > 1 else ():
+        for weight in field_weights:
+            weighted = [f"{n}^{weight:g}" if n == name else n for n in names]
+            out.append(Candidate(f"bmx {name}^{weight:g}", {**first, "fields": weighted}))
     if prf:
         out.append(Candidate("bmx+prf", {**first, "augment": {"provider": "prf"}}))
         out.append(Candidate("bm25+prf", {**first, "mode": "bm25", "augment": {"provider": "prf"}}))
@@ -89,22 +100,31 @@ def max_compared(n_queries: int) -> int:
 
 
 def shrink(candidates: Sequence[Candidate], n_queries: int) -> list[Candidate]:
-    """The engine and the first `max_compared(n_queries)` others by PRIORITY (then the grid's order),
-    kept in the grid's order."""
+    """The engine and the first `max_compared(n_queries)` others by PRIORITY (then field weights, then
+    the grid's order), kept in the grid's order."""
     others = [c for c in candidates if not c.is_engine]
     rank = {name: i for i, name in enumerate(PRIORITY)}
-    by_priority = sorted(range(len(others)), key=lambda i: (rank.get(others[i].name, len(rank)), i))
+
+    def order(i: int) -> tuple[int, int]:
+        name = others[i].name
+        # field weights (`bmx title^2`) right after the named levers, before the alpha/beta grid
+        return (rank.get(name, len(rank) + (0 if "^" in name else 1)), i)
+
+    by_priority = sorted(range(len(others)), key=order)
     keep = {others[i].name for i in by_priority[: max_compared(n_queries)]}
     return [c for c in candidates if c.is_engine or c.name in keep]
 
 
-def default_grid(field_name: str, *, fused: bool = True, llm: bool = False) -> list[Candidate]:
-    """`eval`'s default grid (`fused=False`: as it was before fusion joined it)."""
+def default_grid(
+    field_name: str | Sequence[str], *, fused: bool = True, llm: bool = False
+) -> list[Candidate]:
+    """`eval`'s default grid (`fused=False`: as it was before fusion and field weights joined it)."""
     return grid(
         field_name,
         windows=DEFAULT_WINDOWS,
         alphas=DEFAULT_ALPHAS,
         betas=DEFAULT_BETAS,
         fused=DEFAULT_FUSED if fused else (),
+        field_weights=DEFAULT_FIELD_WEIGHTS if fused else (),
         llm=llm,
     )

@@ -37,6 +37,7 @@ class Task:
     significance: float = DEFAULT_SIGNIFICANCE
     confidence: float = DEFAULT_CONFIDENCE
     shrink: bool = True  # fewer configurations when the judged queries are few (`configs.shrink`)
+    fields: tuple[str, ...] = ()  # several fields: searched with a multi_match over them (`field` first)
 
 
 def judged(task: Task) -> dict[str, str]:
@@ -57,7 +58,7 @@ async def evaluate(
     runs = await run_all(
         task.upstream,
         task.index,
-        task.field,
+        task.fields if len(task.fields) > 1 else task.field,
         queries,
         candidates,
         size=task.size,
@@ -86,7 +87,7 @@ async def evaluate(
     selection = select(primary, names, ENGINE, task.folds, task.seed, task.significance, task.confidence)
     report = Report(
         task.index,
-        task.field,
+        ",".join(task.fields) if len(task.fields) > 1 else task.field,
         len(ids),
         task.folds,
         rows,

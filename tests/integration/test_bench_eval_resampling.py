@@ -20,11 +20,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
-def test_small_resampling_run_reports_both_rules_and_checks_the_proxy(elasticsearch_url: str) -> None:
+@pytest.mark.parametrize("layout", ["one field", "fields"])
+def test_small_resampling_run_reports_both_rules_and_checks_the_proxy(
+    elasticsearch_url: str, layout: str
+) -> None:
+    """With `fields`, title and text apart: multi_match searches, field weights in the grid, and the
+    applied configuration's `fields` served by the proxy's policy."""
     if not (SCIFACT / "corpus.jsonl").is_file():
         pytest.skip("no shared SciFact")
     prefix = f"evalgate-ci-{uuid.uuid4().hex[:8]}-"
     args = ["--engine", f"es={elasticsearch_url}", "--dataset", "scifact", "--analyzer", "standard"]
+    args += ["--fields"] if layout == "fields" else []
     args += ["--queries", "45", "--other-docs", "300", "--sizes", "15,30", "--draws", "4"]
     args += ["--index-prefix", prefix, "--cleanup"]
     run = subprocess.run(
@@ -48,6 +54,7 @@ def test_small_resampling_run_reports_both_rules_and_checks_the_proxy(elasticsea
         assert int(draws) == 4 and 0 <= int(lost) <= 4 and 0 <= int(kept) <= 4
         assert float(worst) <= float(mean)
     assert "one draw through the proxy would take" in out
+    assert f"x {18 if layout == 'fields' else 16} configurations" in out
     # The through-the-proxy check: printed when a rule applied something, and equal (else exit 1).
     for got, cached in re.findall(
         r"through the proxy ([\d.]+), from the cached per-query scores ([\d.]+)", out

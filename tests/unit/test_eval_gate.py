@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bmx_rerank.evaluation import measure
-from bmx_rerank.evaluation.configs import ENGINE, default_grid, max_compared, shrink
+from bmx_rerank.evaluation.configs import ENGINE, PRIORITY, default_grid, max_compared, shrink
 from bmx_rerank.evaluation.gate import decide, more_queries
 from bmx_rerank.evaluation.report import Report, Row, plot, table
 from bmx_rerank.evaluation.selection import cross_validate, select
@@ -107,6 +107,26 @@ def test_the_grid_shrinks_with_the_judged_queries():
     assert shrink(full, 1000) == full
     fused = next(c for c in full if c.name == "bmx+engine 0.3")
     assert fused.bmx["combine"] == "linear" and fused.bmx["weight"] == 0.3
+
+
+def test_several_fields_search_a_multi_match_and_weights_join_the_grid():
+    from bmx_rerank.evaluation.run import search_body
+
+    full = default_grid(["title", "text"])
+    by_name = {c.name: c for c in full}
+    assert by_name["bmx"].bmx["fields"] == ["title", "text"] and by_name["bmx"].bmx["field"] == "title"
+    assert by_name["bmx title^2"].bmx["fields"] == ["title^2", "text"]
+    assert by_name["bmx title^0.5"].bmx["fields"] == ["title^0.5", "text"]
+    assert "bmx text^2" not in by_name and "bmx title^2" not in {c.name for c in default_grid("text")}
+    # right after the named levers, before the alpha/beta grid
+    kept = {c.name for c in shrink(full, 100)} - {ENGINE}
+    assert kept == set(PRIORITY) | {"bmx title^0.5", "bmx title^2"}
+    body = search_body(("title", "text"), "q", 100, None)
+    assert body["query"] == {"multi_match": {"query": "q", "fields": ["title", "text"]}}
+    from bmx_rerank.rerank.spec import parse_spec
+
+    spec = parse_spec(by_name["bmx title^2"].bmx)  # what --apply stores is what a proxy can use
+    assert spec.fields == (("title", 2.0), ("text", 1.0))
 
 
 def test_the_report_says_the_interval_the_decision_and_the_queries_hurt(tmp_path):
