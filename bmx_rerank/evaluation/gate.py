@@ -165,6 +165,8 @@ def decide(
     """`scores[name][qid]`: the primary measure per configuration and query. The rule (module doc)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if method not in ("choice", "queries"):
+        raise ValueError(f"method must be 'choice' or 'queries', got {method!r}")
     queries = sorted(scores[engine])
     order = [engine] + [n for n in names if n != engine]
     m = _matrix(scores, names, engine, queries)
