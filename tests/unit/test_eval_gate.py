@@ -81,6 +81,23 @@ def test_the_issues_long_shot_is_not_applied():
     assert select(scores, list(scores), ENGINE).chosen == ENGINE
 
 
+def test_a_few_changed_queries_are_not_evidence_enough():
+    """BMX changes 4 of 15 queries, all for the better: no bootstrap resample goes below zero, but four
+    coin flips the same way are p = 0.06; the sign test keeps the engine, and says so. With the same
+    share of changes over 300 queries, it is applied."""
+    ids = [f"q{i}" for i in range(15)]
+    engine = {q: 0.3 + 0.02 * i for i, q in enumerate(ids)}
+    bmx = {q: v + (0.3 if q in ("q1", "q5", "q9", "q13") else 0.0) for q, v in engine.items()}
+    gate = _decide({ENGINE: engine, "bmx": bmx})
+    assert (gate.wins, gate.losses) == (4, 0) and gate.sign_p == pytest.approx(1 / 16)
+    assert gate.low > 0 and not gate.apply
+    assert "changes 4 of 15 queries (4 better, 0 worse: a sign test gives p = 0.06" in gate.reason
+    many = [f"q{i}" for i in range(300)]
+    engine = {q: 0.3 + 0.001 * i for i, q in enumerate(many)}
+    bmx = {q: v + (0.3 if i % 4 == 1 else 0.0) for i, (q, v) in enumerate(engine.items())}
+    assert _decide({ENGINE: engine, "bmx": bmx}).apply
+
+
 def test_ties_and_a_lone_engine_keep_the_engine():
     ids = [f"q{i}" for i in range(20)]
     same = dict.fromkeys(ids, 0.4)
