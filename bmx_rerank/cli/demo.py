@@ -16,7 +16,8 @@ from bmx_rerank.upstream import Cluster
 async def evaluation_step(
     session: aiohttp.ClientSession, upstream: str, shown: str, headers: dict[str, str], n_queries: int
 ) -> None:
-    """Engine BM25 vs the configuration `bmx-rerank eval` chooses, nDCG@10, on shared SciFact queries."""
+    """Engine BM25 vs the configuration `bmx-rerank eval` chooses, nDCG@10, on shared SciFact queries:
+    the expected gain on new queries with its interval, and the decision in words."""
     from bmx_rerank.evaluation.beir import FIELD, load_beir, shared_dataset
 
     root = shared_dataset("scifact")
@@ -25,6 +26,7 @@ async def evaluation_step(
         return
     from bmx_rerank.evaluation.configs import grid
     from bmx_rerank.evaluation.data import read_qrels, read_queries
+    from bmx_rerank.evaluation.gate import interval_text
     from bmx_rerank.evaluation.workflow import Task, evaluate
 
     index = "bmx-demo-scifact"
@@ -36,22 +38,27 @@ async def evaluation_step(
         FIELD,
         read_queries(root / "queries.jsonl"),
         read_qrels(root / "qrels" / "test.tsv"),
-        grid(FIELD, windows=(100,), alphas=(), betas=()),
+        grid(FIELD, windows=(100,), alphas=(), betas=(), fused=(0.5,)),
         limit=n_queries,
         headers=headers,
     )
     report = await evaluate(task)
     sel = report.selection
     engine = report.row("engine").means["nDCG@10"]
+    width = max(len(r.name) for r in report.rows)
     click.echo(
         "\n".join(
-            f"  {r.name:<10} nDCG@10 {100 * r.means['nDCG@10']:6.2f}  ({100 * (r.means['nDCG@10'] - engine):+.2f})"
+            f"  {r.name:<{width}} nDCG@10 {100 * r.means['nDCG@10']:6.2f}  ({100 * (r.means['nDCG@10'] - engine):+.2f})"
             for r in report.rows
         )
     )
+    gate = sel.gate
+    assert gate is not None
     click.echo(
-        f"  chosen by 5-fold cross-validation: {sel.chosen}; on held-out queries nDCG@10 "
-        f"{100 * sel.cv_score:.2f} vs the engine's BM25 {100 * sel.engine_score:.2f}\n"
+        f"  expected gain on new queries of applying the best ({gate.best}): {100 * gate.expected:+.2f}, "
+        f"{interval_text(gate)}; chance that applying loses {100 * gate.p_loss:.0f} % "
+        f"({gate.compared} configurations compared, nested cross-validation and a bootstrap of the choice)\n"
+        f"  decision: {gate.reason}\n"
         f"  (your own data: bmx-rerank eval INDEX --field F --queries Q --qrels QRELS [--apply])\n"
     )
 

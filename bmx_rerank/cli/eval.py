@@ -10,7 +10,16 @@ import sys
 import click
 import orjson
 
+from bmx_rerank.evaluation.configs import (
+    DEFAULT_ALPHAS,
+    DEFAULT_BETAS,
+    DEFAULT_FIELD_WEIGHTS,
+    DEFAULT_FUSED,
+    DEFAULT_WINDOWS,
+    QUERIES_PER_CANDIDATE,
+)
 from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
+from bmx_rerank.evaluation.gate import DEFAULT_CONFIDENCE
 
 
 def _headers(values: tuple[str, ...]) -> dict[str, str]:
@@ -25,7 +34,14 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("eval")
 @click.argument("index")
-@click.option("--field", "field_name", required=True, help="The text field searched and reranked.")
+@click.option(
+    "--field",
+    "field_names",
+    required=True,
+    multiple=True,
+    help="The text field searched and reranked; repeated, the fields of a multi_match (each with its "
+    "own statistics), and field weights join the grid.",
+)
 @click.option(
     "--queries",
     "queries_path",
@@ -53,7 +69,7 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     "windows",
     multiple=True,
     type=int,
-    default=(100, 200),
+    default=DEFAULT_WINDOWS,
     show_default=True,
     help="Rerank window sizes to try (repeatable; the first is used for the grid).",
 )
@@ -62,7 +78,7 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     "alphas",
     multiple=True,
     type=float,
-    default=(0.5, 1.0, 1.5),
+    default=DEFAULT_ALPHAS,
     show_default=True,
     help="BMX alpha values of the grid (repeatable).",
 )
@@ -71,9 +87,28 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     "betas",
     multiple=True,
     type=float,
-    default=(0.05, 0.2),
+    default=DEFAULT_BETAS,
     show_default=True,
     help="BMX beta values of the grid (repeatable).",
+)
+@click.option(
+    "--fuse",
+    "fused",
+    multiple=True,
+    type=click.FloatRange(0.0, 1.0),
+    default=DEFAULT_FUSED,
+    show_default=True,
+    help="Also try BMX fused with the engine's own score (combine: linear), this weight on the engine's "
+    "(repeatable; --fuse 0 alone: none).",
+)
+@click.option(
+    "--field-weight",
+    "field_weights",
+    multiple=True,
+    type=click.FloatRange(0.0, 100.0, min_open=True),
+    default=DEFAULT_FIELD_WEIGHTS,
+    show_default=True,
+    help="With several --field: also try BMX with each field but the last weighted so (repeatable).",
 )
 @click.option("--prf/--no-prf", default=True, show_default=True, help="Try pseudo-relevance feedback.")
 @click.option(
@@ -87,6 +122,20 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Below 1: choose only among configurations beating the engine with a one-sided paired t-test at "
     "this family-wise level (Bonferroni) on the queries they are chosen on; 1: the best mean.",
+)
+@click.option(
+    "--confidence",
+    default=DEFAULT_CONFIDENCE,
+    show_default=True,
+    type=click.FloatRange(0.5, 0.999),
+    help="Apply a configuration other than the engine's only when the interval of its gain on new "
+    "queries at this confidence lies above zero.",
+)
+@click.option(
+    "--full-grid",
+    is_flag=True,
+    help=f"Compare every configuration whatever the number of judged queries (default: one per "
+    f"{QUERIES_PER_CANDIDATE} queries, the plainest first).",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the fold split and of --limit's sample.")
 @click.option("--limit", type=int, help="Evaluate a seeded sample of this many judged queries.")
@@ -111,7 +160,7 @@ def _headers(values: tuple[str, ...]) -> dict[str, str]:
 )
 def command(
     index: str,
-    field_name: str,
+    field_names: tuple[str, ...],
     queries_path: str,
     qrels_path: str,
     upstream: str,
@@ -119,11 +168,15 @@ def command(
     windows: tuple[int, ...],
     alphas: tuple[float, ...],
     betas: tuple[float, ...],
+    fused: tuple[float, ...],
+    field_weights: tuple[float, ...],
     prf: bool,
     llm_url: str | None,
     llm_model: str,
     folds: int,
     significance: float,
+    confidence: float,
+    full_grid: bool,
     seed: int,
     limit: int | None,
     size: int,
@@ -151,25 +204,42 @@ def command(
         qrels = read_qrels(qrels_path)
     except DataError as exc:
         raise click.BadParameter(str(exc)) from exc
-    candidates = grid(field_name, windows=windows, alphas=alphas, betas=betas, prf=prf, llm=bool(llm_url))
+    fused = tuple(w for w in fused if w > 0)
+    fields = tuple(dict.fromkeys(field_names))
+    candidates = grid(
+        fields if len(fields) > 1 else fields[0],
+        windows=windows,
+        alphas=alphas,
+        betas=betas,
+        fused=fused,
+        field_weights=field_weights,
+        prf=prf,
+        llm=bool(llm_url),
+    )
     task = Task(
         upstream,
         index,
-        field_name,
+        fields[0],
         queries,
         qrels,
         candidates,
         folds=folds,
         seed=seed,
         significance=significance,
+        confidence=confidence,
+        shrink=not full_grid,
+        fields=fields,
         size=size,
         limit=limit,
         concurrency=concurrency,
         drop_self=not keep_self,
         headers=_headers(header_values),
     )
+    from bmx_rerank.evaluation.configs import shrink
+
     total = len([q for q in qrels if q in queries]) if limit is None else min(limit, len(qrels))
-    bar = tqdm(total=total * len(candidates), unit="search", file=sys.stderr, disable=as_json or None)
+    runs = len(candidates) if full_grid else len(shrink(candidates, total))
+    bar = tqdm(total=total * runs, unit="search", file=sys.stderr, disable=as_json or None)
     try:
         report = asyncio.run(evaluate(task, progress=bar.update))
     except ValueError as exc:
@@ -192,5 +262,10 @@ def command(
             click.echo(f"plot: {plot_path}")
     if do_apply:
         doc = asyncio.run(apply(report, upstream, _headers(header_values)))
-        what = "pass through (the engine's ranking won)" if not doc["info"]["rerank"] else doc["info"]["bmx"]
-        click.echo(f"applied to {index}: {report.selection.chosen}: {what}", err=as_json)
+        what = (
+            "pass through (the engine's ranking stays)" if not doc["info"]["rerank"] else doc["info"]["bmx"]
+        )
+        click.echo(
+            f"applied to {index}: {report.selection.chosen}: {what} (shown by `bmx-rerank applied {index}`)",
+            err=as_json,
+        )

@@ -13,6 +13,7 @@ from bmx_rerank.stats.build import build_snapshots
 from bmx_rerank.upstream import Cluster
 
 FIELD = "text"
+TITLE = "title"
 
 
 def shared_dataset(name: str) -> Path | None:
@@ -36,28 +37,35 @@ async def load_beir(
     analyzer: str = "standard",
     shards: int = 1,
     headers: Mapping[str, str] | None = None,
+    separate: bool = False,
 ) -> int:
     """(Re)create `index` with the collection under `root` unless it already holds all of it, build its
-    statistics; returns the number of documents."""
+    statistics; returns the number of documents. `separate`: the title in a field of its own (TITLE)
+    beside the text (FIELD), statistics for both."""
+    fields = (TITLE, FIELD) if separate else (FIELD,)
     docs = [orjson.loads(line) for line in (root / "corpus.jsonl").read_bytes().splitlines() if line.strip()]
     async with cluster.session.head(f"{cluster.base_url}/{index}", headers=headers) as exists:
         present = exists.status == 200
     if present:
         count = await cluster.request("GET", f"/{index}/_count", None, headers)
         if count["count"] == len(docs):
-            await build_snapshots(cluster, index, FIELD, headers or {})
+            for name in fields:
+                await build_snapshots(cluster, index, name, headers or {})
             return len(docs)
         await cluster.request("DELETE", f"/{index}", None, headers)
     mapping = {
         "settings": {"number_of_shards": shards, "number_of_replicas": 0},
-        "mappings": {"properties": {FIELD: {"type": "text", "analyzer": analyzer}}},
+        "mappings": {"properties": {f: {"type": "text", "analyzer": analyzer} for f in fields}},
     }
     await cluster.request("PUT", f"/{index}", mapping, headers)
     for start in range(0, len(docs), 2000):
         lines = []
         for d in docs[start : start + 2000]:
             lines.append(orjson.dumps({"index": {"_index": index, "_id": d["_id"]}}))
-            lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
+            if separate:
+                lines.append(orjson.dumps({TITLE: d.get("title", ""), FIELD: d["text"]}))
+            else:
+                lines.append(orjson.dumps({FIELD: f"{d.get('title', '')} {d['text']}"}))
         async with cluster.session.post(
             f"{cluster.base_url}/_bulk",
             data=b"\n".join(lines) + b"\n",
@@ -67,5 +75,6 @@ async def load_beir(
             if resp.status != 200 or answer.get("errors"):
                 raise RuntimeError(f"bulk indexing into {index} failed (HTTP {resp.status})")
     await cluster.request("POST", f"/{index}/_refresh", None, headers)
-    await build_snapshots(cluster, index, FIELD, headers or {})
+    for name in fields:
+        await build_snapshots(cluster, index, name, headers or {})
     return len(docs)

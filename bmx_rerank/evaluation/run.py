@@ -30,9 +30,16 @@ class Runs:
     fallbacks: dict[str, int] = field(default_factory=dict)
 
 
-def search_body(field_name: str, text: str, size: int, bmx: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The search a client sends: a `match` on the field, `size` hits (at most the window when reranked)."""
-    body: dict[str, Any] = {"query": {"match": {field_name: text}}, "_source": False}
+def search_body(
+    field_name: str | Sequence[str], text: str, size: int, bmx: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The search a client sends: a `match` on the field (a `multi_match` over several), `size` hits (at
+    most the window when reranked)."""
+    names = [field_name] if isinstance(field_name, str) else list(field_name)
+    query = (
+        {"match": {names[0]: text}} if len(names) == 1 else {"multi_match": {"query": text, "fields": names}}
+    )
+    body: dict[str, Any] = {"query": query, "_source": False}
     if bmx is None:
         body["size"] = size
     else:
@@ -53,7 +60,7 @@ def ranking(answer: Mapping[str, Any], qid: str, drop_self: bool) -> dict[str, f
 async def run_all(
     upstream: str,
     index: str,
-    field_name: str,
+    field_name: str | Sequence[str],
     queries: Mapping[str, str],
     candidates: Sequence[Candidate],
     *,

@@ -11,10 +11,11 @@ import aiohttp
 
 from bmx_rerank.applied import write_config
 from bmx_rerank.evaluation import measure
-from bmx_rerank.evaluation.configs import ENGINE, Candidate
+from bmx_rerank.evaluation.configs import ENGINE, Candidate, shrink
+from bmx_rerank.evaluation.gate import DEFAULT_CONFIDENCE
 from bmx_rerank.evaluation.report import Report, Row
 from bmx_rerank.evaluation.run import run_all
-from bmx_rerank.evaluation.selection import DEFAULT_SIGNIFICANCE, cross_validate
+from bmx_rerank.evaluation.selection import DEFAULT_SIGNIFICANCE, select
 from bmx_rerank.stats.store import now_iso
 from bmx_rerank.upstream import Cluster
 
@@ -35,6 +36,9 @@ class Task:
     drop_self: bool = True
     headers: Mapping[str, str] | None = None
     significance: float = DEFAULT_SIGNIFICANCE
+    confidence: float = DEFAULT_CONFIDENCE
+    shrink: bool = True  # fewer configurations when the judged queries are few (`configs.shrink`)
+    fields: tuple[str, ...] = ()  # several fields: searched with a multi_match over them (`field` first)
 
 
 def judged(task: Task) -> dict[str, str]:
@@ -51,12 +55,13 @@ async def evaluate(
     queries = judged(task)
     if not queries:
         raise ValueError("no query has both a text and judgments: do the queries and qrels files match?")
+    candidates = shrink(task.candidates, len(queries)) if task.shrink else list(task.candidates)
     runs = await run_all(
         task.upstream,
         task.index,
-        task.field,
+        task.fields if len(task.fields) > 1 else task.field,
         queries,
-        task.candidates,
+        candidates,
         size=task.size,
         headers=task.headers,
         concurrency=task.concurrency,
@@ -65,7 +70,7 @@ async def evaluate(
         stats_factory=stats_factory,
     )
     qrels = {q: dict(task.qrels[q]) for q in queries}
-    scores = {c.name: measure.per_query(qrels, runs.runs[c.name]) for c in task.candidates}
+    scores = {c.name: measure.per_query(qrels, runs.runs[c.name]) for c in candidates}
     ids = list(queries)
     engine = scores[ENGINE][measure.PRIMARY]
     rows = [
@@ -76,12 +81,22 @@ async def evaluate(
             measure.compare(scores[c.name][measure.PRIMARY], engine, ids),
             runs.fallbacks[c.name],
         )
-        for c in task.candidates
+        for c in candidates
     ]
-    names = [c.name for c in task.candidates]
+    names = [c.name for c in candidates]
     primary = {n: scores[n][measure.PRIMARY] for n in names}
-    selection = cross_validate(primary, names, ENGINE, task.folds, task.seed, task.significance)
-    report = Report(task.index, task.field, len(ids), task.folds, rows, selection, per_query=primary)
+    selection = select(primary, names, ENGINE, task.folds, task.seed, task.significance, task.confidence)
+    report = Report(
+        task.index,
+        ",".join(task.fields) if len(task.fields) > 1 else task.field,
+        len(ids),
+        task.folds,
+        rows,
+        selection,
+        per_query=primary,
+        texts=dict(queries),
+        grid_size=len(task.candidates),
+    )
     if any(r.fallbacks for r in rows):
         report.notes.append(
             "some reranks fell back to the engine's order (see the proxy log): fix that first"
@@ -105,6 +120,13 @@ async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None
         "fold_choices": list(report.selection.fold_choices),
         "significance": report.selection.significance,
         "configurations": {r.name: r.means for r in report.rows},
+        "compared": len(report.rows),
+        "grid": report.grid_size,
+        **(
+            {"gate": gate.to_json(report.texts), "decision": gate.reason}
+            if (gate := report.selection.gate)
+            else {}
+        ),
     }
     async with aiohttp.ClientSession() as session:
         return await write_config(Cluster(session, upstream), report.index, chosen.bmx, evidence, headers)

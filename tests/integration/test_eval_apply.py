@@ -100,27 +100,40 @@ def test_eval_apply_stores_the_winner_with_its_evidence_and_the_proxy_serves_it(
     engine, index, qfile, rfile = subset
     args = [
         "eval", index, "--field", "text", "--queries", qfile, "--qrels", rfile, "--upstream", engine.url,
-        "--window", "50", "--alpha", "1.0", "--beta", "0.1", "--folds", "3", "--json", "--apply",
+        "--window", "50", "--alpha", "1.0", "--beta", "0.1", "--folds", "3", "--confidence", "0.8",
+        "--json", "--apply",
     ]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     names = [c["name"] for c in report["configurations"]]
-    assert names[0] == "engine" and {"bm25", "bmx", "bmx alpha=1 beta=0.1", "bmx+prf"} <= set(names)
+    # 20 judged queries: the grid shrinks to 2 configurations besides the engine, the plainest first.
+    assert names == ["engine", "bm25", "bmx"]
+    assert report["selection"]["compared"] == 3 and report["selection"]["grid"] == 9
     assert report["queries"] == N_QUERIES
     assert all(c["fallbacks"] == 0 for c in report["configurations"])
     chosen = report["selection"]["chosen"]
     by_name = {c["name"]: c for c in report["configurations"]}
-    # The best one, if its held-out number beats the engine's; else the engine.
     sel = report["selection"]
+    gate = sel["gate"]
     assert by_name[sel["best"]]["nDCG@10"] == max(c["nDCG@10"] for c in report["configurations"])
-    assert chosen == (sel["best"] if sel["cross_validated"] > sel["engine"] else "engine")
+    # The best one only when the interval of its gain on new queries lies above zero; else the engine.
+    assert gate["low"] <= gate["expected"] <= gate["high"] and gate["confidence"] == 0.8
+    assert chosen == (sel["best"] if gate["low"] > 0 else "engine")
+    assert sel["decision"].startswith("applied" if chosen != "engine" else "engine kept")
     assert set(report["per_query"]) == set(by_name) and len(report["per_query"]["bmx"]) == N_QUERIES
+    for hurt in gate["hurt"]:
+        assert hurt["change"] < 0 and hurt["text"] and hurt["query"] in report["per_query"]["bmx"]
 
     stored = _once(_session_call(read_config, engine.url, index))
     assert stored["evidence"]["chosen"] == chosen and stored["evidence"]["queries"] == N_QUERIES
     assert stored["evidence"]["cross_validated"] == pytest.approx(report["selection"]["cross_validated"])
+    assert stored["evidence"]["gate"] == gate and stored["evidence"]["decision"] == sel["decision"]
     assert stored["rerank"] == (chosen != "engine")
+    shown = CliRunner().invoke(main, ["applied", index, "--upstream", engine.url])
+    assert shown.exit_code == 0, shown.output
+    assert "evaluated" in shown.output and "% interval" in shown.output
+    assert f"decision: {sel['decision']}" in shown.output
 
     proxy = ProxyThread(engine.url, statistics_source(60.0), applied_ttl=TTL)
     try:
