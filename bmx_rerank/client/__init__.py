@@ -25,6 +25,7 @@ from bmx_rerank import defaults
 from bmx_rerank.client.core import Core
 from bmx_rerank.client.sidecar import Sidecar, node_url, sidecar_of, ssl_context
 from bmx_rerank.client.transport import hooked, query_strings, search_index
+from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.rerank.plan import Bounds
 from bmx_rerank.stats.source import StatsFactory
@@ -69,6 +70,11 @@ class _Wrapper:
             tf_probes,
             bounds or Bounds(),
         )
+
+    @property
+    def bmx_metrics(self) -> Metrics:
+        """The reranks' metrics, as the proxy's `/_bmx/metrics` has them (`.render()`: Prometheus text)."""
+        return self._core.metrics
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)

@@ -45,6 +45,7 @@ class Core:
         self.timeout = timeout
         self.cache_bytes = cache_bytes
         self.tf_probes = tf_probes
+        self.metrics = Metrics()  # the proxy's metrics, for this wrapper's reranks
         self.bounds = bounds
         self.session: aiohttp.ClientSession | None = None
         self.reranker: Reranker | None = None
@@ -94,7 +95,7 @@ class Core:
             self.reranker = Reranker(
                 Cluster(self.session, self.sidecar.url, self.timeout),
                 self.stats(self.session, self.sidecar.url),
-                Metrics(),
+                self.metrics,
                 cache=TermVectorCache(self.cache_bytes),
                 on_error=self.on_rerank_error,
                 probes=self.tf_probes,

@@ -123,6 +123,9 @@ def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient,
         again = bmx.search(index=corpus, body=_search_body())
         _check_expected(again)
         assert again["_bmx"]["tf_probes"] == "seen" and again["_bmx"]["tf"] == "cache", again["_bmx"]
+        metrics = bmx.bmx_metrics.render().decode()  # measured as the proxy measures its reranks
+        assert "bmx_rerank_seconds_count 2.0" in metrics, metrics
+        assert 'bmx_reranks_total{outcome="reranked"} 2.0' in metrics
     with BMXClient(client, tf_probes="off", bounds=Bounds(max_window=10)) as bmx:
         with pytest.raises(SearchError) as err:
             bmx.search(index=corpus, body=_search_body(window_size=100))
