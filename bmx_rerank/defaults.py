@@ -13,3 +13,4 @@ MAX_AUGMENT = 64  # augmented queries (WQA) per search: each costs an `_analyze`
 MAX_MSEARCH = 100  # items reranked per `_msearch`; the others get the cluster's own answer
 MAX_CONCURRENT_RERANKS = 32  # reranks running at once; each holds a window of hits in memory
 ON_OVERLOAD = "fallback"  # past that: the cluster's own answer, marked ("reject": a 429)
+EVAL_CONFIDENCE = 0.9  # `eval` applies a configuration when its gain's interval at this level is above 0

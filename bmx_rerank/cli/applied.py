@@ -11,7 +11,7 @@ import click
 import orjson
 
 from bmx_rerank.applied import read_config
-from bmx_rerank.cli.eval import _headers
+from bmx_rerank.cli.options import parse_headers
 from bmx_rerank.errors import SearchError
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.upstream import Cluster
@@ -69,7 +69,7 @@ def command(index: str, upstream: str, header_values: tuple[str, ...], store: st
 
     async def go() -> dict[str, Any] | None:
         async with aiohttp.ClientSession() as session:
-            return await read_config(Cluster(session, upstream), index, _headers(header_values), store)
+            return await read_config(Cluster(session, upstream), index, parse_headers(header_values), store)
 
     try:
         info = asyncio.run(go())

@@ -10,6 +10,8 @@ import sys
 import click
 import orjson
 
+from bmx_rerank.cli.options import parse_headers
+from bmx_rerank.defaults import EVAL_CONFIDENCE as DEFAULT_CONFIDENCE
 from bmx_rerank.evaluation.configs import (
     DEFAULT_ALPHAS,
     DEFAULT_BETAS,
@@ -19,17 +21,6 @@ from bmx_rerank.evaluation.configs import (
     QUERIES_PER_CANDIDATE,
 )
 from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
-from bmx_rerank.evaluation.gate import DEFAULT_CONFIDENCE
-
-
-def _headers(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for value in values:
-        name, sep, rest = value.partition(":")
-        if not sep or not name.strip():
-            raise click.BadParameter(f"expected 'Name: value', got {value!r}", param_hint="--header")
-        out[name.strip()] = rest.strip()
-    return out
 
 
 @click.command("eval")
@@ -233,7 +224,7 @@ def command(
         limit=limit,
         concurrency=concurrency,
         drop_self=not keep_self,
-        headers=_headers(header_values),
+        headers=parse_headers(header_values),
     )
     from bmx_rerank.evaluation.configs import shrink
 
@@ -261,7 +252,7 @@ def command(
         if plot_path:
             click.echo(f"plot: {plot_path}")
     if do_apply:
-        doc = asyncio.run(apply(report, upstream, _headers(header_values)))
+        doc = asyncio.run(apply(report, upstream, parse_headers(header_values)))
         what = (
             "pass through (the engine's ranking stays)" if not doc["info"]["rerank"] else doc["info"]["bmx"]
         )

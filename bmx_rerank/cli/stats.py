@@ -17,6 +17,7 @@ import click
 import orjson
 from yarl import URL
 
+from bmx_rerank.cli.options import parse_headers
 from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import basic_auth
 from bmx_rerank.stats import build as stats_build
@@ -336,12 +337,7 @@ def connection(
             headers["Authorization"] = basic_auth(user, password)
         except ValueError as exc:  # a ":" in the user name cannot be sent as Basic credentials
             raise click.BadParameter(str(exc), param_hint="--user") from None
-    for raw in header:
-        for line in raw.splitlines():
-            name, sep, value = line.partition(":")
-            if not sep or not name.strip():
-                raise click.BadParameter("expected 'Name: value'", param_hint="--header")
-            headers[name.strip()] = value.strip()
+    headers.update(parse_headers(header))
     return str(url).rstrip("/"), headers
 
 

@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-DEFAULT_CONFIDENCE = 0.9
+from bmx_rerank import defaults
+
+DEFAULT_CONFIDENCE = defaults.EVAL_CONFIDENCE
 DEFAULT_BOOTSTRAP = 1000
 DEFAULT_REPEATS = 20
 HURT_SHOWN = 5

@@ -200,3 +200,24 @@ def test_tf_probes_auto_by_default_on_off_and_the_old_flags(served, monkeypatch,
     assert mode("--config", str(path)) == "on", "the environment over the file"
     result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", "--tf-probes", "sometimes"])
     assert result.exit_code == 2 and "auto, on or off" in result.output
+
+
+def test_the_command_and_the_proxy_import_without_the_eval_extras():
+    """The image installs the runtime dependencies only: `bmx-rerank` (every subcommand) and the proxy
+    must import without scipy, ir-measures or matplotlib (the `eval` extra), which `eval` loads lazily."""
+    import subprocess
+    import sys
+
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('scipy', 'ir_measures', 'matplotlib'):\n"
+        "            raise ImportError('not installed: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import bmx_rerank.cli, bmx_rerank.proxy, bmx_rerank.client\n"
+        "from bmx_rerank.cli import main\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
