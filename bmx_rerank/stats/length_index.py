@@ -94,9 +94,9 @@ def bucket_bits(n: int) -> int:
 
 
 def default_dir() -> Path:
-    """`$BMX_LENGTHS_DIR`, else a per-user directory under the system's temporary directory: every
+    """`$BMX_RERANK_LENGTHS_DIR` (as `serve --lengths-dir`), else a per-user directory under the system's temporary directory: every
     worker of one host finds the same files there."""
-    configured = os.environ.get("BMX_LENGTHS_DIR")
+    configured = os.environ.get("BMX_RERANK_LENGTHS_DIR")
     if configured:
         return Path(configured)
     return Path(tempfile.gettempdir()) / f"bmx-rerank-lengths-{os.getuid()}"
