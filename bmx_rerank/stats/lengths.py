@@ -8,6 +8,9 @@ same document (id and routing) in the same version (sequence number and primary 
 term vectors as before. Keys that occur twice (a hash collision) are dropped, and remembered as
 dropped so tables merged from slices or refreshes equal a rebuild's table: exactness first.
 
+This is the build's and the store's form (exact keys, merged by slices and refreshes); the proxy
+serves the same table from a compact memory-mapped file, `stats.length_index.LengthIndex`.
+
 The table belongs to one concrete index; a re-created index of the same name starts again at
 `_seq_no` 0 and must not use it (the statistics cache checks the index UUID)."""
 
@@ -156,7 +159,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-MAX_LENGTH_DOCS = 20_000_000  # documents per index beyond which a build keeps no table (memory bound)
+# Documents per index beyond which a build keeps no table: the build's memory bound (the sweep holds
+# ~32 bytes a document until it publishes). The proxy maps each table at <= 8 bytes a document, shared
+# by every worker (`stats.length_index`), so it is no longer what bounds the table.
+MAX_LENGTH_DOCS = 1_000_000_000
 
 
 class LengthRecorder:
