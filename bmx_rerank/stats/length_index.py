@@ -71,13 +71,12 @@ def version_keys(keys: np.ndarray, seq_nos: np.ndarray, terms: np.ndarray) -> tu
     k = np.asarray(keys, np.uint64)
     s = np.asarray(seq_nos, np.int64).astype(np.uint64)
     t = np.asarray(terms, np.int64).astype(np.uint64)
+    seeds = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None]  # both lanes at once: (2, 3, 1)
     with np.errstate(over="ignore"):
-        lanes = []
-        for s0, s1, s2 in (_SEEDS_A, _SEEDS_B):
-            z = _fmix(k ^ np.uint64(s0))
-            z = _fmix(z ^ (s + np.uint64(s1)))
-            lanes.append(_fmix(z ^ (t * np.uint64(s2))))
-    return lanes[0], lanes[1]
+        z = _fmix(k ^ seeds[:, 0])
+        z = _fmix(z ^ (s + seeds[:, 1]))
+        z = _fmix(z ^ (t * seeds[:, 2]))
+    return z[0], z[1]
 
 
 def _buckets(a: np.ndarray, k: int) -> np.ndarray:
@@ -284,18 +283,23 @@ class LengthIndex:
             got[owner[match]] = lengths[match]
             result[one] = got[one]
         escaped = np.flatnonzero(result == (1 << lay.length_bits) - 1)
-        for i in escaped.tolist():
-            result[i] = self._escaped(int(a[i]), int(b[i]))
+        if escaped.size:
+            result[escaped] = self._escaped(a[escaped], b[escaped])
         return result
 
     def _start(self, bucket: np.ndarray) -> np.ndarray:
         return self.anchors[bucket >> ANCHOR_SHIFT].astype(np.int64) + self.offsets[bucket].astype(np.int64)
 
-    def _escaped(self, a: int, b: int) -> int:
-        lo = int(np.searchsorted(self._esc_a, np.uint64(a), "left"))
-        hi = int(np.searchsorted(self._esc_a, np.uint64(a), "right"))
-        hits = [j for j in range(lo, hi) if int(self._esc_b[j]) == b]
-        return int(self._esc_len[hits[0]]) if len(hits) == 1 else -1
+    def _escaped(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The escaped documents' lengths from the side table (full 128-bit key), -1 if not there."""
+        lo = np.searchsorted(self._esc_a, a, "left")
+        hi = np.searchsorted(self._esc_a, a, "right")
+        out = np.full(a.shape[0], -1, np.int64)
+        for i in np.flatnonzero(hi > lo).tolist():
+            hits = [j for j in range(int(lo[i]), int(hi[i])) if self._esc_b[j] == b[i]]
+            if len(hits) == 1:
+                out[i] = int(self._esc_len[hits[0]])
+        return out
 
     def same_as(self, table: DocLengths) -> bool:
         """Holds exactly `table`'s versions with their lengths: as many, and each found with its own."""
