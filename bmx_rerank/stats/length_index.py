@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bmx_rerank.stats.lengths import DocLengths, _is_int, doc_key
+from bmx_rerank.stats.lengths import DocLengths, versions
 
 MAGIC = b"BMXLEN01"
 HEADER = 4096  # bytes; sections follow, each 64-byte aligned
@@ -233,22 +233,13 @@ class LengthIndex:
     ) -> list[int | None]:
         """Each document version's length, or None when the index cannot be sure it holds that exact
         version (as `DocLengths.lookup`; the bound on a wrong answer is in the module docstring)."""
-        n = len(ids)
-        out: list[int | None] = [None] * n
+        out: list[int | None] = [None] * len(ids)
         lay = self.layout
-        usable = [
-            i
-            for i in range(n)
-            if _is_int(seq_nos[i])
-            and _is_int(primary_terms[i])
-            and 0 <= seq_nos[i] <= lay.max_seq_no  # type: ignore[operator]
-            and 1 <= primary_terms[i] <= lay.max_primary_term  # type: ignore[operator]
-        ]
+        usable, keys, seq, term = versions(
+            ids, routings, seq_nos, primary_terms, lay.max_seq_no, lay.max_primary_term
+        )
         if not usable or not lay.n:
             return out
-        keys = np.fromiter((doc_key(ids[i], routings[i]) for i in usable), np.uint64, len(usable))
-        seq = np.array([seq_nos[i] for i in usable], np.int64)
-        term = np.array([primary_terms[i] for i in usable], np.int64)
         found = self._find(keys, seq, term)
         for i, length in zip(usable, found.tolist(), strict=True):
             if length >= 0:

@@ -135,24 +135,39 @@ class DocLengths:
     ) -> list[int | None]:
         """Each document version's length, or None when the table does not hold that exact version
         (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given)."""
-        n = len(ids)
-        out: list[int | None] = [None] * n
-        usable = [
-            i
-            for i in range(n)
-            if _is_int(seq_nos[i]) and _is_int(primary_terms[i]) and seq_nos[i] >= 0  # type: ignore[operator]
-        ]
+        out: list[int | None] = [None] * len(ids)
+        usable, keys, seq, term = versions(ids, routings, seq_nos, primary_terms)
         if not usable or not len(self):
             return out
-        keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self) - 1)
-        seq = np.array([seq_nos[i] for i in usable], np.int64)
-        term = np.array([primary_terms[i] for i in usable], np.int64)
         hit = (self.keys[pos] == keys) & (self.seq_nos[pos] == seq) & (self.primary_terms[pos] == term)
         for i, p, ok in zip(usable, pos.tolist(), hit.tolist(), strict=True):
             if ok:
                 out[i] = int(self.lengths[p])
         return out
+
+
+def versions(
+    ids: Sequence[str],
+    routings: Sequence[str | None],
+    seq_nos: Sequence[object],
+    primary_terms: Sequence[object],
+    max_seq_no: int | None = None,
+    max_primary_term: int | None = None,
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """The hits that can name a version a table holds (an integer `_seq_no` >= 0 and `_primary_term`,
+    at most the given largest), with their keys, sequence numbers and primary terms."""
+    hi_seq = max_seq_no if max_seq_no is not None else float("inf")
+    hi_term = max_primary_term if max_primary_term is not None else float("inf")
+    usable = [
+        i
+        for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
+        if _is_int(s) and _is_int(t) and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
+    ]
+    keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
+    seq = np.array([seq_nos[i] for i in usable], np.int64)
+    term = np.array([primary_terms[i] for i in usable], np.int64)
+    return usable, keys, seq, term
 
 
 def _is_int(value: object) -> bool:
