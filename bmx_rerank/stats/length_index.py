@@ -27,8 +27,9 @@ build, on any shard holding the largest) answer None without looking. That is th
 former table compared 64-bit document keys plus the whole sequence number and primary term (28 bytes).
 
 Building reads the stored chunks once, spilling 20 bytes a document to a temporary file beside the
-target, and places the records in a second pass: memory stays bounded by a chunk plus the directory
-(8 bytes a bucket), whatever the table's size."""
+target, and places the records in a second pass: memory stays bounded by a slice of 4 M documents plus
+the directory (at most 16 bytes a bucket while counting, 2 to 4 bytes a document), whatever the
+table's size."""
 
 from __future__ import annotations
 
@@ -402,9 +403,15 @@ class LengthIndexWriter:
         np.cumsum(counts, out=starts[1:])
         del counts
         anchors = starts[:: 1 << ANCHOR_SHIFT].copy()
-        relative = starts - np.repeat(anchors, 1 << ANCHOR_SHIFT)[: buckets + 1]
-        if relative.max(initial=0) > np.iinfo(np.uint16).max:
-            raise ValueError("a directory block overflows 16 bits")  # ~10^4 standard deviations away
+        relative = np.empty(buckets + 1, "<u2")
+        for lo in range(0, buckets + 1, _SLICE):
+            part = (
+                starts[lo : lo + _SLICE]
+                - anchors[np.arange(lo, min(lo + _SLICE, buckets + 1)) >> ANCHOR_SHIFT]
+            )
+            if part.max(initial=0) > np.iinfo(np.uint16).max:
+                raise ValueError("a directory block overflows 16 bits")  # ~10^2 standard deviations away
+            relative[lo : lo + _SLICE] = part
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         os.close(fd)
         tmp_path = Path(tmp)
@@ -420,12 +427,13 @@ class LengthIndexWriter:
                     out[at : at + size] = np.ascontiguousarray(values).view(np.uint8).reshape(-1)
 
                 put("anchors", anchors.astype("<u8"))
-                put("offsets", relative.astype("<u2"))
+                put("offsets", relative)
+                del relative
                 put("escapes", esc.astype("<u8"))
                 records = out[sec["records"][0] : sec["records"][0] + sec["records"][1]].reshape(
                     self.n, RECORD
                 )
-                fill = starts[:-1].copy()
+                fill = starts[:-1]  # each bucket's next free record (starts is not needed any more)
                 escape = (1 << layout.length_bits) - 1
                 for s in range(0, self.n, _SLICE):
                     part = np.asarray(spill[s : s + _SLICE])
