@@ -10,6 +10,7 @@ import dataclasses
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -38,6 +39,8 @@ from bmx_rerank.upstream import Cluster
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 4096  # (caller, expression, field) views kept at most
+LENGTH_WAIT = 10.0  # seconds a view waits for its length tables to be written before it goes without
+LENGTH_RETRY = 60.0  # seconds before a failed length table is written again
 STALE_FILES = 24 * 3600.0  # seconds after which another snapshot's length file may be removed
 
 
@@ -150,6 +153,9 @@ class StatsCache:
         self._lengths: dict[str, LengthIndex | None] = {}  # snapshot id -> its length table
         self.lengths_dir = Path(lengths_dir) if lengths_dir is not None else default_dir()
         self._building: dict[str, asyncio.Task[LengthIndex]] = {}  # file ident -> its build
+        self._failed: dict[str, float] = {}  # file ident -> when its build failed
+        self.length_wait = min(LENGTH_WAIT, timeout / 2)
+        self.length_retry = LENGTH_RETRY
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         """Statistics for an index expression (name, alias, or pattern) and field, summed over the
@@ -228,12 +234,15 @@ class StatsCache:
             if info is not None and marks is not None and i in marks and marks[i].uuid == info.marks.uuid
         ]
         if old is not None and old.snapshots == snapshots:
-            lengths = _same_index(old.tables, same)
+            # a length table still being written when the view was made is picked up now
+            await asyncio.gather(*(self._await_lengths(info, headers) for info in infos if info))
+            tables = _tables(indices, infos, self._lengths)
+            lengths = _same_index(tables, same)
             view = StatsView(old.view.corpus, False, stale, old.view.built_at, lengths)
-            return _Entry(view, self.clock(), snapshots, tuple(indices), tables=old.tables)
+            return _Entry(view, self.clock(), snapshots, tuple(indices), tables=tables)
         loaded = await asyncio.gather(*(self._load(info, headers) for info in infos if info))
         parts = [corpus for corpus, _ in loaded]
-        tables = {i: t for i, (_, t) in zip(indices, loaded, strict=True) if t is not None}
+        tables = _tables(indices, infos, self._lengths)
         built_at = min(info.built_at for info in infos if info)
         view = StatsView(sum_in_order(parts), False, stale, built_at, _same_index(tables, same))
         live = set(snapshots) | {s for e in self._entries.values() for s in e.snapshots}
@@ -246,36 +255,51 @@ class StatsCache:
     ) -> tuple[CorpusStats, LengthIndex | None]:
         cached = self._loaded.get(info.snapshot)
         if cached is None:
-            cached, table = await asyncio.gather(
+            cached, _ = await asyncio.gather(
                 store.load(self.cluster, headers, info, self.store),
-                self._length_index(info, headers),
+                self._await_lengths(info, headers),
             )
             self._loaded[info.snapshot] = cached
-            self._lengths[info.snapshot] = table
+        else:
+            await self._await_lengths(info, headers)
         return cached, self._lengths.get(info.snapshot)
 
-    async def _length_index(self, info: SnapshotInfo, headers: Mapping[str, str]) -> LengthIndex | None:
-        """The snapshot's length table as a mapped file: opened when a process already wrote it,
-        else written from the store's chunks (one process at a time per file, under a lock; the build
-        goes on when the caller stops waiting, so a large table is not begun again and again)."""
+    async def _await_lengths(self, info: SnapshotInfo, headers: Mapping[str, str]) -> None:
+        """Make the snapshot's length table (`self._lengths`) a mapped file: opened when a process
+        already wrote it, else written from the store's chunks (one process at a time per file, under
+        a lock). A build runs on its own: a view waits for it at most `length_wait` seconds and is
+        served without the table meanwhile (hits then read `_mtermvectors`); a later check picks the
+        table up. A failed build is logged and tried again after `length_retry` seconds."""
+        snapshot = info.snapshot
+        if snapshot in self._lengths:
+            return
         if info.length_docs is None:
-            return None
+            self._lengths[snapshot] = None
+            return
         ident = length_ident(self.cluster.base_url, self.store, info)
         path = self.lengths_dir / f"{ident}.bmxlen"
         opened = _open_index(path, ident)
         if opened is not None:
-            return opened
+            self._lengths[snapshot] = opened
+            return
         task = self._building.get(ident)
         if task is None:
+            if self.clock() - self._failed.get(ident, -math.inf) < self.length_retry:
+                return
             task = asyncio.ensure_future(self._build_index(info, dict(headers), path, ident))
             self._building[ident] = task
-            task.add_done_callback(lambda t: self._built(ident, t))
-        return await asyncio.shield(task)
+            task.add_done_callback(lambda t: self._built(snapshot, ident, t))
+        await asyncio.wait([task], timeout=self.length_wait)
 
-    def _built(self, ident: str, task: asyncio.Task[LengthIndex]) -> None:
+    def _built(self, snapshot: str, ident: str, task: asyncio.Task[LengthIndex]) -> None:
         self._building.pop(ident, None)
-        if not task.cancelled() and task.exception() is not None:  # retrieved: the waiters saw it
-            log.warning("length table not built", extra={"fields": {"error": repr(task.exception())}})
+        if task.cancelled() or task.exception() is not None:
+            self._failed[ident] = self.clock()
+            error = "cancelled" if task.cancelled() else repr(task.exception())
+            log.warning("length table not built", extra={"fields": {"snapshot": snapshot, "error": error}})
+            return
+        self._failed.pop(ident, None)
+        self._lengths[snapshot] = task.result()
 
     async def _build_index(
         self, info: SnapshotInfo, headers: Mapping[str, str], path: Path, ident: str
@@ -368,6 +392,17 @@ class StatsCache:
             df[keep],
             self.estimator(df[keep], ttf[keep]),
         )
+
+
+def _tables(
+    indices: Sequence[str], infos: Sequence[SnapshotInfo | None], loaded: Mapping[str, LengthIndex | None]
+) -> dict[str, LengthTable]:
+    """Each index's length table, where its snapshot has one ready."""
+    return {
+        i: table
+        for i, info in zip(indices, infos, strict=True)
+        if info is not None and (table := loaded.get(info.snapshot)) is not None
+    }
 
 
 def length_ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
