@@ -9,6 +9,12 @@ import pytest
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
+@pytest.fixture(autouse=True)
+def _length_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's memory-mapped length tables (`stats.length_index`) in a directory of its own."""
+    monkeypatch.setenv("BMX_RERANK_LENGTHS_DIR", str(tmp_path_factory.mktemp("lengths")))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark integration tests by location, so `-m "not integration"` needs no per-file bookkeeping."""
     for item in items:

@@ -201,6 +201,13 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--stats-index", default=DEFAULT_STORE, help="Index the statistics are stored in.")
 @click.option(
+    "--lengths-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory of the memory-mapped length tables every worker shares (default: bmx-rerank-lengths-UID "
+    "in the system's temporary directory).",
+)
+@click.option(
     "--tf-probes",
     type=ProbeMode(),
     default=defaults.TF_PROBES,
@@ -283,6 +290,7 @@ def command(
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
+    lengths_dir: str | None,
     tf_probes: str,
     no_tf_probes: bool,
     workers: int,
@@ -344,7 +352,7 @@ def command(
         tf_probes="off" if no_tf_probes else tf_probes,
     )
     logging.basicConfig(level=log_level.upper(), handlers=[json_log_handler(sys.stderr)], force=True)
-    stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity)
+    stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity, lengths_dir)
     try:
         make_app(config, stats_source)  # checked here, made per worker
     except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: a bad CA bundle or key pair

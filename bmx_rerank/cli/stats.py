@@ -104,7 +104,8 @@ def _length_options(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(min=0),
         default=MAX_LENGTH_DOCS,
         show_default=True,
-        help="Documents per index beyond which no length table is kept (~28 bytes each in memory).",
+        help="Documents per index beyond which no length table is kept (~32 bytes each in the build's "
+        "memory; the proxy maps <= 8 bytes each, shared by its workers).",
     )(func)
 
 

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
+import hashlib
 import logging
+import math
+import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 import numpy as np
@@ -23,7 +30,7 @@ from bmx_rerank.singleflight import SingleFlight
 from bmx_rerank.stats import estimate, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
-from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter, default_dir
 from bmx_rerank.stats.snapshot import SnapshotInfo
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
@@ -32,6 +39,26 @@ from bmx_rerank.upstream import Cluster
 log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 4096  # (caller, expression, field) views kept at most
+LENGTH_WAIT = 10.0  # seconds a view waits for its length tables to be written before it goes without
+LENGTH_RETRY = 60.0  # seconds before a failed length table is written again
+STALE_FILES = 24 * 3600.0  # seconds after which another snapshot's length file may be removed
+
+
+class LengthTable(Protocol):
+    """What a search asks of a length table: `DocLengths` (tests, `FixedStats`) or, in the proxy, the
+    memory-mapped `LengthIndex` every worker shares."""
+
+    def __len__(self) -> int: ...
+
+    def lookup(
+        self,
+        ids: Sequence[str],
+        routings: Sequence[str | None],
+        seq_nos: Sequence[object],
+        primary_terms: Sequence[object],
+    ) -> list[int | None]: ...
+
+
 _Key = tuple[str, str, str]  # (caller digest, index expression, field)
 
 
@@ -45,7 +72,7 @@ class StatsView:
     built_at: str | None  # ISO timestamp of the (oldest) snapshot, None if estimated
     # concrete index name -> the exact document lengths its snapshot holds (`stats.lengths`); None, or
     # an index absent: no table (estimated mode, built without, re-created index): `_mtermvectors`
-    lengths: Mapping[str, DocLengths] | None = None
+    lengths: Mapping[str, LengthTable] | None = None
     _complete: Callable[[Sequence[str]], Awaitable[StatsView]] | None = field(
         default=None, repr=False, compare=False
     )
@@ -68,7 +95,7 @@ class _Entry:
     snapshots: tuple[str, ...]  # snapshot ids behind the view; () in estimated mode
     indices: tuple[str, ...]
     estimate: _Estimate | None = None
-    tables: Mapping[str, DocLengths] | None = None  # every loaded length table, before the UUID check
+    tables: Mapping[str, LengthTable] | None = None  # every loaded length table, before the UUID check
 
 
 @dataclass
@@ -93,7 +120,11 @@ class StatsCache:
     small calls), reloaded when another sidecar published a new snapshot. Past the interval the cached
     view is served at once while one background refresh runs; only a caller with no view waits, and
     never longer than `timeout`. Loaded snapshots are shared by snapshot id: a caller reaches one only
-    through a pointer it read with its own credentials."""
+    through a pointer it read with its own credentials.
+
+    Length tables are memory-mapped files under `lengths_dir` (default `length_index.default_dir()`),
+    one per snapshot, written by the first process that needs one and mapped by every other: N serving
+    processes share one copy in the page cache (`stats.length_index`)."""
 
     def __init__(
         self,
@@ -107,6 +138,7 @@ class StatsCache:
         timeout: float = defaults.TIMEOUT,
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
         max_entries: int = MAX_ENTRIES,
+        lengths_dir: str | Path | None = None,
     ) -> None:
         self.cluster = Cluster(session, base_url)
         self.check_interval = check_interval
@@ -118,7 +150,12 @@ class StatsCache:
         self._entries: LRUCache[_Key, _Entry] = LRUCache(max_entries)
         self._refreshing: SingleFlight[_Key, _Entry] = SingleFlight()
         self._loaded: dict[str, CorpusStats] = {}  # snapshot id -> statistics
-        self._lengths: dict[str, DocLengths | None] = {}  # snapshot id -> its length table
+        self._lengths: dict[str, LengthIndex | None] = {}  # snapshot id -> its length table
+        self.lengths_dir = Path(lengths_dir) if lengths_dir is not None else default_dir()
+        self._building: dict[str, asyncio.Task[LengthIndex]] = {}  # file ident -> its build
+        self._failed: dict[str, float] = {}  # file ident -> when its build failed
+        self.length_wait = min(LENGTH_WAIT, timeout / 2)
+        self.length_retry = LENGTH_RETRY
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         """Statistics for an index expression (name, alias, or pattern) and field, summed over the
@@ -197,12 +234,15 @@ class StatsCache:
             if info is not None and marks is not None and i in marks and marks[i].uuid == info.marks.uuid
         ]
         if old is not None and old.snapshots == snapshots:
-            lengths = _same_index(old.tables, same)
+            # a length table still being written when the view was made is picked up now
+            await asyncio.gather(*(self._await_lengths(info, headers) for info in infos if info))
+            tables = _tables(indices, infos, self._lengths)
+            lengths = _same_index(tables, same)
             view = StatsView(old.view.corpus, False, stale, old.view.built_at, lengths)
-            return _Entry(view, self.clock(), snapshots, tuple(indices), tables=old.tables)
+            return _Entry(view, self.clock(), snapshots, tuple(indices), tables=tables)
         loaded = await asyncio.gather(*(self._load(info, headers) for info in infos if info))
         parts = [corpus for corpus, _ in loaded]
-        tables = {i: t for i, (_, t) in zip(indices, loaded, strict=True) if t is not None}
+        tables = _tables(indices, infos, self._lengths)
         built_at = min(info.built_at for info in infos if info)
         view = StatsView(sum_in_order(parts), False, stale, built_at, _same_index(tables, same))
         live = set(snapshots) | {s for e in self._entries.values() for s in e.snapshots}
@@ -212,16 +252,86 @@ class StatsCache:
 
     async def _load(
         self, info: SnapshotInfo, headers: Mapping[str, str]
-    ) -> tuple[CorpusStats, DocLengths | None]:
+    ) -> tuple[CorpusStats, LengthIndex | None]:
         cached = self._loaded.get(info.snapshot)
         if cached is None:
-            cached, table = await asyncio.gather(
+            cached, _ = await asyncio.gather(
                 store.load(self.cluster, headers, info, self.store),
-                store.load_lengths(self.cluster, headers, info, self.store),
+                self._await_lengths(info, headers),
             )
             self._loaded[info.snapshot] = cached
-            self._lengths[info.snapshot] = table
+        else:
+            await self._await_lengths(info, headers)
         return cached, self._lengths.get(info.snapshot)
+
+    async def _await_lengths(self, info: SnapshotInfo, headers: Mapping[str, str]) -> None:
+        """Make the snapshot's length table (`self._lengths`) a mapped file: opened when a process
+        already wrote it, else written from the store's chunks (one process at a time per file, under
+        a lock). A build runs on its own: a view waits for it at most `length_wait` seconds and is
+        served without the table meanwhile (hits then read `_mtermvectors`); a later check picks the
+        table up. A failed build is logged and tried again after `length_retry` seconds."""
+        snapshot = info.snapshot
+        if snapshot in self._lengths:
+            return
+        if info.length_docs is None:
+            self._lengths[snapshot] = None
+            return
+        ident = length_ident(self.cluster.base_url, self.store, info)
+        path = self.lengths_dir / f"{ident}.bmxlen"
+        opened = _open_index(path, ident)
+        if opened is not None:
+            self._lengths[snapshot] = opened
+            return
+        task = self._building.get(ident)
+        if task is None:
+            if self.clock() - self._failed.get(ident, -math.inf) < self.length_retry:
+                return
+            task = asyncio.ensure_future(self._build_index(info, dict(headers), path, ident))
+            self._building[ident] = task
+            task.add_done_callback(lambda t: self._built(snapshot, ident, t))
+        await asyncio.wait([task], timeout=self.length_wait)
+
+    def _built(self, snapshot: str, ident: str, task: asyncio.Task[LengthIndex]) -> None:
+        self._building.pop(ident, None)
+        if task.cancelled() or task.exception() is not None:
+            self._failed[ident] = self.clock()
+            error = "cancelled" if task.cancelled() else repr(task.exception())
+            log.warning("length table not built", extra={"fields": {"snapshot": snapshot, "error": error}})
+            return
+        self._failed.pop(ident, None)
+        self._lengths[snapshot] = task.result()
+
+    async def _build_index(
+        self, info: SnapshotInfo, headers: Mapping[str, str], path: Path, ident: str
+    ) -> LengthIndex:
+        assert info.length_docs is not None
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        async with _file_lock(path.with_suffix(".lock")):
+            opened = _open_index(path, ident)  # another process wrote it while this one waited
+            if opened is not None:
+                return opened
+            started = time.perf_counter()
+            writer = await asyncio.to_thread(LengthIndexWriter, path, info.length_docs, ident)
+            try:
+                async for chunk in store.length_chunks(self.cluster, headers, info, self.store):
+                    await asyncio.to_thread(writer.add, *chunk)
+                index = await asyncio.to_thread(writer.finish)
+            except BaseException:
+                writer.abort()
+                raise
+        log.info(
+            "length table mapped",
+            extra={
+                "fields": {
+                    "snapshot": info.snapshot,
+                    "documents": len(index),
+                    "bytes": index.nbytes,
+                    "seconds": round(time.perf_counter() - started, 3),
+                }
+            },
+        )
+        _remove_stale(path.parent, keep=path)
+        return index
 
     # estimated mode -----------------------------------------------------------------------------
 
@@ -284,7 +394,77 @@ class StatsCache:
         )
 
 
-def _same_index(tables: Mapping[str, DocLengths] | None, same: Sequence[str]) -> dict[str, DocLengths] | None:
+def _tables(
+    indices: Sequence[str], infos: Sequence[SnapshotInfo | None], loaded: Mapping[str, LengthIndex | None]
+) -> dict[str, LengthTable]:
+    """Each index's length table, where its snapshot has one ready."""
+    return {
+        i: table
+        for i, info in zip(indices, infos, strict=True)
+        if info is not None and (table := loaded.get(info.snapshot)) is not None
+    }
+
+
+def length_ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
+    """The name of a snapshot's length file: a digest of where it comes from and what it holds."""
+    parts = (
+        base_url,
+        store_index,
+        info.snapshot,
+        info.index,
+        info.field,
+        str(info.length_docs),
+        str(info.length_chunks),
+        info.marks.uuid or "",
+        info.built_at,
+    )
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
+
+
+def _open_index(path: Path, ident: str) -> LengthIndex | None:
+    """The mapped file, or None when there is none (or not a whole one for this ident: rebuilt)."""
+    try:
+        return LengthIndex.open(path, ident)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning(
+            "unreadable length file, rebuilt", extra={"fields": {"path": str(path), "error": str(exc)}}
+        )
+        return None
+
+
+@asynccontextmanager
+async def _file_lock(path: Path, poll: float = 0.05) -> AsyncIterator[None]:
+    """An exclusive `flock` on `path`, waited for without blocking the event loop."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(poll)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_stale(directory: Path, keep: Path, age: float = STALE_FILES) -> None:
+    """Remove length files (and left-over temporary files) untouched for `age` seconds: a process
+    still mapping one keeps its mapping; one opening it later builds it again."""
+    cutoff = time.time() - age
+    for old in directory.glob("*.bmxlen*"):
+        try:
+            if old != keep and old.stat().st_mtime < cutoff:
+                old.unlink()
+        except OSError:
+            pass
+
+
+def _same_index(
+    tables: Mapping[str, LengthTable] | None, same: Sequence[str]
+) -> dict[str, LengthTable] | None:
     """The length tables of the indices that are still the one their snapshot was built from (same
     index UUID): a re-created index starts again at `_seq_no` 0, and its documents would match the
     old index's versions. Unknown markers (no right to read them) count as not the same."""

@@ -8,6 +8,9 @@ same document (id and routing) in the same version (sequence number and primary 
 term vectors as before. Keys that occur twice (a hash collision) are dropped, and remembered as
 dropped so tables merged from slices or refreshes equal a rebuild's table: exactness first.
 
+This is the build's and the store's form (exact keys, merged by slices and refreshes); the proxy
+serves the same table from a compact memory-mapped file, `stats.length_index.LengthIndex`.
+
 The table belongs to one concrete index; a re-created index of the same name starts again at
 `_seq_no` 0 and must not use it (the statistics cache checks the index UUID)."""
 
@@ -132,19 +135,11 @@ class DocLengths:
     ) -> list[int | None]:
         """Each document version's length, or None when the table does not hold that exact version
         (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given)."""
-        n = len(ids)
-        out: list[int | None] = [None] * n
-        usable = [
-            i
-            for i in range(n)
-            if _is_int(seq_nos[i]) and _is_int(primary_terms[i]) and seq_nos[i] >= 0  # type: ignore[operator]
-        ]
+        out: list[int | None] = [None] * len(ids)
+        usable, keys, seq, term = versions(ids, routings, seq_nos, primary_terms)
         if not usable or not len(self):
             return out
-        keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self) - 1)
-        seq = np.array([seq_nos[i] for i in usable], np.int64)
-        term = np.array([primary_terms[i] for i in usable], np.int64)
         hit = (self.keys[pos] == keys) & (self.seq_nos[pos] == seq) & (self.primary_terms[pos] == term)
         for i, p, ok in zip(usable, pos.tolist(), hit.tolist(), strict=True):
             if ok:
@@ -152,11 +147,37 @@ class DocLengths:
         return out
 
 
+def versions(
+    ids: Sequence[str],
+    routings: Sequence[str | None],
+    seq_nos: Sequence[object],
+    primary_terms: Sequence[object],
+    max_seq_no: int | None = None,
+    max_primary_term: int | None = None,
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """The hits that can name a version a table holds (an integer `_seq_no` >= 0 and `_primary_term`,
+    at most the given largest), with their keys, sequence numbers and primary terms."""
+    hi_seq = max_seq_no if max_seq_no is not None else float("inf")
+    hi_term = max_primary_term if max_primary_term is not None else float("inf")
+    usable = [
+        i
+        for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
+        if _is_int(s) and _is_int(t) and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
+    ]
+    keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
+    seq = np.array([seq_nos[i] for i in usable], np.int64)
+    term = np.array([primary_terms[i] for i in usable], np.int64)
+    return usable, keys, seq, term
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-MAX_LENGTH_DOCS = 20_000_000  # documents per index beyond which a build keeps no table (memory bound)
+# Documents per index beyond which a build keeps no table: the build's memory bound (the sweep holds
+# ~32 bytes a document until it publishes). The proxy maps each table at <= 8 bytes a document, shared
+# by every worker (`stats.length_index`), so it is no longer what bounds the table.
+MAX_LENGTH_DOCS = 1_000_000_000
 
 
 class LengthRecorder:

@@ -176,6 +176,18 @@ def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dic
     return chunks
 
 
+def decode_length_chunk(
+    info: SnapshotInfo, chunk: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One length chunk's (keys, seq_nos, primary_terms, lengths, dropped keys), checked for size."""
+    blob = zlib.decompress(base64.b64decode(chunk["blob"]))
+    n, d = int(chunk["n"]), int(chunk["dropped"])
+    if len(blob) != 8 * (4 * n + d):
+        raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} has {len(blob)} bytes")
+    cols = [np.frombuffer(blob, dtype, n, 8 * n * i) for i, dtype in enumerate(("<u8", "<i8", "<i8", "<i8"))]
+    return cols[0], cols[1], cols[2], cols[3], np.frombuffer(blob, "<u8", d, 32 * n)
+
+
 def decode_lengths(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> DocLengths:
     """A length table back from its chunks (any order); checks it holds what the meta promises."""
     if len(chunks) != info.length_chunks:
@@ -183,13 +195,10 @@ def decode_lengths(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> D
     cols: list[list[np.ndarray]] = [[], [], [], []]
     dropped = [np.zeros(0, np.uint64)]
     for chunk in sorted(chunks, key=lambda c: c["seq"]):
-        blob = zlib.decompress(base64.b64decode(chunk["blob"]))
-        n, d = int(chunk["n"]), int(chunk["dropped"])
-        if len(blob) != 8 * (4 * n + d):
-            raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} has {len(blob)} bytes")
-        for i, dtype in enumerate(("<u8", "<i8", "<i8", "<i8")):
-            cols[i].append(np.frombuffer(blob, dtype, n, 8 * n * i))
-        dropped.append(np.frombuffer(blob, "<u8", d, 32 * n))
+        *columns, gone = decode_length_chunk(info, chunk)
+        for i, column in enumerate(columns):
+            cols[i].append(column)
+        dropped.append(gone)
     keys, seq, term, length = (np.concatenate(c) if c else np.zeros(0) for c in cols)
     table = DocLengths(
         keys.astype(np.uint64),

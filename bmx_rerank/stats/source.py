@@ -56,6 +56,7 @@ def statistics_source(
     store: str = DEFAULT_STORE,
     timeout: float = defaults.TIMEOUT,
     identity: Sequence[str] = IDENTITY_HEADERS,
+    lengths_dir: str | None = None,
 ) -> StatsFactory:
     """The cluster-backed statistics cache, made per session (each proxy worker makes its own)."""
     return lambda session, base_url: StatsCache(
@@ -65,4 +66,5 @@ def statistics_source(
         store=store,
         timeout=timeout,
         identity_headers=identity,
+        lengths_dir=lengths_dir,
     )

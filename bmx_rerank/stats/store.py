@@ -23,19 +23,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import orjson
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats
+from bmx_rerank.stats.errors import corrupt_snapshot
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.snapshot import (
     SnapshotInfo,
     decode_chunks,
+    decode_length_chunk,
     decode_lengths,
     decode_units,
     encode_chunks,
@@ -245,6 +248,35 @@ async def load_lengths(
         return None
     ids = [f"{info.snapshot}|L{i}" for i in range(info.length_chunks)]
     return decode_lengths(info, await _fetch_data(cluster, headers, store, ids, 2))
+
+
+async def length_chunks(
+    cluster: Cluster,
+    headers: Mapping[str, str],
+    info: SnapshotInfo,
+    store: str = DEFAULT_STORE,
+    per_request: int = 2,
+) -> AsyncIterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The snapshot's length table chunk by chunk, in key order, as (keys, seq_nos, primary_terms,
+    lengths): `per_request` chunks in memory at a time, whatever the table's size. Checked as
+    `load_lengths` checks it (every chunk there, the meta's count, keys ascending across chunks)."""
+    if info.length_docs is None:
+        raise ValueError(f"snapshot {info.snapshot} has no length table")
+    seen, last = 0, -1
+    for start in range(0, info.length_chunks, per_request):
+        ids = [f"{info.snapshot}|L{i}" for i in range(start, min(start + per_request, info.length_chunks))]
+        chunks = sorted(await _fetch_data(cluster, headers, store, ids, per_request), key=lambda c: c["seq"])
+        if [c["seq"] for c in chunks] != list(range(start, start + len(ids))):
+            raise corrupt_snapshot(info.snapshot, f"length chunks {ids[0]}..{ids[-1]} not all found")
+        for chunk in chunks:
+            keys, seq, term, length, _ = decode_length_chunk(info, chunk)
+            if keys.size and (int(keys[0]) <= last or not np.all(keys[1:] > keys[:-1])):
+                raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} out of key order")
+            last = int(keys[-1]) if keys.size else last
+            seen += keys.size
+            yield keys, seq, term, length
+    if seen != info.length_docs:
+        raise corrupt_snapshot(info.snapshot, f"{seen} lengths, meta says {info.length_docs}")
 
 
 def _chunk_ids(info: SnapshotInfo, kind: str) -> list[str]:

@@ -374,3 +374,25 @@ async def test_a_refused_background_refresh_drops_the_view(hanging):
     await cache.settled()
     with pytest.raises(UpstreamError):
         await cache.get("idx", "body", {"Authorization": TOKEN})
+
+
+async def test_a_length_table_still_being_written_is_served_later(cluster):
+    """A view does not wait for a large table to be written: it goes without (hits read term
+    vectors) and a later check maps the file once it is there."""
+    fake, session, url = cluster
+    table = DocLengths.from_rows(["a", "b"], [None, None], [3, 4], [1, 1], [7, 0])
+    fake.publish("s1", [{"a": 1}], lengths=table)
+    clock = Clock()
+    cache = StatsCache(session, url, check_interval=5.0, clock=clock)
+    cache.length_wait = 0.0
+    headers = {"Authorization": TOKEN}
+    assert (await cache.get("idx", "body", headers)).lengths is None
+    for _ in range(200):
+        if not cache._building:
+            break
+        await asyncio.sleep(0.01)
+    clock.now = 5.0
+    await cache.get("idx", "body", headers)
+    await cache.settled()
+    view = await cache.get("idx", "body", headers)
+    assert view.lengths is not None and view.lengths["idx"].same_as(table)

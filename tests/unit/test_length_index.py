@@ -1,0 +1,126 @@
+"""LengthIndex: the proxy's memory-mapped length table, at most 8 bytes a document, exact or None."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import length_table
+from bmx_rerank.stats.cache import _file_lock, length_ident
+from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter, build
+from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.snapshot import SnapshotInfo
+
+ROWS = (
+    ["a", "b", "c", "c", "long"],
+    [None, None, None, "r1", None],
+    [0, 1, 2, 3, 4],
+    [1, 1, 1, 2, 1],
+    [5, 0, 7, 9, 1_000_000],
+)
+
+
+def test_answers_as_the_table_does(tmp_path: Path) -> None:
+    table = DocLengths.from_rows(*ROWS)
+    index = LengthIndex.from_table(table, tmp_path / "t.bmxlen")
+    assert len(index) == 5 and index.same_as(table) and index.layout.escapes == 1
+    ids, routings, seqs, terms, lengths = ROWS
+    assert index.lookup(ids, routings, seqs, terms) == lengths
+    # another routing, sequence number or primary term; never swept; no or no usable sequence number
+    assert (
+        index.lookup(
+            ["c", "c", "a", "a", "zzz"], ["r2", None, None, None, None], [3, 3, 1, 0, 0], [2, 2, 1, 2, 1]
+        )
+        == [None] * 5
+    )
+    assert index.lookup(["a", "a", "a", "a"], [None] * 4, [None, -2, True, 0], [1, 1, 1, None]) == [None] * 4
+    assert index.lookup([], [], [], []) == []
+    assert not index.same_as(DocLengths.from_rows(*(r[:4] for r in ROWS)))
+
+
+def test_empty_and_rebuilt_files(tmp_path: Path) -> None:
+    empty = LengthIndex.from_table(DocLengths.empty(), tmp_path / "e.bmxlen", ident="x")
+    assert len(empty) == 0 and empty.lookup(["a"], [None], [0], [1]) == [None]
+    assert empty.same_as(DocLengths.empty())
+    with pytest.raises(ValueError):
+        LengthIndex.open(tmp_path / "e.bmxlen", ident="y")  # built for another snapshot
+    with open(tmp_path / "e.bmxlen", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(ValueError):
+        LengthIndex.open(tmp_path / "e.bmxlen")  # not the size its header says
+    assert [p.name for p in tmp_path.iterdir()] == ["e.bmxlen"], "no temporary file left behind"
+
+
+def test_the_writer_checks_what_it_is_given(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        build(tmp_path / "x.bmxlen", 1, [([1, 2], [0, 0], [1, 1], [3, 4])])  # more than announced
+    writer = LengthIndexWriter(tmp_path / "y.bmxlen", 2)
+    writer.add([1], [0], [1], [3])
+    with pytest.raises(ValueError):
+        writer.finish()  # fewer than announced
+    with pytest.raises(ValueError):
+        build(tmp_path / "z.bmxlen", 1, [([1], [0], [0], [3])])  # primary terms start at 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_million_documents_in_at_most_8_bytes_each_exact(tmp_path: Path) -> None:
+    """The benchmark's table at 1 M entries (CI): the layout's size, every version found with its
+    length, changed versions None, a million absent versions never answered, and two processes
+    mapping the file share its pages."""
+    s = length_table.synthetic(1_000_000)
+    path = tmp_path / "m.bmxlen"
+    index = LengthIndex.from_table(s.table, path)
+    assert index.nbytes / len(index) <= 8.0
+    assert os.path.getsize(path) == index.nbytes
+    assert index.layout.escapes >= 100  # long documents answered from the escape table
+    assert index.same_as(s.table)
+    length_table.lookup_p50(index, length_table.windows(s, 200))  # raises on any wrong answer
+    assert length_table.absent_found(index, s, 1_000_000) == 0
+    del index
+    one, two = length_table.shared_memory(path, 2, lookups=5)
+    size = os.path.getsize(path)
+    for report in (one, two):
+        assert report["map_rss"] >= 0.9 * size  # every page resident in each process ...
+        assert report["map_pss"] <= 0.6 * size  # ... and counted half for each: one copy shared
+
+
+def test_file_names_follow_the_snapshot(tmp_path: Path) -> None:
+    def info(snapshot: str, uuid: str = "u") -> SnapshotInfo:
+        return SnapshotInfo(
+            snapshot, "idx", "body", 0, 0, 0, 1, 0, IndexMarks("idx", uuid, ()), True,
+            "2026-01-01T00:00:00+00:00", 1.0, "build", length_docs=3, length_chunks=1,
+        )  # fmt: skip
+
+    base = length_ident("http://a:9200", "bmx-stats", info("s1"))
+    assert base == length_ident("http://a:9200", "bmx-stats", info("s1"))
+    assert base != length_ident("http://a:9200", "bmx-stats", info("s2"))
+    assert base != length_ident("http://a:9200", "bmx-stats", info("s1", "v"))
+    assert base != length_ident("http://b:9200", "bmx-stats", info("s1"))
+    assert base != length_ident("http://a:9200", "other", info("s1"))
+
+
+async def test_the_file_lock_is_exclusive(tmp_path: Path) -> None:
+    import asyncio
+
+    order: list[str] = []
+
+    async def hold(name: str) -> None:
+        async with _file_lock(tmp_path / "l.lock", poll=0.01):
+            order.append(f"{name}+")
+            await asyncio.sleep(0.05)
+            order.append(f"{name}-")
+
+    await asyncio.gather(hold("a"), hold("b"))
+    assert order in (["a+", "a-", "b+", "b-"], ["b+", "b-", "a+", "a-"])
+
+
+def test_version_keys_make_an_update_a_new_key() -> None:
+    from bmx_rerank.stats.length_index import version_keys
+
+    keys = np.full(4, 12345, np.uint64)
+    a, b = version_keys(keys, np.array([0, 1, 0, 1]), np.array([1, 1, 2, 2]))
+    assert len(set(a.tolist())) == 4 and len(set(b.tolist())) == 4
