@@ -13,3 +13,7 @@ MAX_AUGMENT = 64  # augmented queries (WQA) per search: each costs an `_analyze`
 MAX_MSEARCH = 100  # items reranked per `_msearch`; the others get the cluster's own answer
 MAX_CONCURRENT_RERANKS = 32  # reranks running at once; each holds a window of hits in memory
 ON_OVERLOAD = "fallback"  # past that: the cluster's own answer, marked ("reject": a 429)
+# The guard: what the cluster would refuse, or what would harm it, is a 400/413 before it reaches it.
+MAX_DEPTH = 100  # JSON nesting levels of a search body (a query at 30 nested bools fits)
+MAX_QUERY_DEPTH = 30  # nested bool queries, Elasticsearch's indices.query.bool.max_nested_depth
+MAX_CONTENT_LENGTH = 100 << 20  # a search body's bytes, Elasticsearch's http.max_content_length

@@ -48,6 +48,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.guarded = Counter(
+            "bmx_guard_refused",
+            "Requests the guard kept from the cluster, by reason (depth, query_depth, unparsable_bmx, "
+            "content_length)",
+            ["reason"],
+            registry=self.registry,
+        )
+
     async def timed(self, call: str, awaitable: Awaitable[T]) -> T:
         """`awaitable`'s result, its time observed as one upstream call named `call`."""
         start = time.perf_counter()

@@ -229,6 +229,25 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Search/msearch body bytes read (after decompression); a larger body goes to the cluster unread.",
 )
 @click.option(
+    "--max-content-length",
+    type=ByteSize(),
+    default=defaults.MAX_CONTENT_LENGTH,
+    help="Largest search/msearch body sent to the cluster (its http.max_content_length); past it a 413. "
+    "0: no limit.",
+)
+@click.option(
+    "--max-depth",
+    type=click.IntRange(0, 1000),
+    default=defaults.MAX_DEPTH,
+    help="JSON nesting levels of a search/msearch body; deeper is a 400 before the cluster sees it. 0: off.",
+)
+@click.option(
+    "--max-query-depth",
+    type=click.IntRange(min=0),
+    default=defaults.MAX_QUERY_DEPTH,
+    help="Nested bool queries (the cluster's indices.query.bool.max_nested_depth); deeper is a 400. 0: off.",
+)
+@click.option(
     "--max-window", type=click.IntRange(1, MAX_WINDOW), default=MAX_WINDOW, help="Largest rerank window."
 )
 @click.option(
@@ -288,6 +307,9 @@ def command(
     workers: int,
     loop: str,
     max_body: int,
+    max_content_length: int,
+    max_depth: int,
+    max_query_depth: int,
     max_window: int,
     max_augment: int,
     max_msearch: int,
@@ -335,6 +357,9 @@ def command(
         cache_bytes=cache_bytes,
         widen=widen,
         max_body=max_body,
+        max_content_length=max_content_length,
+        max_depth=max_depth,
+        max_query_depth=max_query_depth,
         max_window=max_window,
         max_augment=max_augment,
         max_msearch=max_msearch,

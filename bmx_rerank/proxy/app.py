@@ -20,7 +20,7 @@ from bmx_rerank.identity import basic_auth, forwardable_headers
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
-from bmx_rerank.proxy.bodies import TooLarge, stream_body
+from bmx_rerank.proxy.bodies import ContentTooLong, TooLarge, refuse, stream_body
 from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
 from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
 from bmx_rerank.proxy.msearch import msearch
@@ -142,7 +142,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 resp = await (search(request, index) if kind == "search" else msearch(request, index))
             except TooLarge as big:
                 kind = "passthrough"
-                resp = await forward(request, big.body(request))
+                try:
+                    resp = await forward(request, big.body(request))
+                except Exception as exc:  # the body passed --max-content-length on the way: cut
+                    if not big.cut:
+                        raise
+                    raise ContentTooLong(big.max_content or 0) from exc
         else:
             resp = await forward(request, stream_body(request))
         status = resp.status
@@ -150,6 +155,9 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     except SearchError as err:
         metrics.errors.labels(err.type).inc()
         resp = error_response(err)
+        if isinstance(err, ContentTooLong):  # the rest of the body is not read: the connection ends
+            refuse(request, metrics, "content_length", length=request.content_length)
+            resp.force_close()
         status = resp.status
         return resp
     except ConnectionResetError:

@@ -45,6 +45,11 @@ class ProxyConfig:
     max_concurrent_reranks: int = defaults.MAX_CONCURRENT_RERANKS  # reranks (searches or msearches) at once
     on_overload: str = defaults.ON_OVERLOAD  # past that: the cluster's own answer, marked, or "reject" (429)
     identity_headers: Sequence[str] = IDENTITY_HEADERS  # what tells callers apart (caches, statistics)
+    # The guard (0: off): search bodies nested deeper, bool queries nested deeper, or search bodies
+    # larger than the cluster accepts are refused (400, 400, 413) before they reach it.
+    max_depth: int = defaults.MAX_DEPTH
+    max_query_depth: int = defaults.MAX_QUERY_DEPTH
+    max_content_length: int = defaults.MAX_CONTENT_LENGTH
 
     def __post_init__(self) -> None:
         if self.on_overload not in ON_OVERLOAD:
@@ -52,6 +57,8 @@ class ProxyConfig:
         for name in ("max_body", "max_window", "max_msearch", "max_concurrent_reranks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if min(self.max_depth, self.max_query_depth, self.max_content_length) < 0:
+            raise ValueError("max_depth, max_query_depth and max_content_length must be >= 0 (0: off)")
         if self.max_augment < 0 or self.cache_bytes < 0:
             raise ValueError("max_augment and cache_bytes must be >= 0")
         if self.timeout <= 0 or self.connect_timeout <= 0:

@@ -13,7 +13,16 @@ from aiohttp import web
 
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
-from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
+from bmx_rerank.proxy.bodies import (
+    THREAD_BYTES,
+    Unparsable,
+    guard_parsed,
+    guard_unparsable,
+    parse,
+    read_json_body,
+    too_deep,
+    too_deep_error,
+)
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
@@ -23,6 +32,7 @@ from bmx_rerank.proxy.framing import (
     unreadable_format,
 )
 from bmx_rerank.proxy.relay import call, forward
+from bmx_rerank.proxy.search import guard_length
 from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.pipeline import Answer
 from bmx_rerank.rerank.plan import Plan, asks_bmx
@@ -52,14 +62,19 @@ def item_index(header: Mapping[str, Any], default: str | None) -> str | None:
 async def msearch(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
     config = state.config
-    raw, decoded = await read_json_body(request, config.max_body)
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
     chunks = [line for line in decoded.split(b"\n") if line.strip()]
     lines = (
         await asyncio.to_thread(parse_ndjson, decoded)
         if len(decoded) > THREAD_BYTES
         else parse_ndjson(decoded)
     )
-    if lines is None or len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
+    if lines is None:
+        await guard_unparsable(request, decoded, config.max_depth, state.metrics)
+        return await forward(request, raw or None)
+    for line in lines:
+        guard_parsed(request, line, config.max_depth, config.max_query_depth, state.metrics)
+    if len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await forward(request, raw or None)
     headers = forwardable_headers(client_headers(request))
     # Per item: None when it goes up as sent, else its plan (a rerank, or ext.bmx removed and why).

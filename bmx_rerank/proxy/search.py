@@ -11,7 +11,16 @@ from aiohttp import web
 
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
-from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
+from bmx_rerank.proxy.bodies import (
+    THREAD_BYTES,
+    Unparsable,
+    guard_parsed,
+    guard_unparsable,
+    parse,
+    read_json_body,
+    too_deep,
+    too_deep_error,
+)
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
@@ -30,11 +39,16 @@ MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for 
 
 async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
-    raw, decoded = await read_json_body(request, state.config.max_body)
+    config = state.config
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
     body = await parse(decoded)
-    if body is Unparsable or (body is not None and not isinstance(body, dict)):
+    if body is Unparsable:
+        await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)
-    if body is not None and too_deep(body):
+    guard_parsed(request, body, config.max_depth, config.max_query_depth, state.metrics)
+    if body is not None and not isinstance(body, dict):
+        return await forward(request, raw or None)
+    if body is not None and too_deep(body):  # deeper than a rerank rewrites (--max-depth may allow it)
         if asks_bmx(body):
             raise too_deep_error()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
@@ -52,6 +66,11 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
     return await rerank(request, index, plan, headers)
+
+
+def guard_length(request: web.Request) -> int | None:
+    """The largest search body the cluster is sent (None: no limit)."""
+    return request.app[STATE].config.max_content_length or None
 
 
 async def rerank(
