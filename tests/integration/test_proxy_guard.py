@@ -117,7 +117,7 @@ def test_bodies_that_harm_a_node_never_reach_it(guarded, data, path):
         data, headers = b"{}\n" + data + b"\n", {"Content-Type": "application/x-ndjson"}
     status, answer = send(proxy.url, f"/{index}/{path}", data, headers)
     assert status == 400 and answer["error"]["type"] == "x_content_parse_exception", answer
-    with urllib.request.urlopen(engine.url + "/", timeout=10) as resp:
+    with urllib.request.urlopen(engine.url + "/_cluster/health", timeout=10) as resp:
         assert resp.status == 200, "the node is up"
     status, answer = send(proxy.url, f"/{index}/_search", json.dumps(bmx()).encode(), JSON)
     assert status == 200 and answer["_bmx"]["reranked"] is True
