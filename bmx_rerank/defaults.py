@@ -4,6 +4,7 @@ place, so the three cannot drift apart."""
 from __future__ import annotations
 
 TIMEOUT = 60.0  # seconds a call to the cluster may take
+DEADLINE = 60.0  # seconds for everything one reranked search does (0: none, each call --timeout)
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection to a node
 ON_RERANK_ERROR = "fallback"  # a failed rerank answers with the cluster's own ranking, marked
 CACHE_BYTES = 256 << 20  # term-vector cache, bytes (estimated)

@@ -176,6 +176,13 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--timeout", type=POSITIVE, default=defaults.TIMEOUT, help="Seconds to wait for the cluster.")
 @click.option(
+    "--deadline",
+    type=click.FloatRange(min=0),
+    default=defaults.DEADLINE,
+    help="Seconds for everything one reranked search does (first stage and sidecar calls together); "
+    "past it the cluster's answer marked skipped; reason=deadline, or a 504. 0: none.",
+)
+@click.option(
     "--connect-timeout",
     type=POSITIVE,
     default=defaults.CONNECT_TIMEOUT,
@@ -297,6 +304,7 @@ def command(
     policy_file: str | None,
     on_rerank_error: str,
     timeout: float,
+    deadline: float,
     connect_timeout: float,
     cache_bytes: int,
     widen: bool,
@@ -353,6 +361,7 @@ def command(
         policies=rules,
         on_rerank_error=on_rerank_error,
         timeout=timeout,
+        deadline=deadline,
         connect_timeout=connect_timeout,
         cache_bytes=cache_bytes,
         widen=widen,

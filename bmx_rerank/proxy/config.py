@@ -28,6 +28,9 @@ class ProxyConfig:
     on_rerank_error: str = defaults.ON_RERANK_ERROR
     timeout: float = defaults.TIMEOUT  # first stage and sidecar calls, seconds
     connect_timeout: float = defaults.CONNECT_TIMEOUT
+    # One budget for everything a reranked search does (first stage, analysis, term vectors,
+    # statistics), seconds; ext.bmx.deadline and the search's `timeout` may lower it. 0: none.
+    deadline: float = defaults.DEADLINE
     cache_bytes: int = defaults.CACHE_BYTES  # term-vector cache, bytes (estimated)
     widen: bool = True
     # Term frequencies from the first stage (rerank/probing): "auto" probes new windows only, "on"
@@ -61,6 +64,8 @@ class ProxyConfig:
             raise ValueError("max_depth, max_query_depth and max_content_length must be >= 0 (0: off)")
         if self.max_augment < 0 or self.cache_bytes < 0:
             raise ValueError("max_augment and cache_bytes must be >= 0")
+        if self.deadline < 0:
+            raise ValueError("deadline must be >= 0 seconds (0: none)")
         if self.timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("timeouts must be > 0 seconds")
         if isinstance(self.tf_probes, bool):

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bmx_rerank.deadline import within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
@@ -32,7 +33,7 @@ from bmx_rerank.proxy.framing import (
     unreadable_format,
 )
 from bmx_rerank.proxy.relay import call, forward
-from bmx_rerank.proxy.search import guard_length
+from bmx_rerank.proxy.search import guard_length, search_deadline
 from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.pipeline import Answer
 from bmx_rerank.rerank.plan import Plan, asks_bmx
@@ -126,7 +127,8 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
         readable = data if isinstance(data, dict) and isinstance(data.get("responses"), list) else None
         return Answer(status, readable, (status, answer_headers, payload))
 
-    with state.admission.slot() if reranked else contextlib.nullcontext():
+    deadline = search_deadline(request, None, *(p for _, p in searches.values()))
+    with state.admission.slot() if reranked else contextlib.nullcontext(), within(deadline):
         answer, bodies = await state.rerank.rerank_each(searches, headers, first_stage)
     status, answer_headers, payload = answer.raw
     if answer.data is None:

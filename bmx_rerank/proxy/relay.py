@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from bmx_rerank.deadline import budget, current
 from bmx_rerank.errors import bad_request, timed_out, unreachable
 from bmx_rerank.proxy.bodies import BAD_ENCODING
 from bmx_rerank.proxy.config import STATE
@@ -89,7 +90,7 @@ async def call(
                 headers=json_headers(request),
                 skip_auto_headers=SKIP_AUTO,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=state.config.timeout),
+                timeout=aiohttp.ClientTimeout(total=budget(state.config.timeout)),
             ) as resp:
                 payload = await resp.read()
                 headers = CIMultiDict(resp.headers)
@@ -114,6 +115,12 @@ def upstream_failures(request: web.Request) -> Iterator[None]:
     try:
         yield
     except asyncio.TimeoutError as exc:
+        deadline = current()
+        if deadline is not None and deadline.expired():
+            raise timed_out(
+                f"{request.method} {request.path}: no answer within the request's deadline of "
+                f"{deadline.seconds:g}s (--deadline)"
+            ) from exc
         timeout = request.app[STATE].config.timeout
         raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
     except aiohttp.ClientError as exc:

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bmx_rerank.deadline import Deadline, request_budget, time_value, within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
@@ -65,7 +66,7 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
         return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
-    return await rerank(request, index, plan, headers)
+    return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
 
 
 def guard_length(request: web.Request) -> int | None:
@@ -73,10 +74,24 @@ def guard_length(request: web.Request) -> int | None:
     return request.app[STATE].config.max_content_length or None
 
 
+def search_deadline(request: web.Request, body: Any, *plans: Plan) -> Deadline | None:
+    """One budget for the whole search: `--deadline`, lowered by `ext.bmx.deadline` and by the search's
+    own `timeout` (query parameter or body), where given."""
+    timeout = request.query.get("timeout")
+    if timeout is None and isinstance(body, dict):
+        timeout = body.get("timeout")
+    own = [p.spec.deadline for p in plans if p.spec is not None]
+    return request_budget(request.app[STATE].config.deadline, time_value(timeout), *own)
+
+
 async def rerank(
-    request: web.Request, index: str, plan: Plan, headers: Mapping[str, str]
+    request: web.Request,
+    index: str,
+    plan: Plan,
+    headers: Mapping[str, str],
+    deadline: Deadline | None = None,
 ) -> web.StreamResponse:
-    """The pipeline's rerank, its first stage sent to the request's own path."""
+    """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`."""
     state = request.app[STATE]
 
     async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
@@ -85,7 +100,7 @@ async def rerank(
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))
 
-    with state.admission.slot():
+    with state.admission.slot(), within(deadline):
         outcome = await state.rerank.rerank(index, plan, headers, first_stage)
     answer_headers, payload = outcome.answer.raw
     if outcome.body is None or outcome.marker is None:

@@ -18,7 +18,7 @@ class Rule:
     """A fault for requests whose `METHOD path` matches `pattern`."""
 
     pattern: str
-    action: str  # status:N | reset | truncate | garbage | stall | close
+    action: str  # status:N | reset | truncate | garbage | stall | close | delay:SECONDS
 
 
 @dataclass
@@ -87,6 +87,10 @@ class FaultInjector:
             assert self.released is not None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.released.wait(), 60)
+        if action.startswith("delay:"):  # slow, then answered as the engine answers
+            await asyncio.sleep(float(action.split(":")[1]))
+            status, headers, payload = await self._upstream(request)
+            return web.Response(status=status, headers=headers, body=payload)
         transport = request.transport
         if action == "close":
             assert transport is not None
