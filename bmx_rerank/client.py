@@ -30,6 +30,7 @@ import aiohttp
 
 from bmx_rerank import defaults
 from bmx_rerank.applied import AppliedConfigs
+from bmx_rerank.deadline import request_budget, within
 from bmx_rerank.identity import basic_auth as upstream_basic_auth
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
@@ -223,9 +224,19 @@ class _Core:
         return bounded_plan(body_map, query_strings(params), policy, self.bounds)
 
     async def rerank(
-        self, index: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
+        self,
+        index: str,
+        plan: Plan,
+        headers: Mapping[str, str],
+        first_stage: FirstStage,
+        request_timeout: Any = None,
     ) -> Outcome:
-        return await self._ready().rerank(index, plan, headers, first_stage)
+        """The rerank, within one deadline: the client's `request_timeout` and `ext.bmx.deadline`,
+        where given (the wrapped client bounds each of its own requests as usual)."""
+        own = plan.spec.deadline if plan.spec is not None else None
+        timeout = request_timeout if isinstance(request_timeout, (int, float)) else None
+        with within(request_budget(0, timeout, own)):
+            return await self._ready().rerank(index, plan, headers, first_stage)
 
     def _ready(self) -> Reranker:
         if self.reranker is None:
@@ -295,6 +306,14 @@ def _declined(response: Any, plan: Plan) -> Any:
     answer = _plain(response)
     answer["_bmx"] = {"reranked": False, "skipped": plan.skipped}
     return _rewrap(response, answer)
+
+
+def _request_timeout(view: Any, transport: Mapping[str, Any]) -> Any:
+    """The caller's `request_timeout` (opensearch-py: a transport param; elasticsearch-py: an option
+    of the client view, `client.options(request_timeout=...)`), or None."""
+    if "request_timeout" in transport:
+        return transport["request_timeout"]
+    return getattr(view, "_request_timeout", None)
 
 
 def _split_transport(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -446,7 +465,8 @@ class AsyncBMXClient(_Wrapper):
                     raise
                 return refused
 
-        return _result(await self._core.rerank(index, plan, headers, first_stage))
+        timeout = _request_timeout(view, transport)
+        return _result(await self._core.rerank(index, plan, headers, first_stage, timeout))
 
     def options(self, **kwargs: Any) -> AsyncBMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar."""
@@ -503,7 +523,8 @@ class BMXClient(_Wrapper):
                     raise
                 return refused
 
-        return _result(self._run(self._core.rerank(index, plan, headers, first_stage)))
+        timeout = _request_timeout(view, transport)
+        return _result(self._run(self._core.rerank(index, plan, headers, first_stage, timeout)))
 
     def options(self, **kwargs: Any) -> BMXClient:
         """`client.options(...)` (elasticsearch-py), still reranking with the same sidecar and loop."""
