@@ -18,3 +18,4 @@ ON_OVERLOAD = "fallback"  # past that: the cluster's own answer, marked ("reject
 MAX_DEPTH = 100  # JSON nesting levels of a search body (a query at 30 nested bools fits)
 MAX_QUERY_DEPTH = 30  # nested bool queries, Elasticsearch's indices.query.bool.max_nested_depth
 MAX_CONTENT_LENGTH = 100 << 20  # a search body's bytes, Elasticsearch's http.max_content_length
+MAX_IN_FLIGHT = 256 << 20  # bytes of search bodies and answers held at once, all requests together

@@ -243,6 +243,13 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     "0: no limit.",
 )
 @click.option(
+    "--max-in-flight",
+    type=ByteSize(),
+    default=defaults.MAX_IN_FLIGHT,
+    help="Bytes of search bodies and first-stage answers held at once, all requests together; past it a "
+    "429 circuit_breaking_exception. 0: no budget.",
+)
+@click.option(
     "--max-depth",
     type=click.IntRange(0, 1000),
     default=defaults.MAX_DEPTH,
@@ -316,6 +323,7 @@ def command(
     loop: str,
     max_body: int,
     max_content_length: int,
+    max_in_flight: int,
     max_depth: int,
     max_query_depth: int,
     max_window: int,
@@ -367,6 +375,7 @@ def command(
         widen=widen,
         max_body=max_body,
         max_content_length=max_content_length,
+        max_in_flight=max_in_flight,
         max_depth=max_depth,
         max_query_depth=max_query_depth,
         max_window=max_window,

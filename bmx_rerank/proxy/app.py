@@ -23,6 +23,7 @@ from bmx_rerank.proxy.admission import Admission
 from bmx_rerank.proxy.bodies import ContentTooLong, TooLarge, refuse, stream_body
 from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
 from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
+from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
 from bmx_rerank.proxy.search import MARKER, search
@@ -65,7 +66,8 @@ def make_app(
         max_running=config.max_concurrent_reranks,
         reject=config.on_overload == "reject",
     )
-    state = ProxyState(config, pool.base, pool.nodes, metrics, admission)
+    memory = InFlight(config.max_in_flight, metrics)
+    state = ProxyState(config, pool.base, pool.nodes, metrics, admission, memory)
     app = web.Application(middlewares=[_no_route])
     app[STATE] = state
 
@@ -138,6 +140,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         route = search_route(request.method, request.path)
         if route is not None:
             kind, index = route
+            request[ACCOUNT] = state.memory.account()
             try:
                 resp = await (search(request, index) if kind == "search" else msearch(request, index))
             except TooLarge as big:
@@ -157,6 +160,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         resp = error_response(err)
         if isinstance(err, ContentTooLong):  # the rest of the body is not read: the connection ends
             refuse(request, metrics, "content_length", length=request.content_length)
+        if isinstance(err, (ContentTooLong, CircuitBreaking)) and not request.content.at_eof():
             resp.force_close()
         status = resp.status
         return resp
@@ -170,6 +174,9 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         status = resp.status
         return resp
     finally:
+        account = request.get(ACCOUNT)
+        if account is not None:
+            account.release()
         marker = request.get(MARKER)
         metrics.requests.labels(marker.kind if marker else kind).inc()
         log.info(

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.proxy.memory import charge
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -90,17 +91,22 @@ async def read_json_body(
     parts: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(CHUNK):
+        charge(request, len(chunk))  # the in-flight budget: what is read, and what it inflates to
         parts.append(chunk)
         size += len(chunk)
         if inflater is not None:
+            before = inflater.size
             inflater.feed(chunk)
+            charge(request, inflater.size - before)
         if max_content is not None and size > max_content:
             raise ContentTooLong(max_content)
         if size > limit or (inflater is not None and inflater.size > limit):
             raise TooLarge(b"".join(parts), max_content)
+    charge(request, size)  # the joined copy
     raw = b"".join(parts)
     if inflater is None or not raw:
         return raw, raw
+    charge(request, inflater.size)
     return raw, inflater.result()
 
 
@@ -175,8 +181,11 @@ def loads(data: bytes) -> Any:
         return Unparsable
 
 
-async def parse(data: bytes) -> Any:
-    """`loads`, in a worker thread for large payloads."""
+async def parse(data: bytes, request: web.Request | None = None) -> Any:
+    """`loads`, in a worker thread for large payloads; with `request`, the parsed value is charged to
+    its in-flight budget (estimated as the size of the text) before it is made."""
+    if request is not None:
+        charge(request, len(data))
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(loads, data)
     return loads(data)
@@ -250,6 +259,7 @@ async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, met
         return
     depth = 0
     if limit:
+        charge(request, len(decoded))  # the copy the count makes
         big = len(decoded) > THREAD_BYTES
         depth = await asyncio.to_thread(raw_depth, decoded) if big else raw_depth(decoded)
     if limit and depth > limit:

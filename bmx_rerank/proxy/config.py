@@ -14,6 +14,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession
 from bmx_rerank.policy import Rule
 from bmx_rerank.proxy.admission import Admission
+from bmx_rerank.proxy.memory import InFlight
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
@@ -53,6 +54,9 @@ class ProxyConfig:
     max_depth: int = defaults.MAX_DEPTH
     max_query_depth: int = defaults.MAX_QUERY_DEPTH
     max_content_length: int = defaults.MAX_CONTENT_LENGTH
+    # Bytes of search bodies (read, inflated, parsed) and first-stage answers held at once, all requests
+    # together; past it a 429 circuit_breaking_exception. 0: none.
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if self.on_overload not in ON_OVERLOAD:
@@ -60,7 +64,7 @@ class ProxyConfig:
         for name in ("max_body", "max_window", "max_msearch", "max_concurrent_reranks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.max_depth, self.max_query_depth, self.max_content_length) < 0:
+        if min(self.max_depth, self.max_query_depth, self.max_content_length, self.max_in_flight) < 0:
             raise ValueError("max_depth, max_query_depth and max_content_length must be >= 0 (0: off)")
         if self.max_augment < 0 or self.cache_bytes < 0:
             raise ValueError("max_augment and cache_bytes must be >= 0")
@@ -84,6 +88,7 @@ class ProxyState:
     nodes: Sequence[str]
     metrics: Metrics
     admission: Admission
+    memory: InFlight
     session: FailoverSession | None = None  # client traffic, byte-exact (no decompression)
     reranker: Reranker | None = None
 

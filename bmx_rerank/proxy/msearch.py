@@ -32,6 +32,7 @@ from bmx_rerank.proxy.framing import (
     raw_response,
     unreadable_format,
 )
+from bmx_rerank.proxy.memory import charge
 from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.proxy.search import guard_length, search_deadline
 from bmx_rerank.rerank import filter_path
@@ -64,6 +65,7 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
     state = request.app[STATE]
     config = state.config
     raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
+    charge(request, 2 * len(decoded))  # its lines, and their parsed values
     chunks = [line for line in decoded.split(b"\n") if line.strip()]
     lines = (
         await asyncio.to_thread(parse_ndjson, decoded)
@@ -123,7 +125,7 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
             )
         )
         status, answer_headers, payload = await call(request, params, out, "msearch")
-        data = await parse(payload) if status < 300 else Unparsable
+        data = await parse(payload, request) if status < 300 else Unparsable
         readable = data if isinstance(data, dict) and isinstance(data.get("responses"), list) else None
         return Answer(status, readable, (status, answer_headers, payload))
 

@@ -42,7 +42,7 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
     config = state.config
     raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
-    body = await parse(decoded)
+    body = await parse(decoded, request)
     if body is Unparsable:
         await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)
@@ -96,7 +96,7 @@ async def rerank(
 
     async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
         status, answer_headers, payload = await call(request, params, orjson.dumps(body), "search")
-        data = await parse(payload) if status < 300 else Unparsable
+        data = await parse(payload, request) if status < 300 else Unparsable
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))
 
