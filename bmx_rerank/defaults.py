@@ -19,3 +19,8 @@ MAX_DEPTH = 100  # JSON nesting levels of a search body (a query at 30 nested bo
 MAX_QUERY_DEPTH = 30  # nested bool queries, Elasticsearch's indices.query.bool.max_nested_depth
 MAX_CONTENT_LENGTH = 100 << 20  # a search body's bytes, Elasticsearch's http.max_content_length
 MAX_IN_FLIGHT = 256 << 20  # bytes of search bodies and answers held at once, all requests together
+# Client connections: closed when idle this long between requests (or before the first), when a request
+# head takes longer than this to arrive, and the oldest idle one when a new one would pass the cap.
+IDLE_TIMEOUT = 75.0
+HEADER_TIMEOUT = 30.0
+MAX_CONNECTIONS = 50_000  # at most; by default the file-descriptor limit less a reserve

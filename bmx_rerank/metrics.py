@@ -77,6 +77,17 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.client_connections = Gauge(
+            "bmx_client_connections", "Client connections open now", registry=self.registry
+        )
+        self.connections_closed = Counter(
+            "bmx_client_connections_closed",
+            "Client connections the limits closed, by reason (idle, header_timeout, cap: the oldest idle "
+            "one made room, cap_refused: none was idle)",
+            ["reason"],
+            registry=self.registry,
+        )
+
     async def timed(self, call: str, awaitable: Awaitable[T]) -> T:
         """`awaitable`'s result, its time observed as one upstream call named `call`."""
         start = time.perf_counter()

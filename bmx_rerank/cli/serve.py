@@ -22,6 +22,7 @@ from bmx_rerank.logs import json_log_handler
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, serve_forever
+from bmx_rerank.proxy.server import ConnectionLimits, raise_fd_limit
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.source import statistics_source
@@ -243,6 +244,25 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     "0: no limit.",
 )
 @click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0),
+    default=defaults.IDLE_TIMEOUT,
+    help="Seconds a client connection may sit idle (before its first request or between two). 0: no limit.",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0),
+    default=defaults.HEADER_TIMEOUT,
+    help="Seconds from a request's first byte to its last header. 0: no limit.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Open client connections; past it the oldest idle one is closed for the new one. Default: the "
+    "file-descriptor limit (raised to its hard limit) less 1024. 0: no cap.",
+)
+@click.option(
     "--max-in-flight",
     type=ByteSize(),
     default=defaults.MAX_IN_FLIGHT,
@@ -323,6 +343,9 @@ def command(
     loop: str,
     max_body: int,
     max_content_length: int,
+    idle_timeout: float,
+    header_timeout: float,
+    max_connections: int | None,
     max_in_flight: int,
     max_depth: int,
     max_query_depth: int,
@@ -395,10 +418,18 @@ def command(
     fields = {"listen": f"{'https' if listener else 'http'}://{host}:{port}", "upstream": list(nodes)}
     logging.getLogger("bmx_rerank.proxy").info("serving", extra={"fields": {**fields, "workers": workers}})
 
+    raise_fd_limit()
+    limits = ConnectionLimits(idle_timeout, header_timeout, max_connections)
+
     def serve() -> None:
         install_loop(loop)
         serve_forever(
-            make_app(config, stats_source), host, port, ssl_context=listener, reuse_port=workers > 1
+            make_app(config, stats_source),
+            host,
+            port,
+            ssl_context=listener,
+            reuse_port=workers > 1,
+            limits=limits,
         )
 
     try:
