@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from yarl import URL
 
 from bmx_rerank.applied import AppliedConfigs
@@ -129,6 +129,18 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     kind = "passthrough"
     status = 0
     try:
+        if request.version not in (HttpVersion10, HttpVersion11):
+            # As Elasticsearch answers (a 400 naming the version), but on an HTTP/1.1 status line: the
+            # server would echo the request's version, which no HTTP/1.x client parses.
+            version = f"HTTP/{request.version.major}.{request.version.minor}"
+            request._version = HttpVersion11  # type: ignore[misc]  # the status line's version (a
+            request._cache["version"] = HttpVersion11  # reified property: its cache too)
+            err = bad_request(f"Unexpected http protocol version: {version}")
+            metrics.errors.labels(err.type).inc()
+            resp = error_response(err)
+            resp.force_close()
+            status = resp.status
+            return resp
         if request.method not in METHODS:  # as Elasticsearch answers; OpenSearch would hang up
             raise SearchError(
                 405, "method_not_allowed_exception", f"Unexpected http method: {request.method[:64]}"

@@ -409,12 +409,14 @@ def test_statistics_index_unreadable_falls_back_marked(setup: Setup, action: str
 
 
 def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus):
-    """A proxy through a round of every fault, 5 times over: fds and RSS where they were after warm-up."""
+    """A proxy through a round of every fault, 5 times over: fds and RSS where they were after warm-up.
+    Term frequencies from `_mtermvectors` (probes off), so its faults fire; each fault is asserted to
+    have been hit, so "after N faults" counts faults that happened."""
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url)
     irunner, iurl = loop.run(start_server(injector.app()))
     app = make_app(
-        ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT),
+        ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT, tf_probes="off"),
         lambda session, base: StatsCache(
             session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT
         ),
@@ -431,12 +433,18 @@ def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus)
             Rule("_mtermvectors", "close"),
         ]
         faults += [Rule("_mtermvectors", "stall"), Rule(re.escape(f"/{corpus.store}"), "status:403")]
-        for _ in range(5):
+        happened = 0
+        for round_ in range(5):
             for rule in faults:
                 injector.rules[:] = [rule]
-                call(purl, "POST", f"/{corpus.index}/_search", reranked())
+                before = len(injector.hits)
+                # a query of its own per round: its window is not cached, so its term vectors are read
+                call(purl, "POST", f"/{corpus.index}/_search", reranked(f"{WORDS[round_]} alpha"))
                 call(purl, "POST", f"/{corpus.index}/_search", plain())
+                assert len(injector.hits) > before, f"round {round_}: the fault {rule} never fired"
+                happened += len(injector.hits) - before
             assert_serving(setup)
+        assert happened >= 5 * len(faults)
         time.sleep(0.5)
         assert open_fds() <= fds + 4, f"{open_fds()} open fds, {fds} after warm-up"
         assert rss_mib() <= rss + 30, f"RSS {rss_mib():.0f} MiB, {rss:.0f} MiB after warm-up"
