@@ -86,9 +86,12 @@ def time_value(value: object) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def request_budget(configured: float, *limits: float | None) -> Deadline | None:
+def request_budget(configured: float, *limits: float | None, since: float | None = None) -> Deadline | None:
     """The deadline of a request: the configured budget (0: none), lowered by the request's own
-    limits (ext.bmx.deadline, the search's `timeout`, a client's `request_timeout`) where given."""
+    limits (ext.bmx.deadline, the search's `timeout`, a client's `request_timeout`) where given,
+    counted from `since` (a `time.monotonic()`; default now)."""
     given = [x for x in limits if x is not None and x > 0]
     seconds = min([configured, *given] if configured > 0 else given, default=None)
-    return None if seconds is None else Deadline.after(seconds)
+    if seconds is None:
+        return None
+    return Deadline((time.monotonic() if since is None else since) + seconds, seconds)

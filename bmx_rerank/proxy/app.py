@@ -26,7 +26,7 @@ from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
 from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
-from bmx_rerank.proxy.search import MARKER, search
+from bmx_rerank.proxy.search import ARRIVED, MARKER, search
 from bmx_rerank.rerank.candidates import TermVectorCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
@@ -153,6 +153,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         if route is not None:
             kind, index = route
             request[ACCOUNT] = state.memory.account()
+            request[ARRIVED] = time.monotonic()
             try:
                 resp = await (search(request, index) if kind == "search" else msearch(request, index))
             except TooLarge as big:

@@ -36,6 +36,9 @@ from bmx_rerank.rerank.pipeline import Answer, Marker, skipped
 from bmx_rerank.rerank.plan import Plan, asks_bmx
 
 MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for the request's metrics
+ARRIVED = web.RequestKey(
+    "bmx_arrived", float
+)  # time.monotonic() when the request came: its deadline counts from it
 
 
 async def search(request: web.Request, index: str | None) -> web.StreamResponse:
@@ -75,13 +78,14 @@ def guard_length(request: web.Request) -> int | None:
 
 
 def search_deadline(request: web.Request, body: Any, *plans: Plan) -> Deadline | None:
-    """One budget for the whole search: `--deadline`, lowered by `ext.bmx.deadline` and by the search's
-    own `timeout` (query parameter or body), where given."""
+    """One budget for the whole search, counted from its arrival: `--deadline`, lowered by
+    `ext.bmx.deadline` and by the search's own `timeout` (query parameter or body), where given."""
     timeout = request.query.get("timeout")
     if timeout is None and isinstance(body, dict):
         timeout = body.get("timeout")
     own = [p.spec.deadline for p in plans if p.spec is not None]
-    return request_budget(request.app[STATE].config.deadline, time_value(timeout), *own)
+    config = request.app[STATE].config
+    return request_budget(config.deadline, time_value(timeout), *own, since=request.get(ARRIVED))
 
 
 async def rerank(

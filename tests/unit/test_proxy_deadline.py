@@ -119,3 +119,27 @@ async def test_within_the_deadline_it_reranks(slow):
         assert status == 200 and headers["X-BMX-Rerank"] == "bmx", body
     finally:
         await runner.cleanup()
+
+
+async def test_an_msearch_past_its_deadline_answers_its_items_marked(slow):
+    fake, upstream = slow
+    runner, url = await run_proxy(
+        upstream, timeout=5.0, deadline=1.0
+    )  # planning reads the applied configuration: 0.4 s of it
+    lines = [{"index": "docs"}, search(), {"index": "docs"}, {"query": {"match_all": {}}, "size": 2}]
+    data = "".join(__import__("json").dumps(x) + "\n" for x in lines)
+    try:
+        async with aiohttp.ClientSession() as client:
+            start = time.perf_counter()
+            async with client.post(
+                f"{url}/docs/_msearch", data=data, headers={"Content-Type": "application/x-ndjson"}
+            ) as resp:
+                body = await resp.json()
+                seconds = time.perf_counter() - start
+        assert seconds < 1.0 + 0.3, seconds
+        assert resp.status == 200, body
+        first, second = body["responses"]
+        assert first["_bmx"]["skipped"] == "deadline" and len(first["hits"]["hits"]) == 3
+        assert "_bmx" not in second and len(second["hits"]["hits"]) == 2
+    finally:
+        await runner.cleanup()
