@@ -63,8 +63,10 @@ def raise_fd_limit() -> int:
 
 
 class _Connections:
-    """The open client connections, oldest first; closes the oldest idle one when a new one would pass
-    the cap (or the new one, when none is idle), and counts and logs what it closes."""
+    """The open client connections, least recently active first; closes the one idle longest when a new
+    one would pass the cap (or the new one, when none is idle), and counts and logs what it closes. A
+    busy client's keep-alive connection, idle for a moment between two requests, is never the first to
+    go while connections sit idle for longer."""
 
     def __init__(self, limits: ConnectionLimits, metrics: Metrics | None) -> None:
         self.limits = limits
@@ -86,6 +88,10 @@ class _Connections:
         self.open[handler] = None
         self._gauge()
         return True
+
+    def active(self, handler: _EsShapedErrors) -> None:
+        if handler in self.open:
+            self.open.move_to_end(handler)
 
     def lost(self, handler: _EsShapedErrors) -> None:
         if self.open.pop(handler, 0) is None:
@@ -146,6 +152,7 @@ class _EsShapedErrors(web_protocol.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         count = self._request_count
+        self._bmx_connections.active(self)
         super().data_received(data)
         if self._request_count != count or self._request_in_progress:
             self._cancel_head_timer()  # a whole request head arrived (or a body is being read)

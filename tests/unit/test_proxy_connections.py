@@ -1,6 +1,6 @@
 """Client connection limits: an idle connection is closed after `--idle-timeout`, a request head
 trickling in is closed after `--header-timeout`, and past `--max-connections` the oldest idle connection
-makes room for the new one, so a normal request is always answered; each counted in the metrics."""
+(the one idle longest) makes room for the new one, so a normal request is always answered; each counted in the metrics."""
 
 from __future__ import annotations
 
@@ -81,8 +81,11 @@ async def test_past_the_cap_the_oldest_idle_connection_makes_room(upstream):
         for _ in range(5):
             socks.append(socket.create_connection(addr))
         await asyncio.sleep(0.1)
+        socks[0].sendall(b"GET /_bmx/health HTTP/1.1\r\nHost: x\r\n\r\n")  # the oldest, but active
+        await asyncio.sleep(0.2)
         assert b"200 OK" in await get(addr), "a normal request is answered at the cap"
-        assert await closed_by_peer(socks[0], 2.0), "the oldest idle connection went"
+        assert await closed_by_peer(socks[1], 2.0), "the connection idle longest went"
+        assert b"200 OK" in socks[0].recv(4096), "not the one active a moment ago"
         text = await metrics(addr)
         assert 'bmx_client_connections_closed_total{reason="cap"}' in text
         assert "bmx_client_connections " in text
