@@ -171,7 +171,7 @@ async def client(
                     else:
                         stats.acked.append(path.rsplit("/", 1)[1])
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            stats.error(f"{kind} {exc.__class__.__name__}")
+            stats.error(f"{kind} {exc.__class__.__name__}: {str(exc)[:80]}")
             continue
         took = time.perf_counter() - start
         stats.latencies[kind].append(took)

@@ -29,6 +29,10 @@ log = logging.getLogger("bmx_rerank.proxy")
 # File descriptors kept free for everything but client connections (the upstream pools, files, logs)
 # when the cap on client connections is derived from the process's limit.
 FD_RESERVE = 1024
+# Seconds a connection must have been idle to be closed for a new one: a client's fresh connection,
+# whose request is on its way but not read yet, looks idle too.
+MIN_IDLE = 1.0
+SCAN = 4096  # connections looked at, at most, for one that never served a request
 
 
 @dataclass(frozen=True)
@@ -79,17 +83,37 @@ class _Connections:
     def opened(self, handler: _EsShapedErrors) -> bool:
         """Make room for `handler`; False when there is none (it is closed)."""
         if self.cap and len(self.open) >= self.cap:
-            victim = next((h for h in self.open if h.idle()), None)
+            # First a connection that never sent a request (a hoarder's), then any idle one; each in
+            # order of last activity: a client between two requests on a kept-alive connection is the
+            # last to go.
+            victim = self._victim()
             if victim is None:
                 self.closed("cap_refused")
                 return False
             self.closed("cap")
             victim.close_now()
+        handler.last_active = time.monotonic()
         self.open[handler] = None
         self._gauge()
         return True
 
+    def _victim(self) -> _EsShapedErrors | None:
+        """The first idle connection that never served a request, else the first idle one, among those
+        idle for `MIN_IDLE` at least; the scan stops at the first younger one (the order is by last
+        activity) or after `SCAN` connections, so it stays short at any number of connections."""
+        oldest = time.monotonic() - MIN_IDLE
+        first = None
+        for seen, handler in enumerate(self.open):
+            if handler.last_active > oldest or (first is not None and seen >= SCAN):
+                break
+            if handler.idle():
+                if not handler.served():
+                    return handler
+                first = first or handler
+        return first
+
     def active(self, handler: _EsShapedErrors) -> None:
+        handler.last_active = time.monotonic()
         if handler in self.open:
             self.open.move_to_end(handler)
 
@@ -125,6 +149,7 @@ class _EsShapedErrors(web_protocol.RequestHandler):
 
     _bmx_connections: _Connections
     _bmx_head_timer: asyncio.TimerHandle | None = None
+    last_active = 0.0  # time.monotonic() of its last byte in or answer out
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -144,6 +169,15 @@ class _EsShapedErrors(web_protocol.RequestHandler):
             and self._bmx_head_timer is None
             and self._waiter is not None
         )
+
+    def served(self) -> bool:
+        return self._request_count > 0
+
+    async def finish_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().finish_response(*args, **kwargs)
+        finally:
+            self._bmx_connections.active(self)  # an answer just went out: active until now
 
     def close_now(self) -> None:
         self.force_close()

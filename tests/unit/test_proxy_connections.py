@@ -38,6 +38,14 @@ async def closed_by_peer(sock: socket.socket, within: float) -> bool:
         return False
 
 
+async def ask(sock: socket.socket) -> bytes:
+    """A request on an open connection, read without blocking the loop the proxy runs on."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    await loop.sock_sendall(sock, b"GET /_bmx/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    return await asyncio.wait_for(loop.sock_recv(sock, 4096), 5)
+
+
 async def get(addr, path="/_bmx/health") -> bytes:
     reader, writer = await asyncio.open_connection(*addr)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
@@ -80,16 +88,34 @@ async def test_past_the_cap_the_oldest_idle_connection_makes_room(upstream):
     try:
         for _ in range(5):
             socks.append(socket.create_connection(addr))
-        await asyncio.sleep(0.1)
-        socks[0].sendall(b"GET /_bmx/health HTTP/1.1\r\nHost: x\r\n\r\n")  # the oldest, but active
+        await asyncio.sleep(1.1)  # idle long enough to be closed for a new one (MIN_IDLE)
+        answered = asyncio.ensure_future(ask(socks[0]))  # the oldest, but active
         await asyncio.sleep(0.2)
         assert b"200 OK" in await get(addr), "a normal request is answered at the cap"
         assert await closed_by_peer(socks[1], 2.0), "the connection idle longest went"
-        assert b"200 OK" in socks[0].recv(4096), "not the one active a moment ago"
+        assert b"200 OK" in await answered, "not the one active a moment ago"
         text = await metrics(addr)
         assert 'bmx_client_connections_closed_total{reason="cap"}' in text
         assert "bmx_client_connections " in text
     finally:
         for sock in socks:
             sock.close()
+        await runner.cleanup()
+
+
+async def test_connections_younger_than_min_idle_are_not_closed_for_a_new_one(upstream):
+    """A client's fresh connection, its request on the way, looks idle: it is not the victim; the
+    newcomer is refused instead (counted), and the fresh ones are still served."""
+    runner, addr = await proxy(upstream, idle_timeout=60, header_timeout=0, max_connections=2)
+    try:
+        first, second = socket.create_connection(addr), socket.create_connection(addr)
+        await asyncio.sleep(0.1)
+        with socket.create_connection(addr) as third:
+            assert await closed_by_peer(third, 2.0)
+        assert b"200 OK" in await ask(first)
+        first.close()
+        second.close()
+        await asyncio.sleep(0.1)
+        assert 'bmx_client_connections_closed_total{reason="cap_refused"} 1.0' in await metrics(addr)
+    finally:
         await runner.cleanup()
