@@ -11,26 +11,43 @@ An error is any non-2xx answer, a broken connection, or a reranked search not ma
 (a fallback counts as an error). The proxy's RSS is sampled every second; growth is measured from the
 end of the warm-up (the first third of the run: the term-vector cache fills with the corpus) to the end.
 
+`--faults`: the proxy reaches the engine through a fault injector (tests/support/faults.py) that, in
+the second half of every tenth of the run, in turn slows every call (0.2 s), freezes the node (every
+call held until the freeze ends, at most 5 s) or resets every third sidecar read (`_mtermvectors`,
+`_analyze`: idempotent, retried). `--hostile`: beside the clients, a gzip bomb every half second, slow
+senders trickling a request head a byte a second, and idle hoarders holding 2,000 connections (the
+proxy runs with `--header-timeout 5 --max-connections 1500`). Then a fallback is reported, not an
+error; an error is a 5xx, a broken connection, or a write not acknowledged; every acknowledged write is
+read back from the engine at the end (`writes_lost`); p99 is given for requests that ran while a fault
+was on and while none was.
+
     .venv/bin/python -m benchmarks.soak --engine http://127.0.0.1:9200 --seconds 180 --clients 32
+    .venv/bin/python -m benchmarks.soak --seconds 600 --clients 32 --faults --hostile
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from bmx_rerank.proxy import start_server
+from tests.support.faults import FaultInjector, Rule
 from tests.support.proxy_process import BIN, Proxy, serve
+from tests.support.proxy_thread import LoopThread
 
 VOCAB = [f"w{i}" for i in range(2000)]
 WEIGHTS = [1.0 / (i + 1) for i in range(len(VOCAB))]  # Zipf
@@ -46,6 +63,14 @@ class Stats:
     latencies: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k, _ in MIX})
     errors: dict[str, int] = field(default_factory=dict)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, RSS KiB)
+    lenient: bool = False  # with faults: a fallback is reported, not an error
+    fallbacks: int = 0
+    sidecar_5xx: int = 0
+    acked: list[str] = field(default_factory=list)  # ids of acknowledged writes
+    during_fault: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k, _ in MIX})
+    fault_on: str | None = None  # the fault on now (set by the schedule)
+    faults_run: list[str] = field(default_factory=list)
+    hostile: Counter[str] = field(default_factory=Counter)
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -118,24 +143,40 @@ async def client(
                 "application/x-ndjson",
             )
         start = time.perf_counter()
+        fault = stats.fault_on
         try:
             async with session.request(
                 method, url + path, data=data, headers={"Content-Type": ctype}
             ) as resp:
                 payload = await resp.read()
+                if resp.status >= 500:
+                    stats.sidecar_5xx += 1
                 if resp.status >= 300:
                     stats.error(f"{kind} {resp.status}: {payload[:120]!r}")
                     continue
                 if kind == "reranked" and resp.headers.get("X-BMX-Rerank") != "bmx":
-                    stats.error(f"reranked marked {resp.headers.get('X-BMX-Rerank')}: {payload[-300:]!r}")
-                    continue
-                if kind == "write" and path.endswith("_bulk") and json.loads(payload)["errors"]:
-                    stats.error("bulk item errors")
-                    continue
+                    if not stats.lenient:
+                        stats.error(f"reranked marked {resp.headers.get('X-BMX-Rerank')}: {payload[-300:]!r}")
+                        continue
+                    stats.fallbacks += 1
+                if kind == "write":
+                    if path.endswith("_bulk"):
+                        items = json.loads(payload)["items"]
+                        stats.acked += [
+                            i["index"]["_id"] for i in items if i["index"].get("status", 500) < 300
+                        ]
+                        if json.loads(payload)["errors"]:
+                            stats.error("bulk item errors")
+                            continue
+                    else:
+                        stats.acked.append(path.rsplit("/", 1)[1])
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            stats.error(f"{kind} {exc.__class__.__name__}")
+            stats.error(f"{kind} {exc.__class__.__name__}: {str(exc)[:80]}")
             continue
-        stats.latencies[kind].append(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        stats.latencies[kind].append(took)
+        if fault is not None or stats.fault_on is not None:
+            stats.during_fault[kind].append(took)
 
 
 async def sample_rss(proxy: Proxy, t0: float, deadline: float, stats: Stats) -> None:
@@ -145,17 +186,154 @@ async def sample_rss(proxy: Proxy, t0: float, deadline: float, stats: Stats) -> 
     stats.samples.append((time.monotonic() - t0, proxy.rss_kib()))
 
 
-async def load(proxy: Proxy, index: str, seconds: float, clients: int) -> Stats:
-    stats = Stats()
+FAULTS = ("slow", "frozen", "reset")
+FREEZE = 5.0  # seconds a frozen node holds every call, at most (under --timeout and --deadline)
+
+
+def fault_rules(kind: str, until: float) -> list[Rule]:
+    if kind == "slow":
+        return [Rule(".", "delay:0.2")]
+    if kind == "frozen":
+        return [Rule(".", f"until:{until}")]
+    return [Rule("_mtermvectors|_analyze", "reset", every=3)]  # idempotent sidecar reads, retried
+
+
+async def schedule(injector: FaultInjector, lt: LoopThread, t0: float, seconds: float, stats: Stats) -> None:
+    """The second half of every tenth of the run: slow, frozen, reset, in turn."""
+    period = seconds / 10
+    for k in range(10):
+        start = t0 + k * period + period / 2
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
+        kind = FAULTS[k % len(FAULTS)]
+        length = min(period / 2, FREEZE) if kind == "frozen" else period / 2
+        rules = fault_rules(kind, time.monotonic() + length)
+        lt.loop.call_soon_threadsafe(injector.rules.__setitem__, slice(None), rules)
+        stats.fault_on = kind
+        stats.faults_run.append(kind)
+        await asyncio.sleep(length)
+        lt.loop.call_soon_threadsafe(injector.rules.clear)
+        stats.fault_on = None
+
+
+BOMB = gzip.compress(b'{"ext":{"bmx":{"field":"body"}},"pad":"' + b" " * (32 << 20), 9)
+
+
+async def bombs(url: str, index: str, deadline: float, stats: Stats) -> None:
+    """A gzip bomb asking for a rerank every half second: a 4xx (400 unreadable, 429 budget), never a 5xx."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.post(f"{url}/{index}/_search", data=BOMB, headers=headers) as resp:
+                    await resp.read()
+                    stats.hostile[f"bomb {resp.status}"] += 1
+                    if resp.status >= 500:
+                        stats.sidecar_5xx += 1
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                stats.hostile[f"bomb {exc.__class__.__name__}"] += 1
+            await asyncio.sleep(0.5)
+
+
+async def slow_sender(host: str, port: int, deadline: float, stats: Stats) -> None:
+    """A request head a byte a second: the proxy closes it (`--header-timeout`)."""
+    head = b"GET /_bmx/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    while time.monotonic() < deadline:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(1)
+            continue
+        try:
+            for byte in head:
+                if time.monotonic() > deadline:
+                    break
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(1.0)
+            else:
+                stats.hostile["slow sender answered"] += 1
+        except (ConnectionError, OSError):
+            stats.hostile["slow sender closed"] += 1
+        finally:
+            writer.close()
+
+
+async def hoarders(host: str, port: int, n: int, deadline: float, stats: Stats) -> None:
+    """`n` idle connections, each reopened when the proxy closes it."""
+
+    async def hold() -> None:
+        while time.monotonic() < deadline:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError:
+                stats.hostile["hoarder refused"] += 1
+                await asyncio.sleep(1)
+                continue
+            stats.hostile["hoarder opened"] += 1
+            try:
+                left = deadline - time.monotonic()
+                if left > 0 and await asyncio.wait_for(reader.read(1), left) == b"":
+                    stats.hostile["hoarder closed by the proxy"] += 1
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+            await asyncio.sleep(0.5)
+
+    await asyncio.gather(*(hold() for _ in range(n)))
+
+
+async def load(
+    proxy: Proxy,
+    index: str,
+    seconds: float,
+    clients: int,
+    injector: tuple[FaultInjector, LoopThread] | None = None,
+    hostile: bool = False,
+) -> Stats:
+    stats = Stats(lenient=injector is not None or hostile)
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
         t0 = time.monotonic()
         deadline = t0 + seconds
+        extra = []
+        if injector is not None:
+            extra.append(schedule(*injector, t0, seconds, stats))
+        if hostile:
+            host, port = proxy.url.removeprefix("http://").split(":")
+            extra.append(bombs(proxy.url, index, deadline, stats))
+            extra += [slow_sender(host, int(port), deadline, stats) for _ in range(4)]
+            extra.append(hoarders(host, int(port), HOARDED, deadline, stats))
         await asyncio.gather(
             sample_rss(proxy, t0, deadline, stats),
             *(client(session, proxy.url, index, deadline, seed, stats) for seed in range(clients)),
+            *extra,
         )
     return stats
+
+
+HOARDED = 2000
+HOSTILE_ARGS = ["--header-timeout", "5", "--max-connections", "1500"]
+
+
+def lost_writes(engine: str, index: str, ids: list[str]) -> int:
+    """How many acknowledged writes the engine does not have (read back directly, after a refresh)."""
+    import urllib.request
+
+    def call(method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            engine + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+
+    call("POST", f"/{index}/_refresh")
+    missing = 0
+    for start in range(0, len(ids), 1000):
+        docs = call("POST", f"/{index}/_mget", {"ids": ids[start : start + 1000]})["docs"]
+        missing += sum(1 for d in docs if not d.get("found"))
+    return missing
 
 
 def pct(values: list[float], q: float) -> float:
@@ -180,22 +358,47 @@ class Report:
     rss_timeline_mib: list[float]  # every tenth of the run
     fds_before: int
     fds_after: int
+    sidecar_5xx: int = 0
+    fallbacks: int = 0
+    writes_acked: int = 0
+    writes_lost: int = 0
+    faults: list[str] = field(default_factory=list)
+    p99_during_faults_ms: dict[str, float] = field(default_factory=dict)
+    hostile: dict[str, int] = field(default_factory=dict)
 
 
-def soak(engine: str, seconds: float, clients: int, n_docs: int) -> Report:
+def soak(
+    engine: str, seconds: float, clients: int, n_docs: int, faults: bool = False, hostile: bool = False
+) -> Report:
     tag = uuid.uuid4().hex[:8]
     index, store = f"bmxtest-soak-{tag}", f"bmxtest-soak-stats-{tag}"
     import urllib.request
 
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the hoarders' connections
+    lt = injector = irunner = None
     try:
         setup_index(engine, index, store, n_docs)
-        with serve(engine, env={"BMX_STATS_INDEX": store}) as proxy:
+        upstream = engine
+        if faults:
+            lt, injector = LoopThread(), FaultInjector(engine)
+            irunner, upstream = lt.run(start_server(injector.app()))
+        args = HOSTILE_ARGS if hostile else []
+        with serve(upstream, args, env={"BMX_STATS_INDEX": store}) as proxy:
             fds_before = proxy.open_fds()
-            stats = asyncio.run(load(proxy, index, seconds, clients))
+            pair = (injector, lt) if injector is not None and lt is not None else None
+            stats = asyncio.run(load(proxy, index, seconds, clients, pair, hostile))
             time.sleep(1.0)
             fds_after = proxy.open_fds()
             peak = proxy.peak_kib()
+        lost = lost_writes(engine, index, stats.acked)
     finally:
+        if lt is not None:
+            assert injector is not None
+            lt.loop.call_soon_threadsafe(injector.release)
+            if irunner is not None:
+                lt.run(irunner.cleanup())
+            lt.close()
         for name in (index, store):
             urllib.request.urlopen(urllib.request.Request(f"{engine}/{name}", method="DELETE"), timeout=60)
     warm_at = seconds / 3
@@ -221,6 +424,13 @@ def soak(engine: str, seconds: float, clients: int, n_docs: int) -> Report:
         + [round(end / 1024, 1)],
         fds_before=fds_before,
         fds_after=fds_after,
+        sidecar_5xx=stats.sidecar_5xx,
+        fallbacks=stats.fallbacks,
+        writes_acked=len(stats.acked),
+        writes_lost=lost,
+        faults=stats.faults_run,
+        p99_during_faults_ms={k: round(pct(v, 0.99), 1) for k, v in stats.during_fault.items()},
+        hostile=dict(stats.hostile),
     )
 
 
@@ -232,8 +442,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--docs", type=int, default=5_000)
+    parser.add_argument("--faults", action="store_true", help="slow, frozen and reset on a schedule")
+    parser.add_argument("--hostile", action="store_true", help="gzip bombs, slow senders, idle hoarders")
     args = parser.parse_args()
-    r = soak(args.engine, args.seconds, args.clients, args.docs)
+    r = soak(args.engine, args.seconds, args.clients, args.docs, args.faults, args.hostile)
     print(json.dumps(r.__dict__, indent=2))
     print(
         f"\n| engine | s | clients | requests (reranked / plain / write) | errors | req/s | "
@@ -245,6 +457,18 @@ def main() -> None:
         f"{r.p50_ms['write']} / {r.p99_ms['write']} | {r.rss_warm_mib} → {r.rss_end_mib} ({r.rss_peak_mib}) | "
         f"{r.rss_growth_pct} % |"
     )
+    if args.faults or args.hostile:
+        print(
+            f"\n| s | clients | requests | sidecar 5xx | errors | fallbacks | writes acked / lost | "
+            f"p99 ms reranked / plain / write (during faults) | RSS warm → end (peak) MiB | fds start → end |\n"
+            f"|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {r.seconds:.0f} | {r.clients} | {r.requests:,} | {r.sidecar_5xx} | {sum(r.errors.values())} | "
+            f"{r.fallbacks} | {r.writes_acked:,} / {r.writes_lost} | {r.p99_ms['reranked']} / "
+            f"{r.p99_ms['plain']} / {r.p99_ms['write']} ({r.p99_during_faults_ms['reranked']} / "
+            f"{r.p99_during_faults_ms['plain']} / {r.p99_during_faults_ms['write']}) | {r.rss_warm_mib} → "
+            f"{r.rss_end_mib} ({r.rss_peak_mib}) | {r.fds_before} → {r.fds_after} |"
+        )
+        sys.exit(0 if r.sidecar_5xx == 0 and r.writes_lost == 0 else 1)
     sys.exit(0 if not r.errors and r.rss_growth_pct < 10 else 1)
 
 

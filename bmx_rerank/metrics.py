@@ -6,7 +6,14 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -45,6 +52,39 @@ class Metrics:
             "Reranked windows by where their term frequencies came from (probes, cache, termvectors) and "
             "why the first stage carried no probes (probed when it did)",
             ["source", "probes"],
+            registry=self.registry,
+        )
+
+        self.guarded = Counter(
+            "bmx_guard_refused",
+            "Requests the guard kept from the cluster, by reason (depth, query_depth, unparsable_bmx, "
+            "content_length)",
+            ["reason"],
+            registry=self.registry,
+        )
+
+        self.in_flight_bytes = Gauge(
+            "bmx_in_flight_bytes",
+            "Bytes of bodies and answers held by requests now (--max-in-flight)",
+            registry=self.registry,
+        )
+        self.in_flight_limit = Gauge(
+            "bmx_in_flight_limit_bytes", "The in-flight budget (0: none)", registry=self.registry
+        )
+        self.breaker_trips = Counter(
+            "bmx_in_flight_breaker_trips",
+            "Requests refused with a 429 because the in-flight budget was spent",
+            registry=self.registry,
+        )
+
+        self.client_connections = Gauge(
+            "bmx_client_connections", "Client connections open now", registry=self.registry
+        )
+        self.connections_closed = Counter(
+            "bmx_client_connections_closed",
+            "Client connections the limits closed, by reason (idle, header_timeout, cap: the oldest idle "
+            "one made room, cap_refused: none was idle)",
+            ["reason"],
             registry=self.registry,
         )
 

@@ -18,6 +18,7 @@ import msgspec
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from bmx_rerank.deadline import budget
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out, unreachable
 
 # Sidecar-originated reads are idempotent: a dropped connection is retried a few times, quickly.
@@ -184,8 +185,9 @@ class Cluster:
         429s (bounded, with backoff); never a write, nor a read whose retry could skip data (a scroll)."""
         if retried:
             return await _retried(self.attempts, lambda: self.request(method, path, body, headers, decode))
+        # Never past the request's deadline (bmx_rerank.deadline), when it runs under one.
         return await request_json(
-            self.session, method, self.base_url + path, body, headers, self.timeout, decode
+            self.session, method, self.base_url + path, body, headers, budget(self.timeout), decode
         )
 
     async def post_ndjson(
@@ -193,12 +195,15 @@ class Cluster:
     ) -> Any:
         """POST NDJSON lines (`_bulk`, `_msearch`) and parse the JSON answer. Errors are `SearchError`s
         as from `request`: the cluster's error answer as `UpstreamError(error_type)`, an unreachable
-        cluster a 502, never a bare aiohttp exception. The session's timeout applies."""
+        cluster a 502, never a bare aiohttp exception. The timeout applies (else the session's), never
+        past the request's deadline."""
         payload = b"\n".join(lines) + b"\n"
         hdrs = {**headers, "Content-Type": "application/x-ndjson", "Accept-Encoding": "identity"}
         url = self.base_url + path
         try:
-            async with self.session.post(url, data=payload, headers=hdrs) as resp:
+            limit = budget(self.timeout)
+            timeout = aiohttp.ClientTimeout(total=limit) if limit is not None else aiohttp.helpers.sentinel
+            async with self.session.post(url, data=payload, headers=hdrs, timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
                     raise UpstreamError(resp.status, error_type, body[:300].decode("utf-8", "replace"))

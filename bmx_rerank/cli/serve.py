@@ -22,6 +22,7 @@ from bmx_rerank.logs import json_log_handler
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, serve_forever
+from bmx_rerank.proxy.server import ConnectionLimits, raise_fd_limit
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
 from bmx_rerank.stats.source import statistics_source
@@ -176,6 +177,13 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--timeout", type=POSITIVE, default=defaults.TIMEOUT, help="Seconds to wait for the cluster.")
 @click.option(
+    "--deadline",
+    type=click.FloatRange(min=0),
+    default=defaults.DEADLINE,
+    help="Seconds for everything one reranked search does (first stage and sidecar calls together); "
+    "past it the cluster's answer marked skipped; reason=deadline, or a 504. 0: none.",
+)
+@click.option(
     "--connect-timeout",
     type=POSITIVE,
     default=defaults.CONNECT_TIMEOUT,
@@ -236,6 +244,51 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Search/msearch body bytes read (after decompression); a larger body goes to the cluster unread.",
 )
 @click.option(
+    "--max-content-length",
+    type=ByteSize(),
+    default=defaults.MAX_CONTENT_LENGTH,
+    help="Largest search/msearch body sent to the cluster (its http.max_content_length); past it a 413. "
+    "0: no limit.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0),
+    default=defaults.IDLE_TIMEOUT,
+    help="Seconds a client connection may sit idle (before its first request or between two). 0: no limit.",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0),
+    default=defaults.HEADER_TIMEOUT,
+    help="Seconds from a request's first byte to its last header. 0: no limit.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Open client connections; past it the oldest idle one is closed for the new one. Default: the "
+    "file-descriptor limit (raised to its hard limit) less 1024. 0: no cap.",
+)
+@click.option(
+    "--max-in-flight",
+    type=ByteSize(),
+    default=defaults.MAX_IN_FLIGHT,
+    help="Bytes of search bodies and first-stage answers held at once, all requests together; past it a "
+    "429 circuit_breaking_exception. 0: no budget.",
+)
+@click.option(
+    "--max-depth",
+    type=click.IntRange(0, 1000),
+    default=defaults.MAX_DEPTH,
+    help="JSON nesting levels of a search/msearch body; deeper is a 400 before the cluster sees it. 0: off.",
+)
+@click.option(
+    "--max-query-depth",
+    type=click.IntRange(min=0),
+    default=defaults.MAX_QUERY_DEPTH,
+    help="Nested bool queries (the cluster's indices.query.bool.max_nested_depth); deeper is a 400. 0: off.",
+)
+@click.option(
     "--max-window", type=click.IntRange(1, MAX_WINDOW), default=MAX_WINDOW, help="Largest rerank window."
 )
 @click.option(
@@ -285,6 +338,7 @@ def command(
     policy_file: str | None,
     on_rerank_error: str,
     timeout: float,
+    deadline: float,
     connect_timeout: float,
     cache_bytes: int,
     widen: bool,
@@ -296,6 +350,13 @@ def command(
     workers: int,
     loop: str,
     max_body: int,
+    max_content_length: int,
+    idle_timeout: float,
+    header_timeout: float,
+    max_connections: int | None,
+    max_in_flight: int,
+    max_depth: int,
+    max_query_depth: int,
     max_window: int,
     max_augment: int,
     max_msearch: int,
@@ -339,10 +400,15 @@ def command(
         policies=rules,
         on_rerank_error=on_rerank_error,
         timeout=timeout,
+        deadline=deadline,
         connect_timeout=connect_timeout,
         cache_bytes=cache_bytes,
         widen=widen,
         max_body=max_body,
+        max_content_length=max_content_length,
+        max_in_flight=max_in_flight,
+        max_depth=max_depth,
+        max_query_depth=max_query_depth,
         max_window=max_window,
         max_augment=max_augment,
         max_msearch=max_msearch,
@@ -360,10 +426,18 @@ def command(
     fields = {"listen": f"{'https' if listener else 'http'}://{host}:{port}", "upstream": list(nodes)}
     logging.getLogger("bmx_rerank.proxy").info("serving", extra={"fields": {**fields, "workers": workers}})
 
+    raise_fd_limit()
+    limits = ConnectionLimits(idle_timeout, header_timeout, max_connections)
+
     def serve() -> None:
         install_loop(loop)
         serve_forever(
-            make_app(config, stats_source), host, port, ssl_context=listener, reuse_port=workers > 1
+            make_app(config, stats_source),
+            host,
+            port,
+            ssl_context=listener,
+            reuse_port=workers > 1,
+            limits=limits,
         )
 
     try:

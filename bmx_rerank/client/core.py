@@ -9,7 +9,14 @@ import aiohttp
 
 from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.client.sidecar import Sidecar
-from bmx_rerank.client.transport import query_strings, request_headers, search_index, split_transport
+from bmx_rerank.client.transport import (
+    query_strings,
+    request_headers,
+    request_timeout,
+    search_index,
+    split_transport,
+)
+from bmx_rerank.deadline import request_budget, within
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
@@ -86,7 +93,12 @@ class Core:
                 return answer
             return answered(response)
 
-        return result(await self._ready().rerank(index, plan, headers, first_stage))
+        # One deadline for the whole rerank: the caller's `request_timeout` and `ext.bmx.deadline`, where
+        # given (the wrapped client bounds each of its own requests as usual).
+        own = plan.spec.deadline if plan.spec is not None else None
+        timeout = request_timeout(view, transport)
+        with within(request_budget(0, timeout if isinstance(timeout, (int, float)) else None, own)):
+            return result(await self._ready().rerank(index, plan, headers, first_stage))
 
     def _ready(self) -> Reranker:
         if self.reranker is None:

@@ -44,6 +44,14 @@ def query_strings(params: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def request_timeout(view: Any, transport: Mapping[str, Any]) -> Any:
+    """The caller's `request_timeout` (opensearch-py: a transport param; elasticsearch-py: an option
+    of the client view, `client.options(request_timeout=...)`), or None."""
+    if "request_timeout" in transport:
+        return transport["request_timeout"]
+    return getattr(view, "_request_timeout", None)
+
+
 def split_transport(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(search params, opensearch-py transport options kept in params)."""
     search = dict(params or {})

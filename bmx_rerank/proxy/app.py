@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from yarl import URL
 
 from bmx_rerank.applied import AppliedConfigs
@@ -20,12 +20,13 @@ from bmx_rerank.identity import basic_auth, forwardable_headers
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
-from bmx_rerank.proxy.bodies import TooLarge, stream_body
+from bmx_rerank.proxy.bodies import ContentTooLong, TooLarge, refuse, stream_body
 from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
 from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
+from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
-from bmx_rerank.proxy.search import MARKER, search
+from bmx_rerank.proxy.search import ARRIVED, MARKER, search
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
 from bmx_rerank.rerank.term_vector_cache import TermVectorCache
@@ -65,7 +66,8 @@ def make_app(
         max_running=config.max_concurrent_reranks,
         reject=config.on_overload == "reject",
     )
-    state = ProxyState(config, pool.base, pool.nodes, metrics, admission)
+    memory = InFlight(config.max_in_flight, metrics)
+    state = ProxyState(config, pool.base, pool.nodes, metrics, admission, memory)
     app = web.Application(middlewares=[_no_route])
     app[STATE] = state
 
@@ -127,6 +129,18 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     kind = "passthrough"
     status = 0
     try:
+        if request.version not in (HttpVersion10, HttpVersion11):
+            # As Elasticsearch answers (a 400 naming the version), but on an HTTP/1.1 status line: the
+            # server would echo the request's version, which no HTTP/1.x client parses.
+            version = f"HTTP/{request.version.major}.{request.version.minor}"
+            request._version = HttpVersion11  # type: ignore[misc]  # the status line's version (a
+            request._cache["version"] = HttpVersion11  # reified property: its cache too)
+            err = bad_request(f"Unexpected http protocol version: {version}")
+            metrics.errors.labels(err.type).inc()
+            resp = error_response(err)
+            resp.force_close()
+            status = resp.status
+            return resp
         if request.method not in METHODS:  # as Elasticsearch answers; OpenSearch would hang up
             raise SearchError(
                 405, "method_not_allowed_exception", f"Unexpected http method: {request.method[:64]}"
@@ -138,11 +152,18 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         route = search_route(request.method, request.path)
         if route is not None:
             kind, index = route
+            request[ACCOUNT] = state.memory.account()
+            request[ARRIVED] = time.monotonic()
             try:
                 resp = await (search(request, index) if kind == "search" else msearch(request, index))
             except TooLarge as big:
                 kind = "passthrough"
-                resp = await forward(request, big.body(request))
+                try:
+                    resp = await forward(request, big.body(request))
+                except Exception as exc:  # the body passed --max-content-length on the way: cut
+                    if not big.cut:
+                        raise
+                    raise ContentTooLong(big.max_content or 0) from exc
         else:
             resp = await forward(request, stream_body(request))
         status = resp.status
@@ -150,6 +171,10 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     except SearchError as err:
         metrics.errors.labels(err.type).inc()
         resp = error_response(err)
+        if isinstance(err, ContentTooLong):  # the rest of the body is not read: the connection ends
+            refuse(request, metrics, "content_length", length=request.content_length)
+        if isinstance(err, (ContentTooLong, CircuitBreaking)) and not request.content.at_eof():
+            resp.force_close()
         status = resp.status
         return resp
     except ConnectionResetError:
@@ -162,6 +187,9 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         status = resp.status
         return resp
     finally:
+        account = request.get(ACCOUNT)
+        if account is not None:
+            account.release()
         marker = request.get(MARKER)
         metrics.requests.labels(marker.kind if marker else kind).inc()
         log.info(

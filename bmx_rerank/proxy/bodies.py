@@ -1,26 +1,35 @@
 """Reading request bodies within bounds: streamed inflation that stops a bomb, a size cap past which a
-body goes up unread, a nesting depth past which it is not rewritten, and parsing off the event loop
-for large ones."""
+body goes up unread, the guard that keeps from the cluster what would harm it (bodies nested deeper
+than it accepts, bodies over its `http.max_content_length`), and parsing off the event loop for large
+ones."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import orjson
 from aiohttp import web
 
+from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.proxy.memory import charge
+
+log = logging.getLogger("bmx_rerank.proxy")
 
 CHUNK = 64 * 1024
 CHECK_BYTES = 64 * 1024  # inflated bytes of a passthrough body checked for a valid encoding
 BAD_ENCODING = web.RequestKey("bmx_bad_encoding", str)  # set when a body does not decode as labelled
-# Nesting levels of a search body the proxy rewrites (deeper ones it forwards unread, or refuses when
-# they ask for a rerank): far beyond any real query (Elasticsearch refuses queries nested 30+ deep) and
-# far below what copying and re-serializing can handle (orjson stops at 255, Python's recursion ~1000).
-MAX_DEPTH = 100
+# Nesting levels of a search body the proxy forwards (`--max-depth`; deeper ones are a 400 before they
+# reach the cluster): a query at Elasticsearch's own limit of 30 nested bool queries fits, and it is
+# far below what copying and re-serializing can handle (orjson stops at 255, Python's recursion ~1000)
+# and what kills a node (OpenSearch dies of a StackOverflowError on a few hundred levels).
+MAX_DEPTH = defaults.MAX_DEPTH
 # Bodies and answers bigger than this are parsed and serialized in a worker thread, so passthrough
 # traffic never waits behind a large rerank.
 THREAD_BYTES = 1 << 20
@@ -29,42 +38,75 @@ THREAD_BYTES = 1 << 20
 class TooLarge(Exception):
     """A search body past `max_body` (read or inflated): it goes upstream as sent, streamed, unread."""
 
-    def __init__(self, prefix: bytes) -> None:
+    def __init__(self, prefix: bytes, max_content: int | None = None) -> None:
         super().__init__("search body too large to read")
         self.prefix = prefix
+        self.max_content = max_content
+        self.cut = False  # set when the stream passed `max_content` and was cut
 
     async def body(self, request: web.Request) -> AsyncIterator[bytes]:
+        """The body as sent; one whose length was not declared and passes `max_content` on the way is
+        cut there (the cluster gets a body that does not parse, never more than its limit)."""
+        size = len(self.prefix)
         yield self.prefix
         async for chunk in request.content.iter_chunked(CHUNK):
+            size += len(chunk)
+            if self.max_content is not None and size > self.max_content:
+                self.cut = True
+                raise ContentTooLong(self.max_content)
             yield chunk
+
+
+class ContentTooLong(SearchError):
+    """A search body over `--max-content-length` (the cluster's `http.max_content_length`): a 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            413,
+            "content_too_long_exception",
+            f"[bmx] the request body is larger than [{limit}] bytes (--max-content-length, the "
+            "cluster's http.max_content_length)",
+        )
 
 
 class Unparsable:
     """Marks a body the proxy cannot read: the cluster gets it as it is and answers for itself."""
 
 
-async def read_json_body(request: web.Request, limit: int) -> tuple[bytes, bytes]:
+async def read_json_body(
+    request: web.Request, limit: int, max_content: int | None = None
+) -> tuple[bytes, bytes]:
     """(raw bytes as sent, decoded bytes) of a search body; gzip and deflate bodies are inflated,
     streamed, to look in.
 
     Raises `TooLarge` once the bytes read or inflated pass `limit`: the cluster decides about such a
     body, as it would without the proxy (it may well accept a large `_msearch`), and it gets the bytes
     as they were sent. A body whose encoding does not decode is a 400 (the cluster would just close the
-    connection)."""
+    connection). A body whose declared length, or whose bytes read or inflated, pass `max_content`
+    is a 413 (`ContentTooLong`) and never reaches the cluster."""
+    if max_content is not None and (request.content_length or 0) > max_content:
+        raise ContentTooLong(max_content)
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
     inflater = Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     parts: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(CHUNK):
+        charge(request, len(chunk))  # the in-flight budget: what is read, and what it inflates to
         parts.append(chunk)
         size += len(chunk)
         if inflater is not None:
+            before = inflater.size
             inflater.feed(chunk)
+            charge(request, inflater.size - before)
+        if max_content is not None and size > max_content:
+            raise ContentTooLong(max_content)
         if size > limit or (inflater is not None and inflater.size > limit):
-            raise TooLarge(b"".join(parts))
+            raise TooLarge(b"".join(parts), max_content)
+    charge(request, size)  # the joined copy
     raw = b"".join(parts)
     if inflater is None or not raw:
         return raw, raw
+    charge(request, inflater.size)
     return raw, inflater.result()
 
 
@@ -139,8 +181,11 @@ def loads(data: bytes) -> Any:
         return Unparsable
 
 
-async def parse(data: bytes) -> Any:
-    """`loads`, in a worker thread for large payloads."""
+async def parse(data: bytes, request: web.Request | None = None) -> Any:
+    """`loads`, in a worker thread for large payloads; with `request`, the parsed value is charged to
+    its in-flight budget (estimated as the size of the text) before it is made."""
+    if request is not None:
+        charge(request, len(data))
     if len(data) > THREAD_BYTES:
         return await asyncio.to_thread(loads, data)
     return loads(data)
@@ -158,8 +203,120 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return False
 
 
-def too_deep_error() -> SearchError:
+def too_deep_error(limit: int = MAX_DEPTH) -> SearchError:
     return bad_request(
-        f"[bmx] the request body nests deeper than [{MAX_DEPTH}] levels, more than a rerank reads",
+        f"[bmx] the request body nests deeper than [{limit}] levels (--max-depth), more than the "
+        "cluster is sent",
+        "x_content_parse_exception",
+    )
+
+
+# A JSON string (escapes included), to blank out before brackets are counted.
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_CHUNK = 1 << 20
+
+
+def raw_depth(data: bytes) -> int:
+    """The deepest nesting of `[`/`{` in JSON text, counted on the bytes (outside strings), for a body
+    the parser refused: orjson stops at 255 levels, the cluster's parser may not. Unbalanced closers
+    never count below zero."""
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    deepest = level = 0
+    for start in range(0, len(brackets), _DEPTH_CHUNK):
+        codes = np.frombuffer(brackets[start : start + _DEPTH_CHUNK], dtype=np.uint8)
+        steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
+        levels = level + np.cumsum(steps)
+        if levels.size:
+            low = int(levels.min())
+            if low < 0:  # a stray closer: restart the count from there (rare, only in broken bodies)
+                return max(deepest, _depth_slow(brackets[start:], level))
+            deepest = max(deepest, int(levels.max()))
+            level = int(levels[-1])
+    return deepest
+
+
+def _depth_slow(brackets: bytes, level: int) -> int:
+    deepest = level
+    for code in brackets:
+        level = level + 1 if code in b"[{" else max(0, level - 1)
+        deepest = max(deepest, level)
+    return deepest
+
+
+def is_json(request: web.Request) -> bool:
+    """Whether a body is JSON (or NDJSON) text, or sent without a type: brackets count as nesting only
+    in those (a YAML, CBOR or Smile body is the cluster's to read)."""
+    kind = request.headers.get("Content-Type", "").lower()
+    return not kind or "json" in kind
+
+
+async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, metrics: Any) -> None:
+    """A search body the proxy cannot parse goes to the cluster only when it is neither nested deeper
+    than `limit` (counted on the raw bytes) nor could ask for a rerank: `ext.bmx` is never forwarded
+    unread. Raises the 400 otherwise."""
+    if not is_json(request):
+        return
+    depth = 0
+    if limit:
+        charge(request, len(decoded))  # the copy the count makes
+        big = len(decoded) > THREAD_BYTES
+        depth = await asyncio.to_thread(raw_depth, decoded) if big else raw_depth(decoded)
+    if limit and depth > limit:
+        refuse(request, metrics, "depth", depth=depth)
+        raise too_deep_error(limit)
+    if b'"bmx"' in decoded:
+        refuse(request, metrics, "unparsable_bmx")
+        raise bad_request(
+            "[bmx] the request body asks for a rerank but is not valid JSON the rerank proxy can read",
+            "x_content_parse_exception",
+        )
+
+
+def refuse(request: web.Request, metrics: Any, reason: str, **fields: Any) -> None:
+    """Count and log a request the guard keeps from the cluster."""
+    metrics.guarded.labels(reason).inc()
+    log.warning(
+        "refused by the guard",
+        extra={"fields": {"reason": reason, "method": request.method, "path": request.path, **fields}},
+    )
+
+
+def guard_parsed(request: web.Request, body: Any, max_depth: int, max_query_depth: int, metrics: Any) -> None:
+    """A parsed search body (or `_msearch` line) nested deeper than the cluster accepts: the 400, before
+    it reaches the cluster (0 turns a limit off)."""
+    if body is None or not isinstance(body, (dict, list)):
+        return
+    if max_depth and too_deep(body, max_depth):
+        refuse(request, metrics, "depth")
+        raise too_deep_error(max_depth)
+    if max_query_depth and (depth := bool_depth(body)) > max_query_depth:
+        refuse(request, metrics, "query_depth", depth=depth)
+        raise bool_depth_error(max_query_depth)
+
+
+def bool_depth(value: Any) -> int:
+    """The deepest nesting of `bool` queries in a body (iterative), as Elasticsearch counts against
+    `indices.query.bool.max_nested_depth`."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(child, (dict, list)):
+                    inner = depth + 1 if key == "bool" and isinstance(child, dict) else depth
+                    deepest = max(deepest, inner)
+                    stack.append((child, inner))
+        else:
+            stack.extend((c, depth) for c in item if isinstance(c, (dict, list)))
+    return deepest
+
+
+def bool_depth_error(limit: int) -> SearchError:
+    """As Elasticsearch words it (its own limit, `indices.query.bool.max_nested_depth`, default 30)."""
+    return bad_request(
+        "The nested depth of the query exceeds the maximum nested depth for queries set in "
+        f"[indices.query.bool.max_nested_depth] ([{limit}], --max-query-depth)",
         "x_content_parse_exception",
     )

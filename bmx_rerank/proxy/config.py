@@ -14,6 +14,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession
 from bmx_rerank.policy import Rule
 from bmx_rerank.proxy.admission import Admission
+from bmx_rerank.proxy.memory import InFlight
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
@@ -28,6 +29,9 @@ class ProxyConfig:
     on_rerank_error: str = defaults.ON_RERANK_ERROR
     timeout: float = defaults.TIMEOUT  # first stage and sidecar calls, seconds
     connect_timeout: float = defaults.CONNECT_TIMEOUT
+    # One budget for everything a reranked search does (first stage, analysis, term vectors,
+    # statistics), seconds; ext.bmx.deadline and the search's `timeout` may lower it. 0: none.
+    deadline: float = defaults.DEADLINE
     cache_bytes: int = defaults.CACHE_BYTES  # term-vector cache, bytes (estimated)
     widen: bool = True
     # Term frequencies from the first stage (rerank/probing): "auto" probes new windows only, "on"
@@ -45,6 +49,14 @@ class ProxyConfig:
     max_concurrent_reranks: int = defaults.MAX_CONCURRENT_RERANKS  # reranks (searches or msearches) at once
     on_overload: str = defaults.ON_OVERLOAD  # past that: the cluster's own answer, marked, or "reject" (429)
     identity_headers: Sequence[str] = IDENTITY_HEADERS  # what tells callers apart (caches, statistics)
+    # The guard (0: off): search bodies nested deeper, bool queries nested deeper, or search bodies
+    # larger than the cluster accepts are refused (400, 400, 413) before they reach it.
+    max_depth: int = defaults.MAX_DEPTH
+    max_query_depth: int = defaults.MAX_QUERY_DEPTH
+    max_content_length: int = defaults.MAX_CONTENT_LENGTH
+    # Bytes of search bodies (read, inflated, parsed) and first-stage answers held at once, all requests
+    # together; past it a 429 circuit_breaking_exception. 0: none.
+    max_in_flight: int = defaults.MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if self.on_overload not in ON_OVERLOAD:
@@ -52,8 +64,12 @@ class ProxyConfig:
         for name in ("max_body", "max_window", "max_msearch", "max_concurrent_reranks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if min(self.max_depth, self.max_query_depth, self.max_content_length, self.max_in_flight) < 0:
+            raise ValueError("max_depth, max_query_depth and max_content_length must be >= 0 (0: off)")
         if self.max_augment < 0 or self.cache_bytes < 0:
             raise ValueError("max_augment and cache_bytes must be >= 0")
+        if self.deadline < 0:
+            raise ValueError("deadline must be >= 0 seconds (0: none)")
         if self.timeout <= 0 or self.connect_timeout <= 0:
             raise ValueError("timeouts must be > 0 seconds")
         if isinstance(self.tf_probes, bool):
@@ -72,6 +88,7 @@ class ProxyState:
     nodes: Sequence[str]
     metrics: Metrics
     admission: Admission
+    memory: InFlight
     session: FailoverSession | None = None  # client traffic, byte-exact (no decompression)
     reranker: Reranker | None = None
 

@@ -11,9 +11,19 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bmx_rerank.deadline import within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
-from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
+from bmx_rerank.proxy.bodies import (
+    THREAD_BYTES,
+    Unparsable,
+    guard_parsed,
+    guard_unparsable,
+    parse,
+    read_json_body,
+    too_deep,
+    too_deep_error,
+)
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
@@ -22,7 +32,9 @@ from bmx_rerank.proxy.framing import (
     raw_response,
     unreadable_format,
 )
+from bmx_rerank.proxy.memory import charge
 from bmx_rerank.proxy.relay import call, forward
+from bmx_rerank.proxy.search import guard_length, search_deadline
 from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.pipeline import Answer
 from bmx_rerank.rerank.plan import Plan, asks_bmx
@@ -52,14 +64,20 @@ def item_index(header: Mapping[str, Any], default: str | None) -> str | None:
 async def msearch(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
     config = state.config
-    raw, decoded = await read_json_body(request, config.max_body)
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
+    charge(request, 2 * len(decoded))  # its lines, and their parsed values
     chunks = [line for line in decoded.split(b"\n") if line.strip()]
     lines = (
         await asyncio.to_thread(parse_ndjson, decoded)
         if len(decoded) > THREAD_BYTES
         else parse_ndjson(decoded)
     )
-    if lines is None or len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
+    if lines is None:
+        await guard_unparsable(request, decoded, config.max_depth, state.metrics)
+        return await forward(request, raw or None)
+    for line in lines:
+        guard_parsed(request, line, config.max_depth, config.max_query_depth, state.metrics)
+    if len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await forward(request, raw or None)
     headers = forwardable_headers(client_headers(request))
     # Per item: None when it goes up as sent, else its plan (a rerank, or ext.bmx removed and why).
@@ -107,11 +125,12 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
             )
         )
         status, answer_headers, payload = await call(request, params, out, "msearch")
-        data = await parse(payload) if status < 300 else Unparsable
+        data = await parse(payload, request) if status < 300 else Unparsable
         readable = data if isinstance(data, dict) and isinstance(data.get("responses"), list) else None
         return Answer(status, readable, (status, answer_headers, payload))
 
-    with state.admission.slot() if reranked else contextlib.nullcontext():
+    deadline = search_deadline(request, None, *(p for _, p in searches.values()))
+    with state.admission.slot() if reranked else contextlib.nullcontext(), within(deadline):
         answer, bodies = await state.rerank.rerank_each(searches, headers, first_stage)
     status, answer_headers, payload = answer.raw
     if answer.data is None:

@@ -17,10 +17,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from bmx_rerank.deadline import budget, current
 from bmx_rerank.errors import bad_request, timed_out, unreachable
 from bmx_rerank.proxy.bodies import BAD_ENCODING
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import SKIP_AUTO, client_headers, end_to_end_headers, json_headers
+from bmx_rerank.proxy.memory import charge
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -89,15 +91,23 @@ async def call(
                 headers=json_headers(request),
                 skip_auto_headers=SKIP_AUTO,
                 allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=state.config.timeout),
+                timeout=aiohttp.ClientTimeout(total=budget(state.config.timeout)),
             ) as resp:
-                payload = await resp.read()
+                charge(request, resp.content_length or 0)  # refused before it is read, when announced
+                parts = []
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    if resp.content_length is None:
+                        charge(request, len(chunk))
+                    parts.append(chunk)
+                charge(request, sum(len(p) for p in parts))  # the joined copy
+                payload = b"".join(parts)
                 headers = CIMultiDict(resp.headers)
                 status = resp.status
     finally:
         state.metrics.upstream_seconds.labels(name).observe(time.perf_counter() - start)
     if headers.get("Content-Encoding", "identity").lower() == "gzip":
         try:
+            charge(request, 4 * len(payload))  # at least what it inflates to, before it does
             payload = gzip.decompress(payload)
         except (OSError, EOFError, zlib.error) as exc:
             raise unreachable(
@@ -114,6 +124,12 @@ def upstream_failures(request: web.Request) -> Iterator[None]:
     try:
         yield
     except asyncio.TimeoutError as exc:
+        deadline = current()
+        if deadline is not None and deadline.expired():
+            raise timed_out(
+                f"{request.method} {request.path}: no answer within the request's deadline of "
+                f"{deadline.seconds:g}s (--deadline)"
+            ) from exc
         timeout = request.app[STATE].config.timeout
         raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
     except aiohttp.ClientError as exc:

@@ -9,9 +9,19 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from bmx_rerank.deadline import Deadline, request_budget, time_value, within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
-from bmx_rerank.proxy.bodies import THREAD_BYTES, Unparsable, parse, read_json_body, too_deep, too_deep_error
+from bmx_rerank.proxy.bodies import (
+    THREAD_BYTES,
+    Unparsable,
+    guard_parsed,
+    guard_unparsable,
+    parse,
+    read_json_body,
+    too_deep,
+    too_deep_error,
+)
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
@@ -26,15 +36,23 @@ from bmx_rerank.rerank.pipeline import Answer, Marker, skipped
 from bmx_rerank.rerank.plan import Plan, asks_bmx
 
 MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for the request's metrics
+ARRIVED = web.RequestKey(
+    "bmx_arrived", float
+)  # time.monotonic() when the request came: its deadline counts from it
 
 
 async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
-    raw, decoded = await read_json_body(request, state.config.max_body)
-    body = await parse(decoded)
-    if body is Unparsable or (body is not None and not isinstance(body, dict)):
+    config = state.config
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
+    body = await parse(decoded, request)
+    if body is Unparsable:
+        await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)
-    if body is not None and too_deep(body):
+    guard_parsed(request, body, config.max_depth, config.max_query_depth, state.metrics)
+    if body is not None and not isinstance(body, dict):
+        return await forward(request, raw or None)
+    if body is not None and too_deep(body):  # deeper than a rerank rewrites (--max-depth may allow it)
         if asks_bmx(body):
             raise too_deep_error()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
@@ -51,22 +69,42 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
         return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
     if index is None:
         raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
-    return await rerank(request, index, plan, headers)
+    return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
+
+
+def guard_length(request: web.Request) -> int | None:
+    """The largest search body the cluster is sent (None: no limit)."""
+    return request.app[STATE].config.max_content_length or None
+
+
+def search_deadline(request: web.Request, body: Any, *plans: Plan) -> Deadline | None:
+    """One budget for the whole search, counted from its arrival: `--deadline`, lowered by
+    `ext.bmx.deadline` and by the search's own `timeout` (query parameter or body), where given."""
+    timeout = request.query.get("timeout")
+    if timeout is None and isinstance(body, dict):
+        timeout = body.get("timeout")
+    own = [p.spec.deadline for p in plans if p.spec is not None]
+    config = request.app[STATE].config
+    return request_budget(config.deadline, time_value(timeout), *own, since=request.get(ARRIVED))
 
 
 async def rerank(
-    request: web.Request, index: str, plan: Plan, headers: Mapping[str, str]
+    request: web.Request,
+    index: str,
+    plan: Plan,
+    headers: Mapping[str, str],
+    deadline: Deadline | None = None,
 ) -> web.StreamResponse:
-    """The pipeline's rerank, its first stage sent to the request's own path."""
+    """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`."""
     state = request.app[STATE]
 
     async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
         status, answer_headers, payload = await call(request, params, orjson.dumps(body), "search")
-        data = await parse(payload) if status < 300 else Unparsable
+        data = await parse(payload, request) if status < 300 else Unparsable
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))
 
-    with state.admission.slot():
+    with state.admission.slot(), within(deadline):
         outcome = await state.rerank.rerank(index, plan, headers, first_stage)
     answer_headers, payload = outcome.answer.raw
     if outcome.body is None or outcome.marker is None:

@@ -16,13 +16,15 @@ in one request (`_msearch`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from bmx_rerank.errors import SearchError, UpstreamError
+from bmx_rerank import deadline as deadlines
+from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, tf_probe
@@ -146,19 +148,32 @@ class Reranker:
         answer as an error: its own first stage's failures, and a failed rerank under `on_error=fail`."""
         start = time.perf_counter()
         who = caller(headers, self.identity_headers)
-        window = self.open(index_expr, await self.augment(plan), headers)
+        deadline = deadlines.current()
+        window: Window | None = None
+        answer: Answer | None = None
         try:
-            await self.prober.add(window, who, headers)
-            answer = await first_stage(window.body, window.params)
-            if answer.status == 400 and self.prober.drop(window):
+            async with _until(deadline):
+                window = self.open(index_expr, await self.augment(plan), headers)
+                await self.prober.add(window, who, headers)
                 answer = await first_stage(window.body, window.params)
-            if answer.status >= 300 or answer.data is None:
-                return Outcome(answer)
-            body, marker = await self.finish(window, answer.data, who, headers)
-            self.metrics.rerank_seconds.observe(time.perf_counter() - start)
+                if answer.status == 400 and self.prober.drop(window):
+                    answer = await first_stage(window.body, window.params)
+                if answer.status >= 300 or answer.data is None:
+                    return Outcome(answer)
+                body, marker = await self.finish(window, answer.data, who, headers)
+                self.metrics.rerank_seconds.observe(time.perf_counter() - start)
+                return Outcome(answer, body, marker)
+        except TimeoutError:
+            if deadline is None or not deadline.expired():
+                raise
+            if window is None or answer is None or answer.status >= 300 or answer.data is None:
+                self.metrics.reranks.labels("deadline").inc()
+                raise past_deadline(deadline) from None
+            body, marker = self._past_deadline(window, answer.data)
             return Outcome(answer, body, marker)
         finally:
-            window.close()
+            if window is not None:
+                window.close()
 
     async def rerank_each(
         self,
@@ -172,18 +187,34 @@ class Reranker:
         who = caller(headers, self.identity_headers)
         augmented = {i: (ix, await self.augment(p)) for i, (ix, p) in searches.items()}
         windows = {i: self.open(ix, p, headers) for i, (ix, p) in augmented.items()}
+        deadline = deadlines.current()
+        answer: Answer | None = None
+        items: Any = None
         try:
-            answer = await first_stage(windows)
-            items = (answer.data or {}).get("responses")
-            if answer.status >= 300 or not isinstance(items, list):
-                return answer, {}
-            bodies = await asyncio.gather(
-                *(
-                    self._finish_item(w, items[i] if i < len(items) else None, who, headers)
-                    for i, w in windows.items()
+            async with _until(deadline):
+                answer = await first_stage(windows)
+                items = (answer.data or {}).get("responses")
+                if answer.status >= 300 or not isinstance(items, list):
+                    return answer, {}
+                bodies = await asyncio.gather(
+                    *(
+                        self._finish_item(w, items[i] if i < len(items) else None, who, headers)
+                        for i, w in windows.items()
+                    )
                 )
-            )
-            return answer, dict(zip(windows, bodies, strict=True))
+                return answer, dict(zip(windows, bodies, strict=True))
+        except TimeoutError:
+            if deadline is None or not deadline.expired():
+                raise
+            if answer is None or not isinstance(items, list):
+                self.metrics.reranks.labels("deadline").inc()
+                raise past_deadline(deadline) from None
+            out = {}
+            for i, window in windows.items():
+                item = items[i] if i < len(items) else None
+                usable = isinstance(item, dict) and "error" not in item and "hits" in item
+                out[i] = self._past_deadline(window, item)[0] if usable else item
+            return answer, out
         finally:
             for window in windows.values():
                 window.close()
@@ -233,6 +264,9 @@ class Reranker:
                 declined.reason
             )
         except Exception as exc:  # any failure of the rerank itself: the policy decides
+            deadline = deadlines.current()
+            if deadline is not None and deadline.expired():  # a call cut short by the deadline
+                return self._past_deadline(window, response, stripped=True)
             error = exc if isinstance(exc, SearchError) else None
             kind = error.type if error else "bmx_rerank_exception"
             reason = error.reason if error else f"{exc.__class__.__name__}: {exc}"
@@ -251,6 +285,21 @@ class Reranker:
             return filter_path.apply(fallback(response, plan, marker), plan.filter_path), Marker("fallback")
         finally:
             window.close()
+
+    def _past_deadline(
+        self, window: Window, response: Mapping[str, Any], *, stripped: bool = False
+    ) -> tuple[dict[str, Any], Marker]:
+        """The first stage's answer, paged as asked and marked `skipped; reason=deadline`: what a search
+        gets when its deadline passes with that answer in hand."""
+        plan = window.plan
+        assert plan.spec is not None
+        if window.probe is not None and not stripped:  # the probes never show, even here
+            with contextlib.suppress(Exception):
+                tf_probe.take_frequencies(response.get("hits", {}).get("hits", []), window.probe)
+        self.metrics.reranks.labels("deadline").inc()
+        log.warning("rerank past its deadline", extra={"fields": {"index": window.index_expr}})
+        marker = {**plan.spec.marker(), "reranked": False, "skipped": "deadline"}
+        return filter_path.apply(fallback(response, plan, marker), plan.filter_path), skipped("deadline")
 
     async def _finish_item(self, window: Window, item: Any, who: str, headers: Mapping[str, str]) -> Any:
         """One `_msearch` item: reranked, or the cluster's item when it is an error or has no hits."""
@@ -390,6 +439,22 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:
+    """`asyncio.timeout_at` the deadline (on the running loop's clock), or no bound."""
+    if deadline is None:
+        return contextlib.nullcontext()
+    loop = asyncio.get_running_loop()
+    return asyncio.timeout_at(deadline.loop_time(loop.time()))
+
+
+def past_deadline(deadline: deadlines.Deadline) -> SearchError:
+    """The 504 of a search whose deadline passed before the cluster's first-stage answer was in hand."""
+    return timed_out(
+        f"[bmx] the search did not finish within its deadline of {deadline.seconds:g}s (--deadline, "
+        "ext.bmx.deadline, timeout)"
+    )
 
 
 def _field_tokens(tokens: Mapping[tuple[str, str], Sequence[str]], name: str) -> list[str]:

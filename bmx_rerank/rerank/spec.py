@@ -53,7 +53,9 @@ KEYS = (
     "wqa_mode",
     "widen",
     "explain",
+    "deadline",
 )
+MAX_DEADLINE = 3600.0  # seconds: ext.bmx.deadline's upper bound (the server's --deadline caps it too)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class RerankSpec:
     combine: str | None = None
     weight: float = 0.5  # `linear`: the weight of the normalized first-stage score
     rank_constant: int = 60  # `rrf`: as Elasticsearch's RRF
+    deadline: float | None = None  # seconds for the whole search (the server's --deadline caps it)
 
     def __post_init__(self) -> None:
         if not self.fields:
@@ -175,6 +178,11 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
             values[name] = _boolean(raw, name, where)
     if raw.get("augment") is not None:
         values["augment"] = parse_augment(raw["augment"], where)
+    if raw.get("deadline") is not None:
+        deadline = raw["deadline"]
+        if not _is_number(deadline) or not 0 < deadline <= MAX_DEADLINE:
+            raise _parse_error(f"[{where}] [deadline] must be a number of seconds in (0, {MAX_DEADLINE:g}]")
+        values["deadline"] = float(deadline)
     try:
         values["scoring"] = Request(**core)
     except ValueError as exc:  # the core's own checks, should a combination slip through

@@ -323,15 +323,22 @@ def test_replace_keeps_unmatched_hits_below_with_a_count(exact):
 
 
 def test_pages_of_one_window_are_slices_of_it(exact):
-    engine, index, proxy, _ = exact
+    """Each page is reranked (marker), and is the slice of the whole window, ids and exact scores: a
+    plain passthrough would fail both."""
+    engine, index, proxy, corpus = exact
     body = {"query": {"multi_match": {"query": Q, "fields": ["title", "text"]}}}
-    whole = proxy.ok("POST", f"/{index}/_search", {**body, "size": 30})["hits"]["hits"]
-    pages = [
-        h
-        for start in (0, 10, 20)
-        for h in proxy.ok("POST", f"/{index}/_search", {**body, "from": start, "size": 10})["hits"]["hits"]
-    ]
-    assert [h["_id"] for h in pages] == [h["_id"] for h in whole]
+    resp = proxy.call("POST", f"/{index}/_search", {**body, "size": 30})
+    _scores(resp)  # reranked, marked
+    whole = resp.body["hits"]["hits"]
+    want = {h["_id"]: max(corpus.bmx("title", h["_id"], Q), corpus.bmx("text", h["_id"], Q)) for h in whole}
+    assert {h["_id"]: h["_score"] for h in whole} == pytest.approx(want, abs=TOLERANCE)
+    pages = []
+    for start in (0, 10, 20):
+        page = proxy.call("POST", f"/{index}/_search", {**body, "from": start, "size": 10})
+        _scores(page)
+        assert page.body["_bmx"]["reranked"] is True
+        pages += page.body["hits"]["hits"]
+    assert [(h["_id"], h["_score"]) for h in pages] == [(h["_id"], h["_score"]) for h in whole]
     assert all("_version" not in h for h in pages), "the window's version check stays internal"
 
 

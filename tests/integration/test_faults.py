@@ -409,12 +409,15 @@ def test_statistics_index_unreadable_falls_back_marked(setup: Setup, action: str
 
 
 def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus):
-    """A proxy through a round of every fault, 5 times over: fds and RSS where they were after warm-up."""
+    """A proxy through a round of every fault, 5 times over: fds and RSS where they were after warm-up.
+    Term frequencies from `_mtermvectors` (probes and the term-vector cache off), so its faults fire;
+    each fault is asserted to have been hit, so "after N faults" counts faults that happened."""
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url)
     irunner, iurl = loop.run(start_server(injector.app()))
     app = make_app(
-        ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT),
+        # no probes and no term-vector cache: every rerank reads `_mtermvectors`, so its faults fire
+        ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT, tf_probes="off", cache_bytes=0),
         lambda session, base: StatsCache(
             session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT
         ),
@@ -431,15 +434,58 @@ def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus)
             Rule("_mtermvectors", "close"),
         ]
         faults += [Rule("_mtermvectors", "stall"), Rule(re.escape(f"/{corpus.store}"), "status:403")]
-        for _ in range(5):
+        happened = 0
+        for round_ in range(5):
             for rule in faults:
                 injector.rules[:] = [rule]
+                before = len(injector.hits)
                 call(purl, "POST", f"/{corpus.index}/_search", reranked())
                 call(purl, "POST", f"/{corpus.index}/_search", plain())
+                assert len(injector.hits) > before, f"round {round_}: the fault {rule} never fired"
+                happened += len(injector.hits) - before
             assert_serving(setup)
+        assert happened >= 5 * len(faults)
         time.sleep(0.5)
         assert open_fds() <= fds + 4, f"{open_fds()} open fds, {fds} after warm-up"
         assert rss_mib() <= rss + 30, f"RSS {rss_mib():.0f} MiB, {rss:.0f} MiB after warm-up"
+    finally:
+        loop.loop.call_soon_threadsafe(injector.release)
+        loop.run(prunner.cleanup())
+        loop.run(irunner.cleanup())
+        loop.close()
+
+
+@pytest.mark.parametrize(("deadline", "outcome"), [(1.0, "skipped"), (0.5, "504")])
+def test_a_cluster_answering_each_call_just_under_the_timeout_ends_by_the_deadline(
+    corpus: Corpus, deadline: float, outcome: str
+):
+    """Every call (first stage, analysis, term vectors, statistics) answered after 0.9 s, `--timeout`
+    1 s: one after another they would take several seconds; the whole search ends by `--deadline`
+    (+ a small margin) with the documented answer: the cluster's first-stage answer marked
+    `skipped; reason=deadline` when it is in hand, else a 504 in Elasticsearch's shape."""
+    direct = corpus.engine.ok("POST", f"/{corpus.index}/_search", plain())
+    loop = LoopThread()
+    injector = FaultInjector(corpus.engine.url, [Rule(".", "delay:0.9")])
+    irunner, iurl = loop.run(start_server(injector.app()))
+    app = make_app(
+        ProxyConfig(upstream=iurl, timeout=1.0, deadline=deadline, tf_probes="off"),
+        lambda session, base: StatsCache(session, base, check_interval=0.0, store=corpus.store, timeout=1.0),
+    )
+    prunner, purl = loop.run(start_server(app))
+    try:
+        answer = call(purl, "POST", f"/{corpus.index}/_search", reranked())
+        assert answer.seconds <= deadline + 0.3, f"answered after {answer.seconds:.2f}s"
+        assert injector.hits, "the delay was never injected"
+        if outcome == "504":
+            assert_es_error(answer, 504, "bmx_upstream_timeout_exception")
+            assert "deadline" in answer.json()["error"]["reason"]
+        else:
+            assert answer.status == 200, answer.body[:300]
+            assert answer.headers["x-bmx-rerank"] == "skipped; reason=deadline", answer.headers
+            doc = answer.json()
+            assert doc["_bmx"]["skipped"] == "deadline" and doc["_bmx"]["reranked"] is False
+            got = [(h["_id"], h["_score"]) for h in doc["hits"]["hits"]]
+            assert got == [(h["_id"], h["_score"]) for h in direct["hits"]["hits"]]
     finally:
         loop.loop.call_soon_threadsafe(injector.release)
         loop.run(prunner.cleanup())

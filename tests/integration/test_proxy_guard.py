@@ -85,12 +85,55 @@ def test_deep_nesting_is_a_400_never_a_500(guarded, depth):
     deep = b'{"query":{"match_all":{}},"aggs":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
     direct = send(engine.url, f"/{index}/_search", deep, JSON)
     through = send(proxy.url, f"/{index}/_search", deep, JSON)
-    assert through == direct and direct[0] == 400, "without ext.bmx the cluster answers for itself"
+    assert direct[0] == 400 and through[0] == 400, "the cluster refuses it, and the guard before it"
+    assert through[1]["error"]["type"] == "x_content_parse_exception"
     nested = (
         b'{"ext":{"bmx":{"field":"body","query":"red"}},"aggs":{"x":' + b"[" * depth + b"]" * depth + b"}}"
     )
     status, answer = send(proxy.url, f"/{index}/_search", nested, JSON)
     assert status == 400 and answer["error"]["type"] == "x_content_parse_exception"
+
+
+def _bools(depth: int) -> bytes:
+    return b'{"query":' + b'{"bool":{"must":[' * depth + b'{"match_all":{}}' + b"]}}" * depth + b"}"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _bools(2000),  # killed an OpenSearch 2.19 node (StackOverflowError) when it reached it
+        b'{"ext":{"bmx":{"field":"body","query":"red","x":' + b"[" * 400 + b"]" * 400 + b"}}}",
+        b'{"ext":{"bmx":{"field":"body","query":"red","x":' + b'{"a":' * 1100 + b"1" + b"}" * 1100 + b"}}}",
+        _bools(31),
+    ],
+    ids=["bool-2000", "ext.bmx-400", "ext.bmx-1100", "bool-31"],
+)
+@pytest.mark.parametrize("path", ["_search", "_msearch"])
+def test_bodies_that_harm_a_node_never_reach_it(guarded, data, path):
+    """Refused by the proxy (sent only through it: they kill an OpenSearch node), and the node stays up."""
+    engine, index, proxy = guarded
+    headers = JSON
+    if path == "_msearch":
+        data, headers = b"{}\n" + data + b"\n", {"Content-Type": "application/x-ndjson"}
+    status, answer = send(proxy.url, f"/{index}/{path}", data, headers)
+    assert status == 400 and answer["error"]["type"] == "x_content_parse_exception", answer
+    with urllib.request.urlopen(engine.url + "/_cluster/health", timeout=10) as resp:
+        assert resp.status == 200, "the node is up"
+    status, answer = send(proxy.url, f"/{index}/_search", json.dumps(bmx()).encode(), JSON)
+    assert status == 200 and answer["_bmx"]["reranked"] is True
+
+
+def test_a_body_over_max_content_length_is_a_413(engine, make_index):
+    index = make_index(MAPPINGS)
+    proxy = ProxyThread(
+        engine.url, lambda session, base: StatsCache(session, base, timeout=5.0), max_content_length=1 << 20
+    )
+    try:
+        body = json.dumps({**bmx(), "pad": " " * (2 << 20)}).encode()
+        status, answer = send(proxy.url, f"/{index}/_search", body, JSON)
+        assert status == 413 and answer["error"]["type"] == "content_too_long_exception"
+    finally:
+        proxy.close()
 
 
 @pytest.mark.parametrize(

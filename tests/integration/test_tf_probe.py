@@ -151,13 +151,17 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
     try:
         stats.table[(index, "body")] = probed.run(_build(engine.url, index))
         seen: list[str] = []
+        sources: list[str] = []  # where the reference path's frequencies came from
         for text in queries:
             a, b = search(probed.url, index, text), search(fetched.url, index, text)
+            sources.append(b["_bmx"]["tf"])
             assert "_bmx_tf_" not in json.dumps(a) and all(
                 "matched_queries" not in h for h in a["hits"]["hits"]
             )
             same(scores(a), scores(b))
             seen += [i for i, _ in scores(a)[:3]]
+        assert set(sources) <= {"termvectors", "cache"} and "termvectors" in sources, sources
+        assert fetched.app[STATE].metrics.cache.labels("miss")._value.get() > 0, "term vectors were read"
         reranker = probed.app[STATE].rerank
         assert len(reranker.frequencies.lengths) > 0
         tv = [d for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -18,7 +19,9 @@ class Rule:
     """A fault for requests whose `METHOD path` matches `pattern`."""
 
     pattern: str
-    action: str  # status:N | reset | truncate | garbage | stall | close
+    action: str  # status:N | reset | truncate | garbage | stall | close | delay:SECONDS | until:MONOTONIC
+    every: int = 1  # fires on every n-th request it matches (the others go through untouched)
+    matched: int = 0
 
 
 @dataclass
@@ -50,7 +53,12 @@ class FaultInjector:
 
     def _rule(self, request: web.Request) -> Rule | None:
         line = f"{request.method} {request.path}"
-        return next((r for r in self.rules if re.search(r.pattern, line)), None)
+        rule = next((r for r in self.rules if re.search(r.pattern, line)), None)
+        if rule is not None and rule.every > 1:
+            rule.matched += 1
+            if rule.matched % rule.every:
+                return None
+        return rule
 
     async def _upstream(self, request: web.Request) -> tuple[int, dict[str, str], bytes]:
         body = await request.read()
@@ -87,6 +95,11 @@ class FaultInjector:
             assert self.released is not None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.released.wait(), 60)
+        if action.startswith(("delay:", "until:")):  # slow (or frozen until then), then answered
+            value = float(action.split(":")[1])
+            await asyncio.sleep(value if action.startswith("delay:") else max(0.0, value - time.monotonic()))
+            status, headers, payload = await self._upstream(request)
+            return web.Response(status=status, headers=headers, body=payload)
         transport = request.transport
         if action == "close":
             assert transport is not None

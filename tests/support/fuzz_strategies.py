@@ -52,6 +52,7 @@ GOOD_VALUES = {
     "wqa_mode": st.sampled_from(["merged", "sum", "none"]),
     "widen": st.booleans(),
     "explain": st.booleans(),
+    "deadline": st.one_of(NUMBERS, st.sampled_from([0.001, 5, "1s"])),
 }
 
 

@@ -206,6 +206,8 @@ RAW_HTTP = {
         "POST http://127.0.0.1:1/docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     ),
     "asterisk target": "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+    "HTTP/2.0 on a 1.1 socket": "GET / HTTP/2.0\r\nHost: x\r\n\r\n",
+    "HTTP/1.2": "GET /docs/_search HTTP/1.2\r\nHost: x\r\n\r\n",
     "NUL in the target": "GET /do\x00cs/_search HTTP/1.1\r\nHost: x\r\n\r\n",
 }
 

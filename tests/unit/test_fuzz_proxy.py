@@ -106,3 +106,12 @@ def test_malformed_http_is_answered_in_elasticsearch_shape(servers, wire):
     assert answer.status < 500 or answer.headers.get("x-fake-upstream") == "1", answer.body[:300]
     if answer.status >= 400 and answer.headers.get("x-fake-upstream") != "1":
         assert es_error_shape(answer.body, answer.status) is None, answer.body[:300]
+
+
+def test_a_request_line_of_another_http_version_is_a_400_on_an_http_1_1_status_line(servers):
+    """As Elasticsearch answers `GET / HTTP/2.0` (400, naming the version), but on a status line an
+    HTTP/1.x client parses (the server would echo HTTP/2.0)."""
+    answer = send(servers, RAW_HTTP["HTTP/2.0 on a 1.1 socket"].encode("latin-1"))
+    assert answer.status == 400, answer.body[:300]
+    assert es_error_shape(answer.body, 400) is None
+    assert b"Unexpected http protocol version: HTTP/2.0" in answer.body

@@ -266,17 +266,31 @@ def test_too_deep_counts_levels_without_recursion():
 
 
 @pytest.mark.parametrize("depth", [300, 600, 1000, 2000])
-async def test_deep_bodies_without_ext_go_upstream_as_sent(cluster, client, depth):
+async def test_deep_bodies_without_ext_never_reach_the_cluster(cluster, client, depth):
+    """Deeper than the cluster accepts (orjson gives up past 255 levels: counted on the bytes) is a 400
+    in Elasticsearch's shape, counted and logged; with the guard off (`max_depth=0`) such a body goes
+    upstream as sent, as it did before the guard."""
     fake, runner, url = await proxy_for(cluster, policies=parse_rules(["raw=body"]))
+    off, off_url = await run_proxy(cluster[1], policies=parse_rules(["raw=body"]), max_depth=0)
     try:
         data = _nested(depth)
+        sent = len(fake.raw_searches)
         async with client.post(
             f"{url}/raw/_search", data=data, headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 400
+            _error(await r.json(), "x_content_parse_exception")
+        assert len(fake.raw_searches) == sent, "the cluster never saw it"
+        async with client.get(f"{url}/_bmx/metrics") as r:
+            assert 'bmx_guard_refused_total{reason="depth"} 1.0' in await r.text()
+        async with client.post(
+            f"{off_url}/raw/_search", data=data, headers={"Content-Type": "application/json"}
         ) as r:
             assert r.status == 200
         assert fake.raw_searches[-1][1] == data
     finally:
         await runner.cleanup()
+        await off.cleanup()
 
 
 @pytest.mark.parametrize("where", ["body", "ext.bmx", "msearch"])

@@ -43,8 +43,15 @@ def served(monkeypatch):
 
     seen: dict = {}
 
-    def fake_serve(app, host, port, ssl_context=None, reuse_port=False):
-        seen.update(state=app[STATE], host=host, port=port, ssl_context=ssl_context, reuse_port=reuse_port)
+    def fake_serve(app, host, port, ssl_context=None, reuse_port=False, limits=None):
+        seen.update(
+            state=app[STATE],
+            host=host,
+            port=port,
+            ssl_context=ssl_context,
+            reuse_port=reuse_port,
+            limits=limits,
+        )
 
     monkeypatch.setattr(serve_module, "serve_forever", fake_serve)
     for name in list(__import__("os").environ):
@@ -221,3 +228,35 @@ def test_the_command_and_the_proxy_import_without_the_eval_extras():
     )
     run = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_the_guard_deadline_memory_and_connection_flags(served, monkeypatch):
+    from bmx_rerank import defaults
+    from bmx_rerank.proxy.server import ConnectionLimits
+
+    result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200"])
+    assert result.exit_code == 0, result.output
+    config = served["state"].config
+    assert (config.deadline, config.max_in_flight) == (defaults.DEADLINE, defaults.MAX_IN_FLIGHT)
+    assert (config.max_depth, config.max_query_depth, config.max_content_length) == (100, 30, 100 << 20)
+    assert served["limits"] == ConnectionLimits(defaults.IDLE_TIMEOUT, defaults.HEADER_TIMEOUT, None)
+    monkeypatch.setenv("BMX_RERANK_DEADLINE", "2.5")
+    args = ["--max-depth", "50", "--max-query-depth", "0", "--max-content-length", "10MiB"]
+    args += [
+        "--max-in-flight",
+        "1GiB",
+        "--idle-timeout",
+        "5",
+        "--header-timeout",
+        "2",
+        "--max-connections",
+        "900",
+    ]
+    result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", *args])
+    assert result.exit_code == 0, result.output
+    config = served["state"].config
+    assert (config.deadline, config.max_depth, config.max_query_depth) == (2.5, 50, 0)
+    assert (config.max_content_length, config.max_in_flight) == (10 << 20, 1 << 30)
+    assert served["limits"] == ConnectionLimits(5.0, 2.0, 900)
+    result = CliRunner().invoke(main, ["serve", "--upstream", "http://a:9200", "--max-depth", "5000"])
+    assert result.exit_code == 2

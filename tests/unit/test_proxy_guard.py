@@ -1,0 +1,188 @@
+"""The guard against a fake cluster: what the cluster would refuse, or what would harm it, never
+reaches it. Bodies nested deeper than `--max-depth` (counted on the bytes when the parser gives up),
+bool queries deeper than `--max-query-depth`, an unreadable body asking for a rerank, a body over
+`--max-content-length`; each a 400/413 in Elasticsearch's shape, counted in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bmx_rerank.proxy import start_server
+from bmx_rerank.proxy.bodies import bool_depth, raw_depth
+from tests.support.fake_cluster import FakeCluster, run_proxy
+
+JSON = {"Content-Type": "application/json"}
+NDJSON = {"Content-Type": "application/x-ndjson"}
+
+
+class Counting(FakeCluster):
+    """Also keeps the method and path of every request that reached it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached: list[str] = []
+
+    def app(self) -> web.Application:
+        inner = super().app()
+
+        @web.middleware
+        async def count(request: web.Request, handler):
+            if not request.path.startswith("/bmx-stats"):  # the applied configuration's reads
+                self.reached.append(f"{request.method} {request.path}")
+            return await handler(request)
+
+        inner.middlewares.append(count)
+        return inner
+
+
+@pytest.fixture
+async def cluster():
+    fake = Counting()
+    runner, url = await start_server(fake.app())
+    yield fake, url
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def client():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def bools(depth: int) -> bytes:
+    return b'{"query":' + b'{"bool":{"must":[' * depth + b'{"match_all":{}}' + b"]}}" * depth + b"}"
+
+
+def deep_bmx(depth: int) -> bytes:
+    return b'{"ext":{"bmx":{"field":"body","query":"t3","x":' + b"[" * depth + b"]" * depth + b"}}}"
+
+
+async def refused(client, url, path, data, headers, status, kind):
+    async with client.post(f"{url}/{path}", data=data, headers=headers) as resp:
+        body = await resp.json()
+        assert resp.status == status, body
+        assert body["error"]["type"] == kind and body["status"] == status, body
+        assert body["error"]["root_cause"][0]["type"] == kind
+        return body
+
+
+async def metric(client, url, reason):
+    async with client.get(f"{url}/_bmx/metrics") as resp:
+        text = await resp.text()
+    line = f'bmx_guard_refused_total{{reason="{reason}"}} '
+    return next((float(x[len(line) :]) for x in text.splitlines() if x.startswith(line)), 0.0)
+
+
+def test_raw_depth_counts_brackets_outside_strings():
+    assert raw_depth(b'{"a":[1,{"b":"[[[{{{"}]}') == 3
+    assert raw_depth(b'{"a":"\\"[[[[\\\\"}') == 1, "escaped quotes do not end a string"
+    assert raw_depth(b"[" * 5000) == 5000, "an unclosed body counts all the same"
+    assert raw_depth(b"]]]" + b"[" * 7) == 7, "stray closers never count below zero"
+    assert raw_depth(bools(2000)) > 6000
+    big = b"[" * 3_000_000 + b"]" * 3_000_000  # past one chunk of the vectorized count
+    assert raw_depth(big) == 3_000_000
+
+
+def test_bool_depth_counts_nested_bool_queries():
+    import orjson
+
+    assert bool_depth(orjson.loads(bools(30))) == 30
+    assert bool_depth({"query": {"match": {"bool": "x"}}}) == 0, "a field named bool is no query"
+    assert bool_depth({"aggs": {"f": {"filter": {"bool": {"filter": [{"bool": {}}]}}}}}) == 2
+
+
+@pytest.mark.parametrize("path", ["docs/_search", "docs/_msearch"])
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        ("bool 2000 deep, no ext", bools(2000), "depth"),
+        ("bool 31 deep, no ext", bools(31), "query_depth"),
+        ("ext.bmx 400 deep", deep_bmx(400), "depth"),
+        ("ext.bmx 1100 deep", deep_bmx(1100), "depth"),
+        ("aggs 101 deep", b'{"aggs":' + b'{"a":' * 101 + b"1" + b"}" * 101 + b"}", "depth"),
+    ],
+)
+async def test_bodies_deeper_than_the_cluster_accepts_never_reach_it(
+    cluster, client, path, name, data, reason
+):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream)
+    try:
+        headers = JSON
+        if path.endswith("_msearch"):
+            data, headers = b"{}\n" + data + b"\n", NDJSON
+        await refused(client, url, path, data, headers, 400, "x_content_parse_exception")
+        assert fake.reached == [], f"{name}: the cluster never saw it"
+        assert await metric(client, url, reason) == 1.0
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_query_at_the_clusters_own_limits_goes_through(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream)
+    try:
+        async with client.post(f"{url}/docs/_search", data=bools(30), headers=JSON) as resp:
+            assert resp.status == 200
+        assert fake.reached == ["POST /docs/_search"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_unparsable_body_asking_for_a_rerank_is_a_400_never_forwarded(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream)
+    try:
+        bad = b'{"ext":{"bmx":{"field":"body","query":"t3"}},"size":2,}'
+        await refused(client, url, "docs/_search", bad, JSON, 400, "x_content_parse_exception")
+        await refused(
+            client, url, "docs/_msearch", b"{}\n" + bad + b"\n", NDJSON, 400, "x_content_parse_exception"
+        )
+        assert fake.reached == []
+        assert await metric(client, url, "unparsable_bmx") == 2.0
+        # Without ext.bmx the cluster answers an unreadable body for itself, as without the proxy.
+        async with client.post(f"{url}/docs/_search", data=b'{"size":', headers=JSON):
+            pass
+        assert fake.reached == ["POST /docs/_search"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_search_bodies_over_max_content_length_are_413s(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, max_body=1000, max_content_length=5000)
+    try:
+        await refused(client, url, "docs/_search", b" " * 6000, JSON, 413, "content_too_long_exception")
+
+        async def slowly():  # no Content-Length: counted on the way
+            for _ in range(10):
+                await asyncio.sleep(0.01)
+                yield b" " * 1000
+
+        async with client.post(f"{url}/docs/_search", data=slowly(), headers=JSON) as resp:
+            assert resp.status == 413
+            assert (await resp.json())["error"]["type"] == "content_too_long_exception"
+        assert await metric(client, url, "content_length") == 2.0
+        # Other endpoints stream through whatever their size.
+        async with client.post(f"{url}/sink", data=b"x" * 20000) as resp:
+            assert (await resp.json())["bytes"] == 20000
+        # Between --max-body and --max-content-length: forwarded unread, as before.
+        async with client.post(f"{url}/docs/_search", data=b"{}" + b" " * 3000, headers=JSON) as resp:
+            assert resp.status == 200
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_guard_can_be_turned_off(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, max_depth=0, max_query_depth=0, max_content_length=0)
+    try:
+        async with client.post(f"{url}/docs/_search", data=bools(40), headers=JSON) as resp:
+            assert resp.status == 200
+        assert fake.reached == ["POST /docs/_search"]
+    finally:
+        await runner.cleanup()
