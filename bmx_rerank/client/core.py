@@ -28,6 +28,9 @@ from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.source import StatsFactory
 from bmx_rerank.upstream import Cluster
 
+# Seconds the rerank's deadline gives beyond a caller's `request_timeout`, so that a first stage slower
+# than it ends with the wrapped client's own timeout error, not the deadline's 504.
+FIRST_STAGE_GRACE = 0.25
 AsyncSend = Callable[..., Awaitable[Any]]  # a transport's perform_request(method, path, **kw)
 
 
@@ -94,10 +97,12 @@ class Core:
             return answered(response)
 
         # One deadline for the whole rerank: the caller's `request_timeout` and `ext.bmx.deadline`, where
-        # given (the wrapped client bounds each of its own requests as usual).
+        # given. The wrapped client bounds its own request (the first stage) by `request_timeout` and
+        # raises its own timeout error, as without the wrapper: the deadline leaves it the time to.
         own = plan.spec.deadline if plan.spec is not None else None
         timeout = request_timeout(view, transport)
-        with within(request_budget(0, timeout if isinstance(timeout, (int, float)) else None, own)):
+        limit = timeout + FIRST_STAGE_GRACE if isinstance(timeout, (int, float)) and timeout > 0 else None
+        with within(request_budget(0, limit, own)):
             return result(await self._ready().rerank(index, plan, headers, first_stage))
 
     def _ready(self) -> Reranker:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -154,6 +155,31 @@ def test_request_timeout_is_the_clients_own(
             answer = bmx.search(**_search_kwargs(engine.kind, split_corpus, request_timeout=30, size=3))
             assert getattr(answer, "body", answer)["_bmx"]["reranked"] is True
     finally:
+        client.close()
+
+
+def test_one_deadline_bounds_the_wrappers_whole_rerank(
+    engine: EngineClient, split_corpus: tuple[str, str], recorder: Recorder
+):
+    """The client's `request_timeout` bounds the whole rerank, not each call: with the term vectors
+    held back 3 s, a search with `request_timeout=1` answers within it (plus the first stage's grace),
+    with the cluster's first-stage answer marked `skipped: deadline`."""
+    client = _client(engine.kind, recorder.url)
+    recorder.delay["_mtermvectors"] = 3.0
+    try:
+        with BMXClient(client) as bmx:
+            start = time.monotonic()
+            if engine.kind == "elasticsearch":
+                answer = bmx.options(request_timeout=1.0).search(**_search_kwargs(engine.kind, split_corpus))
+            else:
+                answer = bmx.search(**_search_kwargs(engine.kind, split_corpus, request_timeout=1.0))
+            took = time.monotonic() - start
+        body = getattr(answer, "body", answer)
+        assert body["_bmx"]["reranked"] is False and body["_bmx"]["skipped"] == "deadline", body["_bmx"]
+        assert took < 1.0 + 0.25 + 0.5, took  # the deadline, the first stage's grace, a margin
+        assert body["hits"]["hits"], "the cluster's own answer"
+    finally:
+        recorder.delay.clear()
         client.close()
 
 
