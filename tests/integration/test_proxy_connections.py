@@ -27,7 +27,7 @@ HOLD = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     socks, failed = [], 0
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 150  # opening 10,000 connections takes ~30 s on a busy 2-core machine
     while len(socks) + failed < n and time.monotonic() < deadline:
         try:
             socks.append(socket.create_connection((host, port), timeout=5))
@@ -90,4 +90,4 @@ def test_twenty_thousand_idle_connections_cannot_stop_a_normal_request(engine: E
             for h in holders:
                 h.stdin.close()  # type: ignore[union-attr]
                 h.wait(30)
-    assert time.monotonic() - started < 150
+    assert time.monotonic() - started < 330
