@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
-import hashlib
 import logging
 import math
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -27,10 +23,10 @@ from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.singleflight import SingleFlight
-from bmx_rerank.stats import estimate, store
+from bmx_rerank.stats import estimate, length_files, store
 from bmx_rerank.stats.corpus import CorpusStats, sum_in_order, terms_array
 from bmx_rerank.stats.freshness import judge
-from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter, default_dir
+from bmx_rerank.stats.length_index import LengthIndex, default_dir
 from bmx_rerank.stats.snapshot import SnapshotInfo
 from bmx_rerank.stats.store import DEFAULT_STORE
 from bmx_rerank.stats.sweep import marks_or_none, resolve_text_field
@@ -41,7 +37,6 @@ log = logging.getLogger(__name__)
 MAX_ENTRIES = 4096  # (caller, expression, field) views kept at most
 LENGTH_WAIT = 10.0  # seconds a view waits for its length tables to be written before it goes without
 LENGTH_RETRY = 60.0  # seconds before a failed length table is written again
-STALE_FILES = 24 * 3600.0  # seconds after which another snapshot's length file may be removed
 
 
 class LengthTable(Protocol):
@@ -276,9 +271,9 @@ class StatsCache:
         if info.length_docs is None:
             self._lengths[snapshot] = None
             return
-        ident = length_ident(self.cluster.base_url, self.store, info)
+        ident = length_files.ident(self.cluster.base_url, self.store, info)
         path = self.lengths_dir / f"{ident}.bmxlen"
-        opened = _open_index(path, ident)
+        opened = length_files.open_index(path, ident)
         if opened is not None:
             self._lengths[snapshot] = opened
             return
@@ -304,34 +299,7 @@ class StatsCache:
     async def _build_index(
         self, info: SnapshotInfo, headers: Mapping[str, str], path: Path, ident: str
     ) -> LengthIndex:
-        assert info.length_docs is not None
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        async with _file_lock(path.with_suffix(".lock")):
-            opened = _open_index(path, ident)  # another process wrote it while this one waited
-            if opened is not None:
-                return opened
-            started = time.perf_counter()
-            writer = await asyncio.to_thread(LengthIndexWriter, path, info.length_docs, ident)
-            try:
-                async for chunk in store.length_chunks(self.cluster, headers, info, self.store):
-                    await asyncio.to_thread(writer.add, *chunk)
-                index = await asyncio.to_thread(writer.finish)
-            except BaseException:
-                writer.abort()
-                raise
-        log.info(
-            "length table mapped",
-            extra={
-                "fields": {
-                    "snapshot": info.snapshot,
-                    "documents": len(index),
-                    "bytes": index.nbytes,
-                    "seconds": round(time.perf_counter() - started, 3),
-                }
-            },
-        )
-        _remove_stale(path.parent, keep=path)
-        return index
+        return await length_files.write(self.cluster, self.store, info, headers, path, ident)
 
     # estimated mode -----------------------------------------------------------------------------
 
@@ -403,63 +371,6 @@ def _tables(
         for i, info in zip(indices, infos, strict=True)
         if info is not None and (table := loaded.get(info.snapshot)) is not None
     }
-
-
-def length_ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
-    """The name of a snapshot's length file: a digest of where it comes from and what it holds."""
-    parts = (
-        base_url,
-        store_index,
-        info.snapshot,
-        info.index,
-        info.field,
-        str(info.length_docs),
-        str(info.length_chunks),
-        info.marks.uuid or "",
-        info.built_at,
-    )
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
-
-
-def _open_index(path: Path, ident: str) -> LengthIndex | None:
-    """The mapped file, or None when there is none (or not a whole one for this ident: rebuilt)."""
-    try:
-        return LengthIndex.open(path, ident)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning(
-            "unreadable length file, rebuilt", extra={"fields": {"path": str(path), "error": str(exc)}}
-        )
-        return None
-
-
-@asynccontextmanager
-async def _file_lock(path: Path, poll: float = 0.05) -> AsyncIterator[None]:
-    """An exclusive `flock` on `path`, waited for without blocking the event loop."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(poll)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
-def _remove_stale(directory: Path, keep: Path, age: float = STALE_FILES) -> None:
-    """Remove length files (and left-over temporary files) untouched for `age` seconds: a process
-    still mapping one keeps its mapping; one opening it later builds it again."""
-    cutoff = time.time() - age
-    for old in directory.glob("*.bmxlen*"):
-        try:
-            if old != keep and old.stat().st_mtime < cutoff:
-                old.unlink()
-        except OSError:
-            pass
 
 
 def _same_index(

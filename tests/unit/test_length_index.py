@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from benchmarks import length_table
-from bmx_rerank.stats.cache import _file_lock, length_ident
 from bmx_rerank.stats.freshness import IndexMarks
+from bmx_rerank.stats.length_files import file_lock
+from bmx_rerank.stats.length_files import ident as length_ident
 from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter, build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.snapshot import SnapshotInfo
@@ -109,7 +110,7 @@ async def test_the_file_lock_is_exclusive(tmp_path: Path) -> None:
     order: list[str] = []
 
     async def hold(name: str) -> None:
-        async with _file_lock(tmp_path / "l.lock", poll=0.01):
+        async with file_lock(tmp_path / "l.lock", poll=0.01):
             order.append(f"{name}+")
             await asyncio.sleep(0.05)
             order.append(f"{name}-")
