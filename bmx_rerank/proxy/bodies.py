@@ -191,16 +191,29 @@ async def parse(data: bytes, request: web.Request | None = None) -> Any:
     return loads(data)
 
 
-def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether a JSON value nests objects/arrays deeper than `limit` (iterative: no recursion limit)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+def nesting(value: Any) -> tuple[int, int]:
+    """How deep a JSON value nests objects and arrays (the value itself is level 1), and how deep it
+    nests `bool` queries, as Elasticsearch counts against `indices.query.bool.max_nested_depth`: one
+    iterative walk (no recursion limit) for both."""
+    deepest, deepest_bool = 0, 0
+    stack: list[tuple[Any, int, int]] = [(value, 1, 0)]
     while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
+        item, depth, bools = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(child, (dict, list)):
+                    inner = bools + 1 if key == "bool" and isinstance(child, dict) else bools
+                    deepest_bool = max(deepest_bool, inner)
+                    stack.append((child, depth + 1, inner))
+        else:
+            stack.extend((c, depth + 1, bools) for c in item if isinstance(c, (dict, list)))
+    return deepest, deepest_bool
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether a JSON value nests objects/arrays deeper than `limit`."""
+    return isinstance(value, (dict, list)) and nesting(value)[0] > limit
 
 
 def too_deep_error(limit: int = MAX_DEPTH) -> SearchError:
@@ -282,35 +295,25 @@ def refuse(request: web.Request, metrics: Any, reason: str, **fields: Any) -> No
     )
 
 
-def guard_parsed(request: web.Request, body: Any, max_depth: int, max_query_depth: int, metrics: Any) -> None:
+def guard_parsed(request: web.Request, body: Any, max_depth: int, max_query_depth: int, metrics: Any) -> int:
     """A parsed search body (or `_msearch` line) nested deeper than the cluster accepts: the 400, before
-    it reaches the cluster (0 turns a limit off)."""
+    it reaches the cluster (0 turns a limit off). Returns the body's nesting depth (0: not an object
+    or array), for the caller's own bound on what it rewrites."""
     if body is None or not isinstance(body, (dict, list)):
-        return
-    if max_depth and too_deep(body, max_depth):
+        return 0
+    depth, bools = nesting(body)
+    if max_depth and depth > max_depth:
         refuse(request, metrics, "depth")
         raise too_deep_error(max_depth)
-    if max_query_depth and (depth := bool_depth(body)) > max_query_depth:
-        refuse(request, metrics, "query_depth", depth=depth)
+    if max_query_depth and bools > max_query_depth:
+        refuse(request, metrics, "query_depth", depth=bools)
         raise bool_depth_error(max_query_depth)
+    return depth
 
 
 def bool_depth(value: Any) -> int:
-    """The deepest nesting of `bool` queries in a body (iterative), as Elasticsearch counts against
-    `indices.query.bool.max_nested_depth`."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            for key, child in item.items():
-                if isinstance(child, (dict, list)):
-                    inner = depth + 1 if key == "bool" and isinstance(child, dict) else depth
-                    deepest = max(deepest, inner)
-                    stack.append((child, inner))
-        else:
-            stack.extend((c, depth) for c in item if isinstance(c, (dict, list)))
-    return deepest
+    """The deepest nesting of `bool` queries in a body (see `nesting`)."""
+    return nesting(value)[1] if isinstance(value, (dict, list)) else 0
 
 
 def bool_depth_error(limit: int) -> SearchError:

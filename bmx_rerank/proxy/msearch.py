@@ -15,13 +15,13 @@ from bmx_rerank.deadline import within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
+    MAX_DEPTH,
     THREAD_BYTES,
     Unparsable,
     guard_parsed,
     guard_unparsable,
     parse,
     read_json_body,
-    too_deep,
     too_deep_error,
 )
 from bmx_rerank.proxy.config import STATE
@@ -75,8 +75,9 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
     if lines is None:
         await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)
-    for line in lines:
-        guard_parsed(request, line, config.max_depth, config.max_query_depth, state.metrics)
+    depths = [
+        guard_parsed(request, line, config.max_depth, config.max_query_depth, state.metrics) for line in lines
+    ]
     if len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await forward(request, raw or None)
     headers = forwardable_headers(client_headers(request))
@@ -84,9 +85,9 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
     plans: list[tuple[str | None, Plan | None]] = []
     skip = unreadable_format(request)
     reranked, overloaded = 0, False
-    for header, body in zip(lines[0::2], lines[1::2], strict=True):
+    for header, body, depth in zip(lines[0::2], lines[1::2], depths[1::2], strict=True):
         ix = item_index(header, index)
-        if too_deep(body):
+        if depth > MAX_DEPTH:  # deeper than a rerank rewrites (--max-depth may allow it)
             if asks_bmx(body):
                 raise too_deep_error()
             plans.append((ix, None))

@@ -13,13 +13,13 @@ from bmx_rerank.deadline import Deadline, request_budget, time_value, within
 from bmx_rerank.errors import bad_request
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
+    MAX_DEPTH,
     THREAD_BYTES,
     Unparsable,
     guard_parsed,
     guard_unparsable,
     parse,
     read_json_body,
-    too_deep,
     too_deep_error,
 )
 from bmx_rerank.proxy.config import STATE
@@ -49,10 +49,10 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     if body is Unparsable:
         await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)
-    guard_parsed(request, body, config.max_depth, config.max_query_depth, state.metrics)
+    depth = guard_parsed(request, body, config.max_depth, config.max_query_depth, state.metrics)
     if body is not None and not isinstance(body, dict):
         return await forward(request, raw or None)
-    if body is not None and too_deep(body):  # deeper than a rerank rewrites (--max-depth may allow it)
+    if depth > MAX_DEPTH:  # deeper than a rerank rewrites (--max-depth may allow it)
         if asks_bmx(body):
             raise too_deep_error()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
