@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,11 @@ from bmx_rerank.stats.source import StatsSource
 from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger("bmx_rerank.proxy")
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout_at
+else:  # the same, before asyncio had it (aiohttp's own dependency there)
+    from async_timeout import timeout_at
 
 ON_ERROR = ("fallback", "fail")
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
@@ -163,7 +169,7 @@ class Reranker:
                 body, marker = await self.finish(window, answer.data, who, headers)
                 self.metrics.rerank_seconds.observe(time.perf_counter() - start)
                 return Outcome(answer, body, marker)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             if deadline is None or not deadline.expired():
                 raise
             if window is None or answer is None or answer.status >= 300 or answer.data is None:
@@ -203,7 +209,7 @@ class Reranker:
                     )
                 )
                 return answer, dict(zip(windows, bodies, strict=True))
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             if deadline is None or not deadline.expired():
                 raise
             if answer is None or not isinstance(items, list):
@@ -446,7 +452,7 @@ def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncConte
     if deadline is None:
         return contextlib.nullcontext()
     loop = asyncio.get_running_loop()
-    return asyncio.timeout_at(deadline.loop_time(loop.time()))
+    return timeout_at(deadline.loop_time(loop.time()))
 
 
 def past_deadline(deadline: deadlines.Deadline) -> SearchError:

@@ -34,7 +34,7 @@ async def closed_by_peer(sock: socket.socket, within: float) -> bool:
     sock.setblocking(False)
     try:
         return await asyncio.wait_for(loop.sock_recv(sock, 1), within) == b""
-    except (TimeoutError, ConnectionResetError):
+    except (asyncio.TimeoutError, ConnectionResetError):  # TimeoutError itself from Python 3.11 on
         return False
 
 
