@@ -55,6 +55,13 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.first_stage = Counter(
+            "bmx_lean_windows",
+            "Windows whose first stage read no stored field (lean), and those that then went again in full "
+            "(lean_missed)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.guarded = Counter(
             "bmx_guard_refused",
             "Requests the guard kept from the cluster, by reason (depth, query_depth, unparsable_bmx, "

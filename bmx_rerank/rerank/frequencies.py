@@ -9,7 +9,7 @@ between). A changed document's terms are not cached: they are not the hit's vers
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from bmx_rerank.metrics import Metrics
@@ -78,6 +78,7 @@ class TermFrequencies:
         who: str,
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
+        identify: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the length cache, else from the statistics snapshot's
@@ -85,8 +86,10 @@ class TermFrequencies:
         hits both miss (their lengths are then remembered), dropped as `from_term_vectors` drops them.
         What it finds goes into the term-vector cache, as fetched term vectors do.
 
-        A hit whose probes cannot be read exactly is scored from its term vectors, as without probes."""
-        refs = doc_refs(hits)
+        A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
+        Hits of a lean first stage carry no `_id`: `identify` names those `_mtermvectors` needs (one
+        that cannot be named any more is dropped)."""
+        refs = doc_refs(hits, nameless=identify is not None)
         keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
         lengths = [
             {f: self.lengths.get(k) for f, k in key.items()} if tf is not None else {}
@@ -105,6 +108,9 @@ class TermFrequencies:
             None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
             for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
         ]
+        if missing and identify is not None:
+            await identify([hits[i] for i in missing if "_id" not in hits[i]])  # type: ignore[misc]
+            missing = [i for i in missing if "_id" in hits[i]]  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -172,10 +178,14 @@ def table_lengths(
     return out
 
 
-def doc_refs(hits: Sequence[Mapping[str, Any]]) -> list[DocRef]:
-    """Where each hit lives; `_index` and `_id` come back even with `_source: false`."""
+def doc_refs(hits: Sequence[Mapping[str, Any]], *, nameless: bool = False) -> list[DocRef]:
+    """Where each hit lives; `_index` and `_id` come back even with `_source: false`, not with
+    `stored_fields: _none_` (a lean first stage: `nameless` names them "")."""
     refs = []
     for hit in hits:
+        if nameless and "_index" in hit and "_id" not in hit:
+            refs.append(DocRef(hit["_index"], ""))
+            continue
         if "_id" not in hit or "_index" not in hit:
             raise ValueError("a hit without _index/_id cannot be reranked (stored_fields: _none_?)")
         routing = hit.get("_routing")

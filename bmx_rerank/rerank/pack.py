@@ -108,7 +108,7 @@ def pack(
     hits_obj = dict(out.get("hits", {}))
     page = []
     for i in order[plan.from_ : plan.from_ + plan.size]:
-        hit = _strip(hits[i], plan.wants_seq_no, _wants_version(plan))
+        hit = _strip(hits[i], plan.wants_seq_no, wants_version(plan))
         hit["_score"] = float(final[i])
         if spec.explain:
             hit["_bmx_explanation"] = _combined_explanation(
@@ -128,7 +128,7 @@ def fallback(response: Mapping[str, Any], plan: Plan, marker: Mapping[str, Any])
     hits_obj = dict(out.get("hits", {}))
     hits = hits_obj.get("hits", [])
     hits_obj["hits"] = [
-        _strip(h, plan.wants_seq_no, _wants_version(plan)) for h in hits[plan.from_ : plan.from_ + plan.size]
+        _strip(h, plan.wants_seq_no, wants_version(plan)) for h in hits[plan.from_ : plan.from_ + plan.size]
     ]
     out["hits"] = hits_obj
     out["_bmx"] = dict(marker)
@@ -189,7 +189,7 @@ def _combined_explanation(
     }
 
 
-def _wants_version(plan: Plan) -> bool:
+def wants_version(plan: Plan) -> bool:
     """Whether the caller asked for `_version` (the window always asks for it, see `pipeline`)."""
     value = plan.params.get("version")
     return (plan.body or {}).get("version") is True or (value is not None and value.lower() in ("", "true"))

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -28,11 +28,11 @@ from bmx_rerank import deadline as deadlines
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import filter_path, tf_probe
+from bmx_rerank.rerank import filter_path, lean, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, TermFrequencies
-from bmx_rerank.rerank.pack import fallback, pack
+from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import fields
@@ -159,20 +159,35 @@ class Reranker:
         answer: Answer | None = None
         try:
             async with _until(deadline):
-                window = self.open(index_expr, await self.augment(plan), headers)
-                await self.prober.add(window, who, headers)
-                answer = await first_stage(window.body, window.params)
-                if answer.status == 400 and self.prober.drop(window):
+                plan = await self.augment(plan)
+                for may_be_lean in (True, False):  # a lean window that misses goes again, full
+                    if window is not None:
+                        window.close()
+                    window, answer = self.open(index_expr, plan, headers), None
+                    await self.prober.add(window, who, headers)
+                    if may_be_lean and lean.narrow(window):
+                        self.metrics.first_stage.labels("lean").inc()
                     answer = await first_stage(window.body, window.params)
-                if answer.status >= 300 or answer.data is None:
-                    return Outcome(answer)
-                body, marker = await self.finish(window, answer.data, who, headers)
-                self.metrics.rerank_seconds.observe(time.perf_counter() - start)
-                return Outcome(answer, body, marker)
+                    if answer.status == 400 and window.lean:  # the cluster's own answer is the full one's
+                        continue
+                    if answer.status == 400 and self.prober.drop(window):
+                        answer = await first_stage(window.body, window.params)
+                    if answer.status >= 300 or answer.data is None:
+                        return Outcome(answer)
+                    try:
+                        body, marker = await self.finish(window, answer.data, who, headers)
+                    except lean.Miss:
+                        self.metrics.first_stage.labels("lean_missed").inc()
+                        continue
+                    self.metrics.rerank_seconds.observe(time.perf_counter() - start)
+                    return Outcome(answer, body, marker)
+                raise AssertionError("the full first stage never misses")
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             if deadline is None or not deadline.expired():
                 raise
-            if window is None or answer is None or answer.status >= 300 or answer.data is None:
+            # a lean answer names no document: it cannot stand for the cluster's
+            lean_answer = window is not None and window.lean
+            if window is None or answer is None or answer.status >= 300 or answer.data is None or lean_answer:
                 self.metrics.reranks.labels("deadline").inc()
                 raise past_deadline(deadline) from None
             body, marker = self._past_deadline(window, answer.data)
@@ -263,13 +278,19 @@ class Reranker:
             body = await self._score(window, response, frequencies, who, headers)
             self.metrics.reranks.labels("reranked").inc()
             return filter_path.apply(body, plan.filter_path), Marker(plan.spec.mode)
+        except lean.Miss:
+            raise
         except WindowDeclined as declined:
+            if window.lean:  # declined or failed, a lean window goes again, full: the answer is its
+                raise lean.Miss from None
             self.metrics.reranks.labels("declined").inc()
             marker = {**declined.marker, "reranked": False, "skipped": declined.reason}
             return filter_path.apply(fallback(response, plan, marker), plan.filter_path), skipped(
                 declined.reason
             )
         except Exception as exc:  # any failure of the rerank itself: the policy decides
+            if window.lean:
+                raise lean.Miss from exc
             deadline = deadlines.current()
             if deadline is not None and deadline.expired():  # a call cut short by the deadline
                 return self._past_deadline(window, response, stripped=True)
@@ -337,8 +358,12 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
+        if window.lean:
+            lean.check_hits(window, hits)
         tokens = await self._tokens(window, hits, headers)
         terms, source, views = await self._frequencies(window, hits, frequencies, names, tokens, who, headers)
+        if window.lean and source != "probes":
+            raise lean.Miss  # the term vectors are fetched by `_id`
         alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
             self.prober.saw(window, who)
@@ -356,6 +381,8 @@ class Reranker:
             "built_at": min((v.built_at for v in views if v.built_at), default=None),
             "candidates": len(hits),
             "dropped": len(hits) - len(alive),
+            # where the hits' stored fields were read: each hit of the window, or the page's alone
+            "fetch": "page" if window.lean else "window",
         }
         if not alive:
             raise WindowDeclined("window_gone", marker)
@@ -372,9 +399,21 @@ class Reranker:
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
         kept = [hits[i] for i in alive]
+        packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
-            return await asyncio.to_thread(pack, response, kept, folded, plan, marker)
-        return pack(response, kept, folded, plan, marker)
+            body = await asyncio.to_thread(pack, response, kept, folded, packed, marker)
+        else:
+            body = pack(response, kept, folded, packed, marker)
+        if window.lean:
+            await lean.fill_page(
+                self.cluster,
+                window,
+                headers,
+                body,
+                keep_seq=plan.wants_seq_no,
+                keep_version=wants_version(plan),
+            )
+        return body
 
     async def _frequencies(
         self,
@@ -399,7 +438,15 @@ class Reranker:
         prf = window.plan.spec is not None and window.plan.spec.augment.provider == "prf"
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}
         (terms, fetched), views = await asyncio.gather(
-            self.frequencies.from_probes(hits, frequencies, names, who, headers, window.stats)  # type: ignore[arg-type]
+            self.frequencies.from_probes(
+                hits,
+                frequencies,  # type: ignore[arg-type]
+                names,
+                who,
+                headers,
+                window.stats,
+                self._identify(window, headers) if window.lean else None,
+            )
             if probed
             else self.frequencies.from_term_vectors(hits, names, who, headers, needs),
             asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names)),
@@ -425,6 +472,12 @@ class Reranker:
         picked = sorted(found, key=lambda t: -found[t])[: spec.augment.terms]
         tokens = {**tokens, **{(f, t): [t] for f in corpus for t in picked}}
         return picked, [1.0, *(found[t] for t in picked)], tokens
+
+    def _identify(
+        self, window: Window, headers: Mapping[str, str]
+    ) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
+        """How a lean window's hits get the `_id` that `_mtermvectors` needs."""
+        return lambda hits: lean.identify(self.cluster, window, headers, hits)
 
     async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[str]) -> StatsView:
         """The statistics view, completed for the query's terms (estimated mode fetches them lazily)."""

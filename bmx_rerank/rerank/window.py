@@ -39,6 +39,12 @@ class Window:
     probe: tf_probe.Probe | None = None
     unprobed_because: str | None = "not_tried"
     unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # the request without probes
+    # set when the first stage is lean (`lean`): what the page fetch asks each hit to show (body, params)
+    page_fetch: tuple[dict[str, Any], dict[str, str]] | None = None
+
+    @property
+    def lean(self) -> bool:
+        return self.page_fetch is not None
 
     def close(self) -> None:
         """Cancel the calls still running; retrieve the failures of those that ended (so asyncio does

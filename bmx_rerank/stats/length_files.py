@@ -34,7 +34,9 @@ async def write(
         if opened is not None:
             return opened
         started = time.perf_counter()
-        writer = await asyncio.to_thread(LengthIndexWriter, path, info.length_docs, ident)
+        writer = await asyncio.to_thread(
+            LengthIndexWriter, path, info.length_docs, ident, by_version=one_shard(info)
+        )
         try:
             async for chunk in store.length_chunks(cluster, headers, info, store_index):
                 await asyncio.to_thread(writer.add, *chunk)
@@ -69,8 +71,15 @@ def ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
         str(info.length_chunks),
         info.marks.uuid or "",
         info.built_at,
+        "by_version" if one_shard(info) else "by_id",
     )
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
+
+
+def one_shard(info: SnapshotInfo) -> bool:
+    """Whether the snapshot's index has one shard (its marks name each primary): its table is then keyed
+    by document version alone, so a hit is found without its `_id` (`LengthIndex.by_version`)."""
+    return len(info.marks.shards) == 1
 
 
 def open_index(path: Path, ident: str) -> LengthIndex | None:

@@ -111,6 +111,7 @@ class _Layout:
     max_seq_no: int
     max_primary_term: int
     ident: str
+    by_version: bool = False  # keyed by (_seq_no, _primary_term) alone: the index has one shard
 
     @property
     def r(self) -> int:
@@ -141,6 +142,7 @@ class _Layout:
                 "max_seq_no": self.max_seq_no,
                 "max_primary_term": self.max_primary_term,
                 "ident": self.ident,
+                "by_version": self.by_version,
             }
         ).encode()
         blob = MAGIC + len(meta).to_bytes(4, "little") + meta
@@ -194,9 +196,11 @@ class LengthIndex:
         return cls(path, layout, data)
 
     @classmethod
-    def from_table(cls, table: DocLengths, path: Path | str, ident: str = "") -> LengthIndex:
+    def from_table(
+        cls, table: DocLengths, path: Path | str, ident: str = "", *, by_version: bool = False
+    ) -> LengthIndex:
         """The index of a whole `DocLengths` (tests, benchmarks): `build` over its rows."""
-        writer = LengthIndexWriter(path, len(table), ident)
+        writer = LengthIndexWriter(path, len(table), ident, by_version=by_version)
         for start in range(0, len(table), _SLICE):
             end = start + _SLICE
             writer.add(
@@ -211,6 +215,13 @@ class LengthIndex:
 
     def __len__(self) -> int:
         return self.layout.n
+
+    @property
+    def by_version(self) -> bool:
+        """Whether a hit is found without its `_id`: the table of a one-shard index, where a live
+        document version is named by its `_seq_no` and `_primary_term` alone (sequence numbers are never
+        reused within a shard; a primary's failover changes the term)."""
+        return self.layout.by_version
 
     @property
     def nbytes(self) -> int:
@@ -241,6 +252,8 @@ class LengthIndex:
         )
         if not usable or not lay.n:
             return out
+        if lay.by_version:
+            keys = np.zeros_like(keys)
         found = self._find(keys, seq, term)
         for i, length in zip(usable, found.tolist(), strict=True):
             if length >= 0:
@@ -299,7 +312,9 @@ class LengthIndex:
             return False
         for start in range(0, len(table), _SLICE):
             end = start + _SLICE
-            got = self._find(table.keys[start:end], table.seq_nos[start:end], table.primary_terms[start:end])
+            keys = table.keys[start:end]
+            keys = np.zeros_like(keys) if self.by_version else keys
+            got = self._find(keys, table.seq_nos[start:end], table.primary_terms[start:end])
             if not np.array_equal(got, table.lengths[start:end]):
                 return False
         return True
@@ -309,10 +324,11 @@ class LengthIndexWriter:
     """Builds a `LengthIndex` file of exactly `n` documents from rows given in any order and chunking
     (`add`), in bounded memory: rows are spilled to a temporary file, then placed (`finish`)."""
 
-    def __init__(self, path: Path | str, n: int, ident: str = "") -> None:
+    def __init__(self, path: Path | str, n: int, ident: str = "", *, by_version: bool = False) -> None:
         self.path = Path(path)
         self.n = n
         self.ident = ident
+        self.by_version = by_version
         self.k = bucket_bits(n)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, spill = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".spill")
@@ -340,7 +356,8 @@ class LengthIndexWriter:
             raise ValueError("sequence numbers, primary terms and lengths must be non-negative (terms >= 1)")
         if self.rows + seq.size > self.n:
             raise ValueError(f"more than the {self.n} documents announced")
-        a, b = version_keys(np.asarray(keys, np.uint64), seq, term)
+        key = np.zeros(seq.size, np.uint64) if self.by_version else np.asarray(keys, np.uint64)
+        a, b = version_keys(key, seq, term)
         rows = np.empty(seq.size, SPILL)
         rows["bucket"] = _buckets(a, self.k)
         rows["fp"] = b
@@ -382,6 +399,7 @@ class LengthIndexWriter:
                 self.max_seq_no,
                 self.max_primary_term,
                 self.ident,
+                self.by_version,
             )
             return self._write(layout, esc)
         finally:
@@ -462,10 +480,15 @@ class LengthIndexWriter:
 
 
 def build(
-    path: Path | str, n: int, chunks: Iterable[tuple[Any, Any, Any, Any]], ident: str = ""
+    path: Path | str,
+    n: int,
+    chunks: Iterable[tuple[Any, Any, Any, Any]],
+    ident: str = "",
+    *,
+    by_version: bool = False,
 ) -> LengthIndex:
     """The index of `n` documents given as (keys, seq_nos, primary_terms, lengths) chunks."""
-    writer = LengthIndexWriter(path, n, ident)
+    writer = LengthIndexWriter(path, n, ident, by_version=by_version)
     try:
         for chunk in chunks:
             writer.add(*chunk)

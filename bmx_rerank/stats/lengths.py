@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class DocLengths:
     primary_terms: np.ndarray  # (n,) int64
     lengths: np.ndarray  # (n,) int64
     dropped: np.ndarray  # (d,) uint64, sorted unique keys seen more than once (never answered)
+    by_version: ClassVar[bool] = False  # looked up by `_id` (see `LengthIndex.by_version`)
 
     def __post_init__(self) -> None:
         n = self.keys.shape[0]

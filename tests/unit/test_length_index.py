@@ -125,3 +125,33 @@ def test_version_keys_make_an_update_a_new_key() -> None:
     keys = np.full(4, 12345, np.uint64)
     a, b = version_keys(keys, np.array([0, 1, 0, 1]), np.array([1, 1, 2, 2]))
     assert len(set(a.tolist())) == 4 and len(set(b.tolist())) == 4
+
+
+def test_a_one_shard_table_is_keyed_by_version_alone(tmp_path: Path) -> None:
+    """In one shard a live version is named by (_seq_no, _primary_term): a lean hit, with no `_id`,
+    finds its length; a version the table does not hold still finds none."""
+    ids, routings, seqs, terms, lengths = ROWS
+    table = DocLengths.from_rows(*ROWS)
+    index = LengthIndex.from_table(table, tmp_path / "v.bmxlen", by_version=True)
+    assert index.by_version and index.same_as(table)
+    assert LengthIndex.open(tmp_path / "v.bmxlen").by_version  # in the header
+    assert index.lookup([""] * 5, [None] * 5, seqs, terms) == lengths  # no ids needed
+    assert index.lookup(["x"] * 3, [None] * 3, [0, 3, 9], [2, 1, 1]) == [None] * 3  # other versions
+    by_id = LengthIndex.from_table(table, tmp_path / "i.bmxlen")
+    assert not by_id.by_version and by_id.lookup([""] * 5, [None] * 5, seqs, terms) != lengths
+    assert not DocLengths.by_version
+
+
+def test_the_file_name_says_how_the_table_is_keyed(tmp_path: Path) -> None:
+    from bmx_rerank.stats.freshness import ShardMark
+    from bmx_rerank.stats.length_files import one_shard
+
+    def info(shards: int) -> SnapshotInfo:
+        marks = IndexMarks("idx", "u", tuple(ShardMark(s, 5, 5, 5) for s in range(shards)))
+        return SnapshotInfo(
+            "s1", "idx", "body", 0, 0, 0, 1, 0, marks, True,
+            "2026-01-01T00:00:00+00:00", 1.0, "build", length_docs=3, length_chunks=1,
+        )  # fmt: skip
+
+    assert one_shard(info(1)) and not one_shard(info(3)) and not one_shard(info(0))
+    assert length_ident("http://a:9200", "s", info(1)) != length_ident("http://a:9200", "s", info(3))

@@ -1,0 +1,226 @@
+"""The lean first stage: a window that reads no stored fields, its page fetched by document version.
+
+Reading each hit's `_id` (a stored field, decompressed with `_source`) is most of what a window of 100
+costs the cluster beyond its query, and the caller sees a page of 10. So where the hits can be named
+without it, the first stage asks for no stored field (`stored_fields: _none_`, `seq_no_primary_term`):
+in an index of one shard, `_seq_no` and `_primary_term` name one version of one document. That holds
+when every index the window reaches has a length table keyed by version (`LengthIndex.by_version`)
+and the probes give each hit's term frequencies; then nothing else needs the `_id`. Once ranked, the
+page's documents come back in one more search (`terms` on `_seq_no`) with the caller's `_source`,
+`fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions.
+
+Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
+back) raises `Miss`: the pipeline reranks again with the full first stage, as before, so an answer
+never differs from what that one would give."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+import orjson
+
+from bmx_rerank.rerank.window import Window
+from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.upstream import Cluster
+
+# What a lean window may carry: what shapes its hits (the query phase) and what a page fetch can
+# reproduce for the page. Anything else (highlight, script_fields, inner hits, sort, collapse, explain,
+# rescore, suggest, profile, ...) keeps the full first stage.
+BODY = frozenset(
+    {
+        "query",
+        "size",
+        "from",
+        "track_total_hits",
+        "aggs",
+        "aggregations",
+        "timeout",
+        "terminate_after",
+        "post_filter",
+        "min_score",
+        "ext",
+        "track_scores",
+    }
+)
+FETCHED = ("_source", "fields", "docvalue_fields", "stored_fields", "version", "seq_no_primary_term")
+PARAMS = frozenset(
+    {
+        "preference",
+        "routing",
+        "timeout",
+        "request_cache",
+        "allow_no_indices",
+        "ignore_unavailable",
+        "expand_wildcards",
+        "ignore_throttled",
+        "typed_keys",
+        "rest_total_hits_as_int",
+        "track_total_hits",
+        "terminate_after",
+        "search_type",
+        "allow_partial_search_results",
+        "max_concurrent_shard_requests",
+        "pre_filter_shard_size",
+        "batched_reduce_size",
+        "ccs_minimize_roundtrips",
+        "include_named_queries_score",
+    }
+)
+FETCHED_PARAMS = (
+    "_source",
+    "_source_includes",
+    "_source_excludes",
+    "stored_fields",
+    "docvalue_fields",
+    "version",
+)
+# what the page fetch keeps of the window's parameters: where it searches, and what each hit shows
+PAGE_PARAMS = (
+    "preference",
+    "routing",
+    "allow_no_indices",
+    "ignore_unavailable",
+    "expand_wildcards",
+    "timeout",
+)
+
+
+class Miss(Exception):
+    """This window cannot be answered lean: rerank it again with the full first stage."""
+
+
+def narrow(window: Window) -> bool:
+    """Make the window's first stage lean when it can be (see the module docstring); whether it did."""
+    body, params = window.body, window.params
+    if window.probe is None or body is None or not _by_version(window):
+        return False
+    if not set(body) - {*FETCHED} <= BODY or not set(params) - {*FETCHED_PARAMS} <= PARAMS:
+        return False
+    if b'"inner_hits"' in orjson.dumps(body.get("query")):
+        return False
+    window.page_fetch = (
+        {k: body[k] for k in FETCHED if k in body},
+        {k: v for k, v in params.items() if k in FETCHED_PARAMS or k in PAGE_PARAMS},
+    )
+    window.body = {
+        **{k: v for k, v in body.items() if k not in FETCHED},
+        "stored_fields": "_none_",
+        "seq_no_primary_term": True,
+        "version": True,  # from doc values, as `_seq_no`: what `frequencies` checks term vectors against
+    }
+    window.params = {k: v for k, v in params.items() if k not in FETCHED_PARAMS}
+    return True
+
+
+def check_hits(window: Window, hits: Sequence[Mapping[str, Any]]) -> None:
+    """Every hit is named by its version: its index has a table keyed so in every field (a pattern may
+    reach an index that has none, or several shards), and it carries `_seq_no` and `_primary_term`.
+    `Miss` if not."""
+    indices = {str(h.get("_index")) for h in hits}
+    for task in window.stats.values():
+        tables = task.result().lengths or {}
+        if not all(getattr(tables.get(ix), "by_version", False) for ix in indices):
+            raise Miss
+    for hit in hits:
+        if not isinstance(hit.get("_seq_no"), int) or not isinstance(hit.get("_primary_term"), int):
+            raise Miss
+
+
+async def fetch(
+    cluster: Cluster,
+    window: Window,
+    headers: Mapping[str, str],
+    hits: Sequence[Mapping[str, Any]],
+    *,
+    page: bool,
+) -> list[dict[str, Any] | None]:
+    """The documents of `hits` (lean hits) by version, each as a hit of the index expression, None where
+    that version is gone. `page`: showing what the caller asked each hit to show; else only its `_id`.
+    One search: per index, a `terms` on `_seq_no` (unique in a one-shard index)."""
+    if not hits:
+        return []
+    assert window.page_fetch is not None
+    shown, params = window.page_fetch
+    if not page:
+        shown = {"_source": False}
+        params = {k: v for k, v in params.items() if k in PAGE_PARAMS}
+    by_index: dict[str, list[int]] = {}
+    for hit in hits:
+        by_index.setdefault(str(hit["_index"]), []).append(int(hit["_seq_no"]))
+    which = [
+        {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": seqs}}]}}
+        for ix, seqs in by_index.items()
+    ]
+    body = {
+        "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
+        "size": len(hits),
+        "track_total_hits": False,
+        **shown,
+        "seq_no_primary_term": True,
+    }
+    path = f"/{window.index_expr}/_search"
+    if params:
+        path += "?" + urlencode(params)
+    answer = await cluster.request("POST", path, body, headers)
+    found = {(h.get("_index"), h.get("_seq_no")): h for h in answer.get("hits", {}).get("hits", [])}
+    out: list[dict[str, Any] | None] = []
+    for hit in hits:
+        got = found.get((hit["_index"], hit["_seq_no"]))
+        out.append(got if got is not None and got.get("_primary_term") == hit["_primary_term"] else None)
+    return out
+
+
+async def identify(
+    cluster: Cluster, window: Window, headers: Mapping[str, str], hits: Sequence[dict[str, Any]]
+) -> None:
+    """Give lean `hits` their `_id` (and `_routing`), for the calls that name documents by id
+    (`_mtermvectors`); a hit whose version is gone keeps none (it is dropped, as a changed one is)."""
+    for hit, doc in zip(hits, await fetch(cluster, window, headers, hits, page=False), strict=True):
+        if doc is not None and "_id" in doc:
+            hit["_id"] = doc["_id"]
+            if "_routing" in doc:
+                hit["_routing"] = doc["_routing"]
+
+
+async def fill_page(
+    cluster: Cluster,
+    window: Window,
+    headers: Mapping[str, str],
+    body: dict[str, Any],
+    *,
+    keep_seq: bool,
+    keep_version: bool,
+) -> None:
+    """The page of a reranked lean window (`body`'s hits, which carry `_seq_no`) replaced by its
+    documents as the caller asked to see them, with the rerank's `_score` (and explanation); `Miss`
+    when one of them is gone or changed."""
+    hits = body.get("hits", {}).get("hits", [])
+    page = []
+    for hit, doc in zip(hits, await fetch(cluster, window, headers, hits, page=True), strict=True):
+        if doc is None:
+            raise Miss
+        drop = {"_score", "sort", "matched_queries"}
+        drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
+        drop |= set() if keep_version else {"_version"}
+        shown = {k: v for k, v in doc.items() if k not in drop}
+        shown["_score"] = hit["_score"]
+        if "_bmx_explanation" in hit:
+            shown["_bmx_explanation"] = hit["_bmx_explanation"]
+        page.append(shown)
+    body["hits"] = {**body["hits"], "hits": page}
+
+
+def by_version(view: StatsView) -> bool:
+    """Every index of the view has a length table keyed by version: its hits need no `_id`."""
+    tables = view.lengths
+    return bool(tables) and all(getattr(t, "by_version", False) for t in tables.values())
+
+
+def _by_version(window: Window) -> bool:
+    """Every field's statistics are in hand, each `by_version`."""
+    tasks = window.stats.values()
+    if not tasks or not all(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
+        return False
+    return all(by_version(t.result()) for t in tasks)

@@ -1,0 +1,196 @@
+"""The lean first stage (rerank/lean.py) on real engines: a window that reads no stored field, its page
+fetched by version, answers exactly as the full first stage does.
+
+Two proxies over the same statistics store: one as shipped (`auto` probes: lean where the index has
+one shard), one that never probes (so never lean: the first stage reads every hit's `_id` and
+`_source`, frequencies from `_mtermvectors`). Their answers are compared whole: ids, scores, `_source`
+as the caller filtered it, `fields`, `_version`, `_seq_no`, totals and aggregations, page by page, with
+documents updated and deleted (and refreshed) between searches; on 1 shard (lean) and on 3 shards (not
+lean: a hit there is not named by its `_seq_no`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bmx_rerank.stats import build as stats_build
+from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.upstream import Cluster
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
+
+pytestmark = pytest.mark.integration
+
+DOCS = 300
+QUERIES = 6
+
+
+def _create(engine: EngineClient, index: str, shards: int, texts: dict[str, str]) -> None:
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    mappings = {
+        "properties": {"body": {"type": "text"}, "n": {"type": "integer"}, "tag": {"type": "keyword"}}
+    }
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
+    lines = []
+    for i, (doc_id, text) in enumerate(texts.items()):
+        lines.append(json.dumps({"index": {"_index": index, "_id": doc_id}}))
+        lines.append(json.dumps({"body": text, "n": i, "tag": f"t{i % 4}"}))
+    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+
+
+@pytest.fixture(params=[1, 3], ids=["1-shard", "3-shards"])
+def pair(
+    engine: EngineClient, request
+) -> Iterator[tuple[EngineClient, str, ProxyThread, ProxyThread, list[str]]]:
+    shards = request.param
+    index = f"bmxtest-lean-{uuid.uuid4().hex[:10]}"
+    store = f"bmxtest-lean-store-{uuid.uuid4().hex[:8]}"
+    texts = {d["_id"]: f"{d.get('title', '')} {d['text']}" for d in scifact_records("corpus.jsonl", DOCS)}
+    _create(engine, index, shards, texts)
+
+    async def build(session: aiohttp.ClientSession) -> None:
+        await stats_build.build_snapshots(Cluster(session, engine.url), index, "body", {}, store=store)
+
+    asyncio.run(_with_session(build))
+
+    def stats(session: aiohttp.ClientSession, base: str) -> StatsCache:
+        return StatsCache(session, base, store=store, check_interval=3600.0)
+
+    lean = ProxyThread(engine.url, stats)
+    full = ProxyThread(engine.url, stats, tf_probes=False)
+    try:
+        yield engine, index, lean, full, [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
+    finally:
+        lean.close()
+        full.close()
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")
+
+
+async def _with_session(fn: Any) -> Any:
+    async with aiohttp.ClientSession() as session:
+        return await fn(session)
+
+
+def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _shown(answer: dict[str, Any]) -> dict[str, Any]:
+    """What a caller reads of an answer: everything but timings and the marker's own bookkeeping."""
+    out = {k: v for k, v in answer.items() if k not in ("took", "_bmx")}
+    hits = out["hits"]
+    out["hits"] = {**hits, "hits": [{**h, "_score": round(h["_score"], 5)} for h in hits["hits"]]}
+    if hits.get("max_score") is not None:
+        out["hits"]["max_score"] = round(hits["max_score"], 5)
+    return out
+
+
+def _searches(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The shapes a caller sends: pages, `_source` filtering (body and URL), `fields`, versions, aggs."""
+    bmx = {"field": "body", "window_size": 60}
+    query = {"match": {"body": text}}
+    return [
+        ("", {"query": query, "size": 10, "ext": {"bmx": bmx}}),
+        ("", {"query": query, "from": 10, "size": 10, "ext": {"bmx": bmx}}),
+        (
+            "",
+            {
+                "query": {"bool": {"must": [query], "filter": [{"range": {"n": {"gte": 5}}}]}},
+                "size": 7,
+                "_source": ["n"],
+                "fields": ["tag"],
+                "version": True,
+                "seq_no_primary_term": True,
+                "aggs": {"tags": {"terms": {"field": "tag"}}},
+                "track_total_hits": True,
+                "ext": {"bmx": bmx},
+            },
+        ),
+        ("?_source_excludes=body&version=true", {"query": query, "size": 5, "ext": {"bmx": bmx}}),
+        ("", {"query": query, "size": 5, "_source": False, "ext": {"bmx": bmx}}),
+    ]
+
+
+def _compare(engine, index, lean: ProxyThread, full: ProxyThread, texts: list[str], want: str) -> None:
+    for text in texts:
+        for params, body in _searches(text):
+            a = _post(lean.url, f"/{index}/_search{params}", body)
+            b = _post(full.url, f"/{index}/_search{params}", body)
+            assert a["_bmx"]["reranked"] is True and b["_bmx"]["reranked"] is True, (a["_bmx"], b["_bmx"])
+            assert b["_bmx"]["fetch"] == "window"
+            assert a["_bmx"]["fetch"] == want, a["_bmx"]
+            assert _shown(a) == _shown(b)
+            assert a["hits"]["hits"], "a page to compare"
+
+
+def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair) -> None:
+    engine, index, lean, full, texts = pair
+    shards = engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"]
+    want = "page" if shards == "1" else "window"
+    _compare(engine, index, lean, full, texts, want)
+
+    # Documents of the pages updated and deleted (refreshed) after the statistics' build: the lean
+    # window names the updated and new ones by version for `_mtermvectors`; the deleted one is gone.
+    assert _metric(lean.url, 'bmx_upstream_seconds_count{call="termvectors"}') == 0
+    top = [h["_id"] for h in _post(full.url, f"/{index}/_search", _searches(texts[0])[0][1])["hits"]["hits"]]
+    engine.ok("POST", f"/{index}/_update/{top[0]}", {"doc": {"body": f"{texts[0]} {texts[0]} more"}})
+    engine.ok("DELETE", f"/{index}/_doc/{top[1]}")
+    engine.ok("PUT", f"/{index}/_doc/new-one", {"body": texts[0], "n": 7, "tag": "t1"})
+    engine.ok("POST", f"/{index}/_refresh")
+    _compare(engine, index, lean, full, texts[:2], want)
+    assert _metric(lean.url, 'bmx_upstream_seconds_count{call="termvectors"}') > 0
+
+    windows = len(texts) * 5 + 2 * 5
+    lean_windows = _metric(lean.url, 'bmx_lean_windows_total{outcome="lean"}')
+    assert lean_windows == (windows if want == "page" else 0)
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0
+
+
+def _metric(url: str, name: str) -> float:
+    """A sample of the proxy's /metrics (0 when it has none yet)."""
+    with urllib.request.urlopen(f"{url}/_bmx/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
+def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in_full(
+    pair, monkeypatch
+) -> None:
+    """A page's document updated (and refreshed) between the lean first stage and its page fetch: that
+    version is gone, so the search goes again with the full first stage, and answers as it does."""
+    from bmx_rerank.rerank import lean as lean_module
+
+    engine, index, lean, full, texts = pair
+    body = _searches(texts[0])[0][1]
+    top = _post(full.url, f"/{index}/_search", body)["hits"]["hits"][0]["_id"]
+    real = lean_module.fetch
+    changed: list[bool] = []
+
+    async def changing_first(*args: Any, page: bool, **kwargs: Any) -> Any:
+        if page and not changed:
+            engine.ok("POST", f"/{index}/_update/{top}", {"doc": {"n": 999}}, {"refresh": "true"})
+            changed.append(True)
+        return await real(*args, page=page, **kwargs)
+
+    monkeypatch.setattr(lean_module, "fetch", changing_first)
+    a = _post(lean.url, f"/{index}/_search", body)
+    assert changed and a["_bmx"]["fetch"] == "window", a["_bmx"]
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 1
+    assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
+    assert any(h["_source"]["n"] == 999 for h in a["hits"]["hits"]), "the version the rerank scored"
