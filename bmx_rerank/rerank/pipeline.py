@@ -3,11 +3,14 @@
     rerank(index, plan, headers, first_stage)
       augment   the LLM's queries, when the spec asks a provider for them, widen the first stage
       open      the window: its request, with the query's analysis and the statistics started beside it
-      probe     term-frequency probes in the first stage, where they are safe and pay (`probing`)
+      probe     term-frequency probes in the first stage, where they are safe and pay (`probing`);
+                a lean first stage, reading no stored field, where the hits can be named without (`lean`)
       search    the first stage, through the front end's own `first_stage` (again without probes when
                 the cluster refuses them)
       finish    term frequencies (`frequencies`), scores (`rescore`, `scoring`), the page (`pack`)
       close     whatever still runs is cancelled, on every path
+
+A lean window that misses (`lean.Miss`) is searched again with the full first stage.
 
 The front end passes its upstream call as `first_stage` and gets an `Outcome` back: the reranked body,
 or the cluster's own answer to hand back as it is. `rerank_each` does the same for several windows sent
@@ -168,7 +171,7 @@ class Reranker:
                     if may_be_lean and lean.narrow(window):
                         self.metrics.first_stage.labels("lean").inc()
                     answer = await first_stage(window.body, window.params)
-                    if answer.status == 400 and window.lean:  # the cluster's own answer is the full one's
+                    if answer.status == 400 and window.lean:  # as the caller sent it, would it be one?
                         continue
                     if answer.status == 400 and self.prober.drop(window):
                         answer = await first_stage(window.body, window.params)
