@@ -29,6 +29,7 @@ from benchmarks.proxy_latency import (
     index_corpus,
     process_cpu,
     rerank,
+    shard_count,
     stats_source,
     sweep_stats,
 )
@@ -43,7 +44,8 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
 
     from bmx_rerank.proxy import ProxyConfig, make_app
 
-    stats = stats_source(index, *sweep_stats(upstream, index))  # the length table too, as `stats build`
+    # the length table too, mapped (keyed by version on one shard) as the statistics cache serves it
+    stats = stats_source(index, *sweep_stats(upstream, index), shard_count(upstream, index))
     app = make_app(
         ProxyConfig(upstream=upstream, **cache_option(caches == "1" if isinstance(caches, str) else caches)),
         lambda s, b: stats,

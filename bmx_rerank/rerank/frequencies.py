@@ -91,8 +91,9 @@ class TermFrequencies:
         that cannot be named any more is dropped)."""
         refs = doc_refs(hits, nameless=identify is not None)
         keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
+        get = self.lengths.get
         lengths = [
-            {f: self.lengths.get(k) for f, k in key.items()} if tf is not None else {}
+            {f: get(k) for f, k in key.items()} if tf is not None else {}
             for key, tf in zip(keys, frequencies, strict=True)
         ]
         missing = _unknown(lengths, names)

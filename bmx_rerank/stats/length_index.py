@@ -248,12 +248,16 @@ class LengthIndex:
         out: list[int | None] = [None] * len(ids)
         lay = self.layout
         usable, keys, seq, term = versions(
-            ids, routings, seq_nos, primary_terms, lay.max_seq_no, lay.max_primary_term
+            ids,
+            routings,
+            seq_nos,
+            primary_terms,
+            lay.max_seq_no,
+            lay.max_primary_term,
+            by_version=lay.by_version,
         )
         if not usable or not lay.n:
             return out
-        if lay.by_version:
-            keys = np.zeros_like(keys)
         found = self._find(keys, seq, term)
         for i, length in zip(usable, found.tolist(), strict=True):
             if length >= 0:

@@ -156,9 +156,12 @@ def versions(
     primary_terms: Sequence[object],
     max_seq_no: int | None = None,
     max_primary_term: int | None = None,
+    *,
+    by_version: bool = False,
 ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The hits that can name a version a table holds (an integer `_seq_no` >= 0 and `_primary_term`,
-    at most the given largest), with their keys, sequence numbers and primary terms."""
+    at most the given largest), with their keys (0 for a table keyed `by_version`), sequence numbers
+    and primary terms."""
     hi_seq = max_seq_no if max_seq_no is not None else float("inf")
     hi_term = max_primary_term if max_primary_term is not None else float("inf")
     usable = [
@@ -166,7 +169,9 @@ def versions(
         for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
         if _is_int(s) and _is_int(t) and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
     ]
-    keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
+    keys = (
+        np.zeros(len(usable), np.uint64) if by_version else _u64(doc_key(ids[i], routings[i]) for i in usable)
+    )
     seq = np.array([seq_nos[i] for i in usable], np.int64)
     term = np.array([primary_terms[i] for i in usable], np.int64)
     return usable, keys, seq, term
