@@ -196,12 +196,14 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
 
 
 def cache_option(caches: bool) -> dict[str, int]:
-    """The term-vector cache on (default size) or off, in this version's option (bytes or entries)."""
+    """The term-vector (and page) caches on (default size) or off, in this version's options."""
     import dataclasses
 
     from bmx_rerank.proxy import ProxyConfig
 
     names = {f.name for f in dataclasses.fields(ProxyConfig)}
+    if "page_cache_bytes" in names:  # a first sight fetches its page too
+        return {"cache_bytes": (256 << 20) if caches else 0, "page_cache_bytes": (64 << 20) if caches else 0}
     if "cache_bytes" in names:
         return {"cache_bytes": (256 << 20) if caches else 0}
     return {"cache_size": 100_000 if caches else 0}

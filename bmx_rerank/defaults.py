@@ -8,6 +8,7 @@ DEADLINE = 60.0  # seconds for everything one reranked search does (0: none, eac
 CONNECT_TIMEOUT = 10.0  # seconds to open a connection to a node
 ON_RERANK_ERROR = "fallback"  # a failed rerank answers with the cluster's own ranking, marked
 CACHE_BYTES = 256 << 20  # term-vector cache, bytes (estimated)
+PAGE_CACHE_BYTES = 64 << 20  # lean windows' page documents, bytes of their JSON (rerank/lean.py)
 TF_PROBES = "auto"  # term frequencies from the first stage where they pay (rerank/probing)
 MAX_BODY = 64 << 20  # bytes of a search body read to look for ext.bmx, after inflation
 MAX_AUGMENT = 64  # augmented queries (WQA) per search: each costs an `_analyze`

@@ -196,6 +196,13 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
     help="Term-vector cache size (estimated bytes; 0 disables it), e.g. 256MiB.",
 )
 @click.option(
+    "--page-cache-bytes",
+    type=ByteSize(),
+    default=defaults.PAGE_CACHE_BYTES,
+    help="A lean window's page documents kept by version for a repeated window (bytes of JSON; 0 "
+    "disables it), e.g. 64MiB.",
+)
+@click.option(
     "--widen/--no-widen",
     default=True,
     show_default=True,
@@ -341,6 +348,7 @@ def command(
     deadline: float,
     connect_timeout: float,
     cache_bytes: int,
+    page_cache_bytes: int,
     widen: bool,
     stats_check_interval: float,
     stats_index: str,
@@ -403,6 +411,7 @@ def command(
         deadline=deadline,
         connect_timeout=connect_timeout,
         cache_bytes=cache_bytes,
+        page_cache_bytes=page_cache_bytes,
         widen=widen,
         max_body=max_body,
         max_content_length=max_content_length,

@@ -27,6 +27,7 @@ from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
 from bmx_rerank.proxy.search import ARRIVED, MARKER, search
+from bmx_rerank.rerank.lean import PageCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
 from bmx_rerank.rerank.term_vector_cache import TermVectorCache
@@ -90,6 +91,7 @@ def make_app(
             on_error=config.on_rerank_error,
             probes=str(config.tf_probes),
             identity_headers=config.identity_headers,
+            pages=PageCache(config.page_cache_bytes),
         )
         admission.applied = AppliedConfigs(
             sidecar,  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ class ProxyConfig:
     # statistics), seconds; ext.bmx.deadline and the search's `timeout` may lower it. 0: none.
     deadline: float = defaults.DEADLINE
     cache_bytes: int = defaults.CACHE_BYTES  # term-vector cache, bytes (estimated)
+    page_cache_bytes: int = defaults.PAGE_CACHE_BYTES  # lean windows' page documents (rerank/lean.py)
     widen: bool = True
     # Term frequencies from the first stage (rerank/probing): "auto" probes new windows only, "on"
     # every search that can, "off" none; True/False mean "on"/"off".
@@ -66,8 +67,8 @@ class ProxyConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if min(self.max_depth, self.max_query_depth, self.max_content_length, self.max_in_flight) < 0:
             raise ValueError("max_depth, max_query_depth and max_content_length must be >= 0 (0: off)")
-        if self.max_augment < 0 or self.cache_bytes < 0:
-            raise ValueError("max_augment and cache_bytes must be >= 0")
+        if self.max_augment < 0 or self.cache_bytes < 0 or self.page_cache_bytes < 0:
+            raise ValueError("max_augment, cache_bytes and page_cache_bytes must be >= 0")
         if self.deadline < 0:
             raise ValueError("deadline must be >= 0 seconds (0: none)")
         if self.timeout <= 0 or self.connect_timeout <= 0:

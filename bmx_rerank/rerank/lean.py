@@ -15,11 +15,13 @@ never differs from what that one would give."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 import orjson
+from cachetools import LRUCache
 
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
@@ -184,6 +186,48 @@ async def identify(
                 hit["_routing"] = doc["_routing"]
 
 
+PageKey = tuple[str, str, str, int, int, str]  # (caller, table, index, _seq_no, _primary_term, shape)
+# What a page fetch may show for its documents to be kept (`PageCache`): a version's `_source` never
+# changes; `fields`, `docvalue_fields` and `stored_fields` follow the mapping, which can.
+CACHED_BODY = frozenset({"_source", "version", "seq_no_primary_term"})
+CACHED_PARAMS = frozenset({"_source", "_source_includes", "_source_excludes", "version", *PAGE_PARAMS})
+
+
+class PageCache:
+    """Page documents as a caller saw them, by document version: a repeated window's page needs no
+    fetch. Keyed by the caller (what one may read never answers another), the length table (a
+    re-created index has another), the version and what the caller asked each hit to show; bounded in
+    bytes of the documents' JSON, least recently used first out."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._docs: LRUCache[PageKey, dict[str, Any]] = LRUCache(
+            maxsize=max(1, max_bytes), getsizeof=lambda doc: len(orjson.dumps(doc))
+        )
+
+    def keys(self, window: Window, who: str, hits: Sequence[Mapping[str, Any]]) -> list[PageKey] | None:
+        """The hits' keys, None when this window's page is not kept (off, or it shows what can change)."""
+        assert window.page_fetch is not None
+        shown, params = window.page_fetch
+        if self.max_bytes <= 0 or not set(shown) <= CACHED_BODY or not set(params) <= CACHED_PARAMS:
+            return None
+        shape = orjson.dumps(
+            [shown, {k: v for k, v in params.items() if k not in PAGE_PARAMS}], option=orjson.OPT_SORT_KEYS
+        ).decode()
+        tables = next(iter(window.stats.values())).result().lengths or {}
+        return [
+            (who, _ident(tables.get(h["_index"])), h["_index"], h["_seq_no"], h["_primary_term"], shape)
+            for h in hits
+        ]
+
+    def get(self, key: PageKey) -> dict[str, Any] | None:
+        return self._docs.get(key)
+
+    def put(self, key: PageKey, doc: dict[str, Any]) -> None:
+        with contextlib.suppress(ValueError):  # a document larger than the whole cache is not kept
+            self._docs[key] = doc
+
+
 async def fill_page(
     cluster: Cluster,
     window: Window,
@@ -192,13 +236,23 @@ async def fill_page(
     *,
     keep_seq: bool,
     keep_version: bool,
+    cache: PageCache,
+    who: str,
 ) -> None:
     """The page of a reranked lean window (`body`'s hits, which carry `_seq_no`) replaced by its
-    documents as the caller asked to see them, with the rerank's `_score` (and explanation); `Miss`
-    when one of them is gone or changed."""
+    documents as the caller asked to see them (from `cache`, else one fetch), with the rerank's
+    `_score` (and explanation); `Miss` when one of them is gone or changed."""
     hits = body.get("hits", {}).get("hits", [])
+    keys = cache.keys(window, who, hits)
+    docs = [cache.get(k) for k in keys] if keys is not None else [None] * len(hits)
+    wanted = [i for i, d in enumerate(docs) if d is None]
+    fetched = await fetch(cluster, window, headers, [hits[i] for i in wanted], page=True)
+    for i, doc in zip(wanted, fetched, strict=True):
+        docs[i] = doc
+        if doc is not None and keys is not None:
+            cache.put(keys[i], doc)
     page = []
-    for hit, doc in zip(hits, await fetch(cluster, window, headers, hits, page=True), strict=True):
+    for hit, doc in zip(hits, docs, strict=True):
         if doc is None:
             raise Miss
         drop = {"_score", "sort", "matched_queries"}
@@ -210,6 +264,12 @@ async def fill_page(
             shown["_bmx_explanation"] = hit["_bmx_explanation"]
         page.append(shown)
     body["hits"] = {**body["hits"], "hits": page}
+
+
+def _ident(table: Any) -> str:
+    """What names a length table's build (a mapped one's file ident)."""
+    layout = getattr(table, "layout", None)
+    return str(getattr(layout, "ident", id(table)))
 
 
 def by_version(view: StatsView) -> bool:

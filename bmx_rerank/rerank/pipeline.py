@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from bmx_rerank import deadline as deadlines
+from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
@@ -132,6 +133,7 @@ class Reranker:
         analyses: AnalysisCache | None = None,
         probes: str = "off",
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
+        pages: lean.PageCache | None = None,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -148,6 +150,7 @@ class Reranker:
         self.prober = Prober(cluster, metrics, mode=probes, remember_windows=cache.max_bytes > 0)
         lengths = lengths if lengths is not None else tf_probe.LengthCache()
         self.frequencies = TermFrequencies(cluster, metrics, cache=cache, lengths=lengths)
+        self.pages = pages if pages is not None else lean.PageCache(defaults.PAGE_CACHE_BYTES)
 
     async def rerank(
         self, index_expr: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
@@ -415,6 +418,8 @@ class Reranker:
                 body,
                 keep_seq=plan.wants_seq_no,
                 keep_version=wants_version(plan),
+                cache=self.pages,
+                who=who,
             )
         return body
 

@@ -194,3 +194,40 @@ def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 1
     assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
     assert any(h["_source"]["n"] == 999 for h in a["hits"]["hits"]), "the version the rerank scored"
+
+
+@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
+def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
+    """The same search again: its page documents come from the page cache (no page fetch), the answer
+    unchanged; another caller (another `Authorization`) fetches its own; a page showing `fields`
+    (which follow the mapping) is never kept."""
+    from bmx_rerank.rerank import lean as lean_module
+
+    engine, index, lean, full, texts = pair
+    real = lean_module.fetch
+    pages: list[int] = []
+
+    async def counting(*args: Any, page: bool, **kwargs: Any) -> Any:
+        if page:
+            pages.append(len(args[3]))
+        return await real(*args, page=page, **kwargs)
+
+    monkeypatch.setattr(lean_module, "fetch", counting)
+    body = _searches(texts[1])[0][1]
+    first = _post(lean.url, f"/{index}/_search", body)
+    assert first["_bmx"]["fetch"] == "page" and pages == [10]
+    again = _post(lean.url, f"/{index}/_search", body)
+    assert _shown(again) == _shown(first) and pages == [10, 0], "the page from the cache"
+    other = urllib.request.Request(
+        f"{lean.url}/{index}/_search",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": "Basic b3RoZXI6Y2FsbGVy"},
+        method="POST",
+    )
+    with urllib.request.urlopen(other, timeout=60) as resp:
+        assert _shown(json.loads(resp.read())) == _shown(first)
+    assert pages == [10, 0, 10], "another caller's page is its own"
+    shaped = {**body, "fields": ["tag"]}
+    for _ in range(2):
+        assert _post(lean.url, f"/{index}/_search", shaped)["_bmx"]["fetch"] == "page"
+    assert pages == [10, 0, 10, 10, 10], "fields follow the mapping: not kept"
