@@ -20,6 +20,8 @@ from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 HitTerms = dict[str, DocTerms]  # one hit's terms per field
+# Names a lean window's hits (no `_id`) for `_mtermvectors`: sets `_id` on those it still finds
+Identify = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
 class TermFrequencies:
@@ -45,18 +47,26 @@ class TermFrequencies:
         who: str,
         headers: Mapping[str, str],
         needs: Mapping[str, Collection[str]] | None = None,
+        identify: Identify | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
         `_mtermvectors` for all fields; and how many hits that fetched. A cached partial entry serves
-        only if it knows every token of `needs[field]` (None: full term vectors only)."""
+        only if it knows every token of `needs[field]` (None: full term vectors only). `identify`: the
+        hits are a lean window's (see `from_probes`)."""
         found: list[HitTerms] = []
         get = self.cache.get
-        for hit in hits:
-            cached = {f: get(cache_key(hit, f, who), None if needs is None else needs[f]) for f in names}
+        by_version = identify is not None
+        keys = [{f: cache_key(h, f, who, by_version=by_version) for f in names} for h in hits]
+        for key in keys:
+            cached = {f: get(key[f], None if needs is None else needs[f]) for f in names}
             found.append({f: d for f, d in cached.items() if d is not None})
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
         self._count(sum(len(d) for d in found), len(hits) * len(names))
         gone: set[int] = set()
+        if missing and identify is not None:
+            await identify([hits[i] for i in missing if "_id" not in hits[i]])  # type: ignore[misc]
+            gone.update(i for i in missing if "_id" not in hits[i])  # changed since: dropped
+            missing = [i for i in missing if "_id" in hits[i]]
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -65,7 +75,7 @@ class TermFrequencies:
                     continue
                 for f, terms in by_field.items():
                     found[i].setdefault(f, terms)
-                    key = cache_key(hits[i], f, who)
+                    key = keys[i][f]
                     self.cache.put(key, terms)
                     self.lengths.put(key, terms.length)  # a later probed window needs only this
         return [None if i in gone else d for i, d in enumerate(found)], len(missing)
@@ -78,7 +88,7 @@ class TermFrequencies:
         who: str,
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
-        identify: Callable[[list[dict[str, Any]]], Awaitable[None]] | None = None,
+        identify: Identify | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the length cache, else from the statistics snapshot's
@@ -89,8 +99,9 @@ class TermFrequencies:
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
         Hits of a lean first stage carry no `_id`: `identify` names those `_mtermvectors` needs (one
         that cannot be named any more is dropped)."""
-        refs = doc_refs(hits, nameless=identify is not None)
-        keys = [{f: cache_key(h, f, who) for f in names} for h in hits]
+        by_version = identify is not None
+        refs = doc_refs(hits, nameless=by_version)
+        keys = [{f: cache_key(h, f, who, by_version=by_version) for f in names} for h in hits]
         get = self.lengths.get
         lengths = [
             {f: get(k) for f, k in key.items()} if tf is not None else {}

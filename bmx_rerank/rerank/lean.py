@@ -15,6 +15,7 @@ never differs from what that one would give."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -89,18 +90,26 @@ PAGE_PARAMS = (
 )
 
 
+# Seconds a window waits for its statistics to say whether it can be lean (they are in memory once a
+# snapshot is loaded: a cold load goes full rather than hold the search)
+STATS_WAIT = 0.05
+
+
 class Miss(Exception):
     """This window cannot be answered lean: rerank it again with the full first stage."""
 
 
-def narrow(window: Window) -> bool:
-    """Make the window's first stage lean when it can be (see the module docstring); whether it did."""
+async def narrow(window: Window) -> bool:
+    """Make the window's first stage lean when it can be (see the module docstring); whether it did.
+
+    A probed window, or one unprobed because this caller had it reranked lately (`seen`: its
+    frequencies are in the term-vector cache, kept by version for lean hits)."""
     body, params = window.body, window.params
-    if window.probe is None or body is None or not _by_version(window):
+    if body is None or (window.probe is None and window.unprobed_because != "seen"):
         return False
     if not set(body) - {*FETCHED} <= BODY or not set(params) - {*FETCHED_PARAMS} <= PARAMS:
         return False
-    if b'"inner_hits"' in orjson.dumps(body.get("query")):
+    if b'"inner_hits"' in orjson.dumps(body.get("query")) or not await _by_version(window):
         return False
     window.page_fetch = (
         {k: body[k] for k in FETCHED if k in body},
@@ -278,9 +287,13 @@ def by_version(view: StatsView) -> bool:
     return bool(tables) and all(getattr(t, "by_version", False) for t in tables.values())
 
 
-def _by_version(window: Window) -> bool:
-    """Every field's statistics are in hand, each `by_version`."""
-    tasks = window.stats.values()
-    if not tasks or not all(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
+async def _by_version(window: Window) -> bool:
+    """Every field's statistics are in hand (within STATS_WAIT), each `by_version`."""
+    tasks = list(window.stats.values())
+    if not tasks:
+        return False
+    if not all(t.done() for t in tasks):
+        await asyncio.wait(tasks, timeout=STATS_WAIT)
+    if not all(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
         return False
     return all(by_version(t.result()) for t in tasks)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, lean, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.frequencies import HitTerms, TermFrequencies
+from bmx_rerank.rerank.frequencies import HitTerms, Identify, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -171,7 +171,7 @@ class Reranker:
                         window.close()
                     window, answer = self.open(index_expr, plan, headers), None
                     await self.prober.add(window, who, headers)
-                    if may_be_lean and lean.narrow(window):
+                    if may_be_lean and await lean.narrow(window):
                         self.metrics.first_stage.labels("lean").inc()
                     answer = await first_stage(window.body, window.params)
                     if answer.status == 400 and window.lean:  # as the caller sent it, would it be one?
@@ -368,8 +368,6 @@ class Reranker:
             lean.check_hits(window, hits)
         tokens = await self._tokens(window, hits, headers)
         terms, source, views = await self._frequencies(window, hits, frequencies, names, tokens, who, headers)
-        if window.lean and source != "probes":
-            raise lean.Miss  # the term vectors are fetched by `_id`
         alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
             self.prober.saw(window, who)
@@ -456,7 +454,9 @@ class Reranker:
                 self._identify(window, headers) if window.lean else None,
             )
             if probed
-            else self.frequencies.from_term_vectors(hits, names, who, headers, needs),
+            else self.frequencies.from_term_vectors(
+                hits, names, who, headers, needs, self._identify(window, headers) if window.lean else None
+            ),
             asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names)),
         )
         return terms, "probes" if probed else "termvectors" if fetched else "cache", list(views)
@@ -481,9 +481,7 @@ class Reranker:
         tokens = {**tokens, **{(f, t): [t] for f in corpus for t in picked}}
         return picked, [1.0, *(found[t] for t in picked)], tokens
 
-    def _identify(
-        self, window: Window, headers: Mapping[str, str]
-    ) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
+    def _identify(self, window: Window, headers: Mapping[str, str]) -> Identify:
         """How a lean window's hits get the `_id` that `_mtermvectors` needs."""
         return lambda hits: lean.identify(self.cluster, window, headers, hits)
 

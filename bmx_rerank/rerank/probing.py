@@ -17,7 +17,7 @@ from cachetools import TTLCache
 
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import lean, tf_probe
+from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.window import Tokens, Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -93,7 +93,8 @@ class Prober:
         if why := tf_probe.why_not(body, orjson.dumps(body), params):
             return why
         auto = self.mode == "auto"
-        seen = auto and self.remember_windows and (who, window.digest) in self.seen
+        if auto and self.remember_windows and (who, window.digest) in self.seen:
+            return "seen"
         tables = auto  # a length cache cannot say before the search whether it holds these hits
         timeout = self.cluster.timeout
         wait = PROBE_WAIT if timeout is None else min(PROBE_WAIT, timeout / 4)
@@ -105,8 +106,6 @@ class Prober:
             return "no_named_scores"
         if tables and not any(v.lengths is not None for v in views):
             return "no_lengths"
-        if seen and not all(lean.by_version(v) for v in views):
-            return "seen"  # a lean first stage (`lean`) costs less than one reading the ids, even so
         probe = tf_probe.probe_terms(tokens)
         if probe is None:
             return "tokens"  # none, or more than MAX_PROBES

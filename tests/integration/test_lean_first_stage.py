@@ -198,8 +198,8 @@ def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in
 
 @pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
 def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
-    """The same search again: its page documents come from the page cache (no page fetch), the answer
-    unchanged; another caller (another `Authorization`) fetches its own; a page showing `fields`
+    """The same search again: lean without probes (its frequencies cached by version), its page
+    documents from the page cache (no page fetch), the answer unchanged; another caller (another `Authorization`) fetches its own; a page showing `fields`
     (which follow the mapping) is never kept."""
     from bmx_rerank.rerank import lean as lean_module
 
@@ -218,6 +218,12 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     assert first["_bmx"]["fetch"] == "page" and pages == [10]
     again = _post(lean.url, f"/{index}/_search", body)
     assert _shown(again) == _shown(first) and pages == [10, 0], "the page from the cache"
+    # a repeated window: lean and unprobed, its frequencies from the term-vector cache by version
+    assert (again["_bmx"]["fetch"], again["_bmx"]["tf"], again["_bmx"]["tf_probes"]) == (
+        "page",
+        "cache",
+        "seen",
+    )
     other = urllib.request.Request(
         f"{lean.url}/{index}/_search",
         json.dumps(body).encode(),
