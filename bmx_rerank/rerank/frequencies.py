@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bmx_rerank.metrics import Metrics
@@ -20,8 +21,16 @@ from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
 HitTerms = dict[str, DocTerms]  # one hit's terms per field
-# Names a lean window's hits (no `_id`) for `_mtermvectors`: sets `_id` on those it still finds
-Identify = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Nameless:
+    """A lean window's hits (`rerank/lean.py`): they carry no `_id`. `identify` names those
+    `_mtermvectors` needs (sets `_id` on the ones it still finds); the caches key them by index, length
+    table (`tables`: index -> the table's identity) and version."""
+
+    identify: Callable[[list[dict[str, Any]]], Awaitable[None]]
+    tables: Mapping[str, str]
 
 
 class TermFrequencies:
@@ -47,24 +56,24 @@ class TermFrequencies:
         who: str,
         headers: Mapping[str, str],
         needs: Mapping[str, Collection[str]] | None = None,
-        identify: Identify | None = None,
+        nameless: Nameless | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
         `_mtermvectors` for all fields; and how many hits that fetched. A cached partial entry serves
-        only if it knows every token of `needs[field]` (None: full term vectors only). `identify`: the
+        only if it knows every token of `needs[field]` (None: full term vectors only). `nameless`: the
         hits are a lean window's (see `from_probes`)."""
         found: list[HitTerms] = []
         get = self.cache.get
-        by_version = identify is not None
-        keys = [{f: cache_key(h, f, who, by_version=by_version) for f in names} for h in hits]
+        tables = nameless.tables if nameless is not None else None
+        keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
         for key in keys:
             cached = {f: get(key[f], None if needs is None else needs[f]) for f in names}
             found.append({f: d for f, d in cached.items() if d is not None})
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
         self._count(sum(len(d) for d in found), len(hits) * len(names))
         gone: set[int] = set()
-        if missing and identify is not None:
-            await identify([hits[i] for i in missing if "_id" not in hits[i]])  # type: ignore[misc]
+        if missing and nameless is not None:
+            await nameless.identify([hits[i] for i in missing if "_id" not in hits[i]])
             gone.update(i for i in missing if "_id" not in hits[i])  # changed since: dropped
             missing = [i for i in missing if "_id" in hits[i]]
         if missing:
@@ -88,7 +97,7 @@ class TermFrequencies:
         who: str,
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
-        identify: Identify | None = None,
+        nameless: Nameless | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the length cache, else from the statistics snapshot's
@@ -97,11 +106,11 @@ class TermFrequencies:
         What it finds goes into the term-vector cache, as fetched term vectors do.
 
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
-        Hits of a lean first stage carry no `_id`: `identify` names those `_mtermvectors` needs (one
-        that cannot be named any more is dropped)."""
-        by_version = identify is not None
-        refs = doc_refs(hits, nameless=by_version)
-        keys = [{f: cache_key(h, f, who, by_version=by_version) for f in names} for h in hits]
+        Hits of a lean first stage carry no `_id` (`nameless`): those `_mtermvectors` needs are named
+        first (one that cannot be named any more is dropped)."""
+        refs = doc_refs(hits, nameless=nameless is not None)
+        tables = nameless.tables if nameless is not None else None
+        keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
         get = self.lengths.get
         lengths = [
             {f: get(k) for f, k in key.items()} if tf is not None else {}
@@ -120,8 +129,8 @@ class TermFrequencies:
             None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
             for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
         ]
-        if missing and identify is not None:
-            await identify([hits[i] for i in missing if "_id" not in hits[i]])  # type: ignore[misc]
+        if missing and nameless is not None:
+            await nameless.identify([hits[i] for i in missing if "_id" not in hits[i]])
             missing = [i for i in missing if "_id" in hits[i]]  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)

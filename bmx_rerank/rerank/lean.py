@@ -4,10 +4,13 @@ Reading each hit's `_id` (a stored field, decompressed with `_source`) is most o
 costs the cluster beyond its query, and the caller sees a page of 10. So where the hits can be named
 without it, the first stage asks for no stored field (`stored_fields: _none_`, `seq_no_primary_term`):
 in an index of one shard, `_seq_no` and `_primary_term` name one version of one document. That holds
-when every index the window reaches has a length table keyed by version (`LengthIndex.by_version`)
-and the probes give each hit's term frequencies; then nothing else needs the `_id`. Once ranked, the
-page's documents come back in one more search (`terms` on `_seq_no`) with the caller's `_source`,
-`fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions.
+when every index the window reaches has a length table keyed by version (`LengthIndex.by_version`),
+and the probes give each hit's term frequencies (or, for a window this caller had reranked lately, the
+term-vector cache, which keys such hits by index, table and version); then nothing else needs the
+`_id` (a hit new since the table was built is named by version for `_mtermvectors`: `identify`).
+Once ranked, the page's documents come back in one more search (`terms` on `_seq_no`) with the
+caller's `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same
+versions; a page showing `_source` alone is kept per caller and version (`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
 back) raises `Miss`: the pipeline reranks again with the full first stage, as before, so an answer
@@ -223,11 +226,8 @@ class PageCache:
         shape = orjson.dumps(
             [shown, {k: v for k, v in params.items() if k not in PAGE_PARAMS}], option=orjson.OPT_SORT_KEYS
         ).decode()
-        tables = next(iter(window.stats.values())).result().lengths or {}
-        return [
-            (who, _ident(tables.get(h["_index"])), h["_index"], h["_seq_no"], h["_primary_term"], shape)
-            for h in hits
-        ]
+        named = tables(window)
+        return [(who, named[h["_index"]], h["_index"], h["_seq_no"], h["_primary_term"], shape) for h in hits]
 
     def get(self, key: PageKey) -> dict[str, Any] | None:
         return self._docs.get(key)
@@ -275,10 +275,14 @@ async def fill_page(
     body["hits"] = {**body["hits"], "hits": page}
 
 
-def _ident(table: Any) -> str:
-    """What names a length table's build (a mapped one's file ident)."""
-    layout = getattr(table, "layout", None)
-    return str(getattr(layout, "ident", id(table)))
+def tables(window: Window) -> dict[str, str]:
+    """Each index's length table, by what names its build (a mapped table's file ident): what a lean
+    hit's version is a version of (an index re-created under its name has another)."""
+    views = [t.result() for t in window.stats.values()]
+    return {
+        ix: str(getattr(getattr(t, "layout", None), "ident", id(t)))
+        for ix, t in (views[0].lengths or {}).items()
+    }
 
 
 def by_version(view: StatsView) -> bool:

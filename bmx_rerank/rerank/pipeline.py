@@ -35,7 +35,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, lean, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.frequencies import HitTerms, Identify, TermFrequencies
+from bmx_rerank.rerank.frequencies import HitTerms, Nameless, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -451,11 +451,11 @@ class Reranker:
                 who,
                 headers,
                 window.stats,
-                self._identify(window, headers) if window.lean else None,
+                self._nameless(window, headers) if window.lean else None,
             )
             if probed
             else self.frequencies.from_term_vectors(
-                hits, names, who, headers, needs, self._identify(window, headers) if window.lean else None
+                hits, names, who, headers, needs, self._nameless(window, headers) if window.lean else None
             ),
             asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names)),
         )
@@ -481,9 +481,9 @@ class Reranker:
         tokens = {**tokens, **{(f, t): [t] for f in corpus for t in picked}}
         return picked, [1.0, *(found[t] for t in picked)], tokens
 
-    def _identify(self, window: Window, headers: Mapping[str, str]) -> Identify:
-        """How a lean window's hits get the `_id` that `_mtermvectors` needs."""
-        return lambda hits: lean.identify(self.cluster, window, headers, hits)
+    def _nameless(self, window: Window, headers: Mapping[str, str]) -> Nameless:
+        """How a lean window's hits are named: by version for the caches, by `_id` for `_mtermvectors`."""
+        return Nameless(lambda hits: lean.identify(self.cluster, window, headers, hits), lean.tables(window))
 
     async def _complete(self, stats: Awaitable[StatsView], tokens: Sequence[str]) -> StatsView:
         """The statistics view, completed for the query's terms (estimated mode fetches them lazily)."""

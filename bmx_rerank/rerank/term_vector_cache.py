@@ -41,20 +41,22 @@ ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the do
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 
 
-def cache_key(hit: Mapping[str, Any], field: str, who: str, *, by_version: bool = False) -> CacheKey | None:
+def cache_key(
+    hit: Mapping[str, Any], field: str, who: str, *, tables: Mapping[str, str] | None = None
+) -> CacheKey | None:
     """The cache key of a hit for caller `who`, or None when the cluster did not return its sequence
-    number (or, as `doc_refs` says, where it lives). `by_version`: a hit of a lean window (one shard,
-    `rerank/lean.py`), named by its index and version alone, with or without its `_id`."""
+    number (or, as `doc_refs` says, where it lives). `tables`: the hit is a lean window's (one shard,
+    `rerank/lean.py`), named by its index, the index's length table (index -> the table's identity: a
+    re-created index has another) and its version, with or without its `_id`."""
     seq, term = hit.get("_seq_no"), hit.get("_primary_term")
-    if (
-        not isinstance(seq, int)
-        or not isinstance(term, int)
-        or seq < 0
-        or ("_id" not in hit and not by_version)
-        or "_index" not in hit
-    ):
+    if not isinstance(seq, int) or not isinstance(term, int) or seq < 0 or "_index" not in hit:
         return None
-    return (who, hit["_index"], "" if by_version else str(hit["_id"]), seq, term, field)
+    if tables is not None:
+        table = tables.get(hit["_index"])
+        return None if table is None else (who, hit["_index"], f"@{table}", seq, term, field)
+    if "_id" not in hit:
+        return None
+    return (who, hit["_index"], str(hit["_id"]), seq, term, field)
 
 
 @dataclass(frozen=True)
