@@ -233,29 +233,54 @@ _DEPTH_CHUNK = 1 << 20
 
 def raw_depth(data: bytes) -> int:
     """The deepest nesting of `[`/`{` in JSON text, counted on the bytes (outside strings), for a body
-    the parser refused: orjson stops at 255 levels, the cluster's parser may not. Unbalanced closers
-    never count below zero."""
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    deepest = level = 0
+    the parser refused: orjson stops at 255 levels, the cluster's parser may not."""
+    return RawDepth().feed(data)
+
+
+class RawDepth:
+    """The deepest nesting of `[`/`{` in JSON text fed piece by piece (a streamed body), counted on the
+    bytes outside strings; a string may span pieces. Unbalanced closers never count below zero."""
+
+    def __init__(self) -> None:
+        self.deepest = 0
+        self.level = 0
+        self._in_string = False
+        self._escaped = False  # the last piece ended in a string, on a backslash escaping the next byte
+
+    def feed(self, data: bytes) -> int:
+        """Count `data`; the deepest nesting so far."""
+        if not data:
+            return self.deepest
+        if self._in_string:
+            if self._escaped:
+                data, self._escaped = data[1:], False
+            data = b'"' + data  # the open string again from its start: it ends where a string ends
+        # A string left open at the end is closed by a last quote (after a byte a pending backslash
+        # escapes), so every string matches and the pattern never scans the open one from each of its
+        # quotes again (quadratic); that quote is left over only when no string was open.
+        outside = _STRING.sub(b"", data + b'\x00"')
+        self._in_string = not outside.endswith(b'"')
+        if self._in_string:  # inside a string, an odd run of backslashes ends on one escaping the next byte
+            self._escaped = (len(data) - len(data.rstrip(b"\\"))) % 2 == 1
+        self.deepest, self.level = _count(outside.translate(None, _NOT_BRACKETS), self.level, self.deepest)
+        return self.deepest
+
+
+def _count(brackets: bytes, level: int, deepest: int) -> tuple[int, int]:
+    """(deepest, level after) for a run of `[]{}` bytes entered at `level`: vectorized, a part at a time."""
     for start in range(0, len(brackets), _DEPTH_CHUNK):
-        codes = np.frombuffer(brackets[start : start + _DEPTH_CHUNK], dtype=np.uint8)
+        part = brackets[start : start + _DEPTH_CHUNK]
+        codes = np.frombuffer(part, dtype=np.uint8)
         steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
         levels = level + np.cumsum(steps)
-        if levels.size:
-            low = int(levels.min())
-            if low < 0:  # a stray closer: restart the count from there (rare, only in broken bodies)
-                return max(deepest, _depth_slow(brackets[start:], level))
-            deepest = max(deepest, int(levels.max()))
-            level = int(levels[-1])
-    return deepest
-
-
-def _depth_slow(brackets: bytes, level: int) -> int:
-    deepest = level
-    for code in brackets:
-        level = level + 1 if code in b"[{" else max(0, level - 1)
-        deepest = max(deepest, level)
-    return deepest
+        if int(levels.min()) < 0:  # a stray closer: this part one by one (rare, only in broken bodies)
+            for code in part:
+                level = level + 1 if code in b"[{" else max(0, level - 1)
+                deepest = max(deepest, level)
+            continue
+        deepest = max(deepest, int(levels.max()))
+        level = int(levels[-1])
+    return deepest, level
 
 
 def is_json(request: web.Request) -> bool:
@@ -273,7 +298,7 @@ async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, met
         return
     depth = 0
     if limit:
-        charge(request, len(decoded))  # the copy the count makes
+        charge(request, 2 * len(decoded))  # the copies the count makes
         big = len(decoded) > THREAD_BYTES
         depth = await asyncio.to_thread(raw_depth, decoded) if big else raw_depth(decoded)
     if limit and depth > limit:

@@ -6,13 +6,15 @@ bool queries deeper than `--max-query-depth`, an unreadable body asking for a re
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from bmx_rerank.proxy import start_server
-from bmx_rerank.proxy.bodies import bool_depth, raw_depth
+from bmx_rerank.proxy.bodies import RawDepth, bool_depth, raw_depth
 from tests.support.fake_cluster import FakeCluster, run_proxy
 
 JSON = {"Content-Type": "application/json"}
@@ -85,6 +87,66 @@ def test_raw_depth_counts_brackets_outside_strings():
     assert raw_depth(bools(2000)) > 6000
     big = b"[" * 3_000_000 + b"]" * 3_000_000  # past one chunk of the vectorized count
     assert raw_depth(big) == 3_000_000
+
+
+def naive_depth(data: bytes) -> int:
+    """The same count, one byte at a time (a string left open hides the rest)."""
+    deepest = level = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == ord("\\"):
+                escaped = True
+            elif byte == ord('"'):
+                in_string = False
+        elif byte == ord('"'):
+            in_string = True
+        elif byte in b"[{":
+            level += 1
+            deepest = max(deepest, level)
+        elif byte in b"]}":
+            level = max(0, level - 1)
+    return deepest
+
+
+def test_raw_depth_fed_in_pieces_counts_as_the_whole():
+    """Split anywhere (inside a string, between a backslash and what it escapes, inside a run of
+    backslashes), the pieces count as the whole body does, and as a byte-by-byte count."""
+    rng = random.Random(7)
+    bodies = [
+        b'{"a":"x\\\\"}[[',
+        b'{"a":"\\"[[\\\\\\"]]"}{{',
+        b'["[[[", {"b": "\\\\\\\\"}, [[["]]]"]]]]',
+        b'{"open": "[[[ \\',
+        b"]]}}[[{",
+    ]
+    bodies += [bytes(rng.choice(b'[]{}"\\ax') for _ in range(rng.randint(1, 60))) for _ in range(300)]
+    for body in bodies:
+        whole = raw_depth(body)
+        assert whole == naive_depth(body), body
+        for cut in range(len(body) + 1):
+            scanner = RawDepth()
+            scanner.feed(body[:cut])
+            assert scanner.feed(body[cut:]) == whole, (body, cut)
+        pieces = RawDepth()
+        for i in range(len(body)):
+            pieces.feed(body[i : i + 1])
+        assert pieces.deepest == whole, body
+
+
+def test_an_open_string_full_of_escaped_quotes_is_counted_in_one_pass():
+    """The pattern that blanks strings out never scans a string left open again from each of its quotes
+    (that was quadratic: minutes for this megabyte)."""
+    body = b'{"a":"' + b'\\"x' * 350_000
+    started = time.perf_counter()
+    assert raw_depth(body) == 1
+    scanner = RawDepth()
+    for start in range(0, len(body), 65536):
+        scanner.feed(body[start : start + 65536])
+    assert scanner.deepest == 1
+    assert time.perf_counter() - started < 5
 
 
 def test_bool_depth_counts_nested_bool_queries():
