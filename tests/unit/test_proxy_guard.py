@@ -1,11 +1,14 @@
 """The guard against a fake cluster: what the cluster would refuse, or what would harm it, never
-reaches it. Bodies nested deeper than `--max-depth` (counted on the bytes when the parser gives up),
-bool queries deeper than `--max-query-depth`, an unreadable body asking for a rerank, a body over
-`--max-content-length`; each a 400/413 in Elasticsearch's shape, counted in the metrics."""
+reaches it. Bodies nested deeper than `--max-depth` (counted on the bytes when the parser gives up, and
+as they stream when they are too large to read), bool queries deeper than `--max-query-depth`, an
+unreadable body asking for a rerank, a body over `--max-content-length`; each a 400/413 in
+Elasticsearch's shape, counted in the metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import hashlib
 import random
 import time
 
@@ -41,9 +44,30 @@ class Counting(FakeCluster):
         return inner
 
 
+class Receiving(Counting):
+    """Also keeps every search and msearch body as it arrived: its bytes, and whether it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[tuple[bytes, bool]] = []
+
+    async def search(self, request: web.Request) -> web.Response:
+        data = bytearray()
+        try:
+            async for chunk in request.content.iter_any():
+                data += chunk
+        except BaseException:
+            self.bodies.append((bytes(data), False))
+            raise
+        self.bodies.append((bytes(data), True))
+        return web.json_response({"took": 1, "hits": {"hits": []}})
+
+    msearch = search
+
+
 @pytest.fixture
 async def cluster():
-    fake = Counting()
+    fake = Receiving()
     runner, url = await start_server(fake.app())
     yield fake, url
     await runner.cleanup()
@@ -232,9 +256,74 @@ async def test_search_bodies_over_max_content_length_are_413s(cluster, client):
         # Other endpoints stream through whatever their size.
         async with client.post(f"{url}/sink", data=b"x" * 20000) as resp:
             assert (await resp.json())["bytes"] == 20000
-        # Between --max-body and --max-content-length: forwarded unread, as before.
+        # Between --max-body and --max-content-length: forwarded unread (and counted, see below).
         async with client.post(f"{url}/docs/_search", data=b"{}" + b" " * 3000, headers=JSON) as resp:
             assert resp.status == 200
+    finally:
+        await runner.cleanup()
+
+
+def padded(deep: int, pad: int = 400_000) -> bytes:
+    """A search body of ~`pad` bytes of string full of brackets, quotes and backslashes (none of them
+    nesting), then aggregations nested `deep` levels."""
+    rng = random.Random(deep)
+    text = "".join(rng.choice(["[", "{", "]", "}", '\\"', "\\\\", "a"]) for _ in range(pad // 2))
+    aggs = b'{"a":' * deep + b"1" + b"}" * deep
+    return b'{"query":{"match_all":{}},"pad":"' + text.encode() + b'","aggs":' + aggs + b"}"
+
+
+@pytest.mark.parametrize("path", ["docs/_search", "docs/_msearch"])
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+async def test_a_body_streamed_unread_is_cut_where_it_nests_too_deep(cluster, client, path, encoding):
+    """Over --max-body, under --max-content-length: the body streams up as sent, its nesting counted on
+    the way (inflated first); past --max-depth the upstream request is abandoned before the deep part
+    leaves, and the client gets the guard's 400."""
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, max_body=1000)
+    try:
+        data, headers = padded(150), dict(JSON)
+        if path.endswith("_msearch"):
+            data, headers = b"{}\n" + data + b"\n", NDJSON
+        if encoding == "gzip":
+            data, headers = gzip.compress(data, 1), {**headers, "Content-Encoding": "gzip"}
+        assert len(data) > 65536, "a chunk or more streams up before the deep part"
+        await refused(client, url, path, data, headers, 400, "x_content_parse_exception")
+        assert await metric(client, url, "depth") == 1.0
+        assert all(not ended for _, ended in fake.bodies), "the cluster never got a whole body"
+        for sent, _ in fake.bodies:
+            inflated = zlib_inflate(sent) if encoding == "gzip" else sent
+            assert raw_depth(inflated) <= 100, "nor the part nested too deep"
+        # The same body nested within the limit goes up, byte for byte, and is answered.
+        fake.bodies.clear()
+        ok = padded(90)
+        if path.endswith("_msearch"):
+            ok = b"{}\n" + ok + b"\n"
+        if encoding == "gzip":
+            ok = gzip.compress(ok, 1)
+        async with client.post(f"{url}/{path}", data=ok, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+        assert [(hashlib.sha256(b).hexdigest(), e) for b, e in fake.bodies] == [
+            (hashlib.sha256(ok).hexdigest(), True)
+        ]
+    finally:
+        await runner.cleanup()
+
+
+def zlib_inflate(data: bytes) -> bytes:
+    """What a gzip prefix inflates to, however it was cut."""
+    import zlib
+
+    return zlib.decompressobj(31).decompress(data)
+
+
+async def test_a_streamed_body_inflating_past_max_content_length_is_a_413(cluster, client):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream, max_body=1000, max_content_length=1 << 20)
+    try:
+        bomb = gzip.compress(b'{"pad":"' + b" " * (4 << 20) + b'"}')  # a few KiB, 4 MiB inflated
+        headers = {**JSON, "Content-Encoding": "gzip"}
+        await refused(client, url, "docs/_search", bomb, headers, 413, "content_too_long_exception")
+        assert all(not ended for _, ended in fake.bodies)
     finally:
         await runner.cleanup()
 
