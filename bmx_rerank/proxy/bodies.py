@@ -115,7 +115,7 @@ async def read_json_body(
     if max_content is not None and (request.content_length or 0) > max_content:
         raise ContentTooLong(max_content)
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
-    depth_limit = max_depth if is_json(request) else 0
+    depth_limit = max_depth if is_text(request) else 0
     inflater = Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     parts: list[bytes] = []
     size = 0
@@ -326,18 +326,24 @@ def _count(brackets: bytes, level: int, deepest: int) -> tuple[int, int]:
     return deepest, level
 
 
-def is_json(request: web.Request) -> bool:
-    """Whether a body is JSON (or NDJSON) text, or sent without a type: brackets count as nesting only
-    in those (a YAML, CBOR or Smile body is the cluster's to read)."""
+# Binary formats the cluster reads: their bytes are no text, so `[` and `{` in them are no nesting.
+BINARY_TYPES = ("cbor", "smile")
+
+
+def is_text(request: web.Request) -> bool:
+    """Whether a body's brackets count as nesting: any body but a CBOR or Smile one. JSON and NDJSON, a
+    body sent without a type, YAML (whose flow style nests with the same brackets), and any other type
+    (the cluster refuses it, so counting costs nothing legitimate)."""
     kind = request.headers.get("Content-Type", "").lower()
-    return not kind or "json" in kind
+    return not any(binary in kind for binary in BINARY_TYPES)
 
 
 async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, metrics: Any) -> None:
-    """A search body the proxy cannot parse goes to the cluster only when it is neither nested deeper
-    than `limit` (counted on the raw bytes) nor could ask for a rerank: `ext.bmx` is never forwarded
-    unread. Raises the 400 otherwise."""
-    if not is_json(request):
+    """A search body the proxy cannot parse (not JSON, or not valid) goes to the cluster only when it
+    is neither nested deeper than `limit` (counted on the raw bytes) nor could ask for a rerank:
+    `ext.bmx` is never forwarded unread. Raises the 400 otherwise. CBOR and Smile bodies are the
+    cluster's to read (`is_text`)."""
+    if not is_text(request):
         return
     depth = 0
     if limit:

@@ -140,6 +140,29 @@ def test_bodies_that_harm_a_node_never_reach_it(guarded, data, path):
     assert status == 200 and answer["_bmx"]["reranked"] is True
 
 
+def test_a_yaml_body_gets_the_raw_count_too(guarded):
+    """Every engine reads YAML search bodies, and YAML's flow style nests with JSON's brackets: a bool
+    query 2,000 deep in it is refused as the JSON one is, and the node stays up; a shallow one goes up as
+    sent and comes back as the cluster's YAML answer."""
+    engine, index, proxy = guarded
+    yaml = {"Content-Type": "application/yaml"}
+    deep = b"query: " + b"{bool: {must: [" * 2000 + b"{match_all: {}}" + b"]}}" * 2000 + b"\n"
+    request = urllib.request.Request(f"{proxy.url}/{index}/_search", data=deep, headers=yaml, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    answer = json.loads(refused.value.read())
+    assert refused.value.code == 400 and "--max-depth" in answer["error"]["reason"], answer
+    assert engine.call("GET", "/_cluster/health").status == 200, "the node is up"
+    shallow = b"size: 1\nsort: [_doc]\nquery: {match: {body: red}}\n"
+    answers = []
+    for url in (engine.url, proxy.url):
+        request = urllib.request.Request(f"{url}/{index}/_search", data=shallow, headers=yaml, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            answers.append(resp.read())
+    assert all(a.startswith(b"---\n") for a in answers) and b"_id:" in answers[0], answers
+    assert answers[0].split(b"hits:")[1] == answers[1].split(b"hits:")[1], "the cluster's own hits"
+
+
 @pytest.mark.parametrize("encoding", ["identity", "gzip"])
 def test_a_body_over_max_body_streams_up_as_sent_and_is_answered_as_directly(guarded, encoding):
     """Over --max-body the proxy does not read a body but counts its nesting on the way (inflated

@@ -328,6 +328,37 @@ async def test_a_streamed_body_inflating_past_max_content_length_is_a_413(cluste
         await runner.cleanup()
 
 
+@pytest.mark.parametrize(
+    ("content_type", "data", "status"),
+    [
+        ("application/yaml", b"query: " + b"{a: " * 300 + b"1" + b"}" * 300, 400),  # flow style nests
+        ("text/plain", b"{" * 300, 400),
+        ("text/plain", b'{"ext":{"bmx":{"field":"body"}},', 400),
+        ("application/cbor", b"\xbf" + b"[{" * 300, 200),  # binary: brackets are bytes, not nesting
+        ("application/smile", b":)\n\x00" + b"{" * 300, 200),
+    ],
+    ids=["yaml", "text-deep", "text-bmx", "cbor", "smile"],
+)
+async def test_a_body_that_is_not_json_gets_the_raw_check_unless_binary(
+    cluster, client, content_type, data, status
+):
+    fake, upstream = cluster
+    runner, url = await run_proxy(upstream)
+    try:
+        async with client.post(
+            f"{url}/docs/_search", data=data, headers={"Content-Type": content_type}
+        ) as resp:
+            answer = await resp.json(content_type=None)
+            assert resp.status == status, answer
+        if status == 400:
+            assert answer["error"]["type"] == "x_content_parse_exception" and answer["status"] == 400
+            assert fake.bodies == []
+        else:
+            assert fake.bodies == [(data, True)], "the cluster's to read, as sent"
+    finally:
+        await runner.cleanup()
+
+
 async def test_the_guard_can_be_turned_off(cluster, client):
     fake, upstream = cluster
     runner, url = await run_proxy(upstream, max_depth=0, max_query_depth=0, max_content_length=0)
