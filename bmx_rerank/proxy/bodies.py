@@ -68,10 +68,14 @@ class TooLarge(Exception):
         if self.max_content is not None and self.size > self.max_content:
             self._refuse(ContentTooLong(self.max_content))
         pieces = self._inflater.pieces(chunk) if self._inflater is not None else (chunk,)
-        for piece in pieces:
-            if self._depth is not None and self._depth.feed(piece) > self.max_depth:
-                self._refuse(TooDeep(self.max_depth))
-            await asyncio.sleep(0)  # a bomb's chunk inflates to many pieces: the loop goes on meanwhile
+        try:
+            for piece in pieces:
+                if self._depth is not None and self._depth.feed(piece) > self.max_depth:
+                    self._refuse(TooDeep(self.max_depth))
+                await asyncio.sleep(0)  # a bomb's chunk inflates to many pieces: the loop goes on meanwhile
+        except SearchError as err:  # or the inflater's 400: not the gzip or deflate it is labelled
+            self.refusal = self.refusal or err
+            raise
         if (
             self._inflater is not None
             and self.max_content is not None

@@ -316,13 +316,20 @@ def zlib_inflate(data: bytes) -> bytes:
     return zlib.decompressobj(31).decompress(data)
 
 
-async def test_a_streamed_body_inflating_past_max_content_length_is_a_413(cluster, client):
+async def test_a_streamed_body_inflating_past_max_content_length_is_a_413_and_a_broken_one_a_400(
+    cluster, client
+):
     fake, upstream = cluster
     runner, url = await run_proxy(upstream, max_body=1000, max_content_length=1 << 20)
     try:
         bomb = gzip.compress(b'{"pad":"' + b" " * (4 << 20) + b'"}')  # a few KiB, 4 MiB inflated
         headers = {**JSON, "Content-Encoding": "gzip"}
         await refused(client, url, "docs/_search", bomb, headers, 413, "content_too_long_exception")
+        assert all(not ended for _, ended in fake.bodies)
+        # Not the gzip it is labelled, past the part read: the 400 a read body gets, not an outage.
+        broken = gzip.compress(padded(10), 1)
+        broken = broken[:80_000] + bytes(100) + broken[80_100:]
+        await refused(client, url, "docs/_search", broken, headers, 400, "parse_exception")
         assert all(not ended for _, ended in fake.bodies)
     finally:
         await runner.cleanup()
