@@ -11,11 +11,13 @@ node 1 when it dies, so each acknowledged write survives only in a replica promo
 Asserted: every request is answered, every answer that is not 2xx in Elasticsearch's error shape; every
 acknowledged write (bulk items and single PUTs) is read back by id, unaltered; reranked searches (a
 window covering every match) score every document as BMX computed here from its words, to 1e-6, before,
-during and after the kill. Two answers are allowed, and counted, only for requests in flight at the
-kill: a write cut with its node is a 502 (it may or may not have been applied, and the proxy never sends
-a write twice, so it is not acknowledged and nobody counts on it), and a search whose fetch phase ran on
-the dying node is the cluster's own partial answer, its shard failure in `_shards`, still exact on the
-hits it holds.
+during and after the kill. Two answers are allowed, and counted, only while the node dies (in flight
+at the kill, or sent before the cluster counted one node): a write cut with its node is a 502, and so is
+one sent on a keep-alive connection to the node that the proxy had not yet seen close (the broken
+connection is how it learns; the node may have read such a write before dying, or not, and the proxy
+never sends a write twice, so it is not acknowledged and nobody counts on it); and a search whose fetch
+phase ran on the dying node is the cluster's own partial answer, its shard failure in `_shards`, still
+exact on the hits it holds.
 """
 
 from __future__ import annotations
@@ -37,20 +39,18 @@ def test_a_node_killed_under_load_loses_no_write_and_rankings_stay_exact(cluster
     except EngineError as exc:  # no Java or distribution for it here: a skip, or a failure in CI
         unavailable(f"no two-node {cluster_kind} cluster: {exc}")
     print(
-        f"{cluster_kind}: {report.requests} requests, {dict(report.answers)}, {time.monotonic() - started:.0f}s"
+        f"{cluster_kind}: {report.requests} requests, {dict(report.answers)}, errors {report.errors}, "
+        f"partial {report.partial}, {time.monotonic() - started:.0f}s"
     )
     assert report.primaries_on_killed_node == 4, "every primary of both indices died with the node"
     assert report.node_gone_after_s < 5 and report.node_left_after_s < 30, report
     assert report.no_answer == 0 and report.not_es_shaped == [], report
+    dying = ("at the kill", "during")
     for kind, status, err, phase in report.errors:
-        assert (kind, status, err, phase) == (
-            "write",
-            502,
-            "bmx_upstream_unreachable_exception",
-            "at the kill",
-        )
-    assert len(report.errors) <= WRITERS, "one write in flight per writer at most"
-    assert all(phase == "at the kill" for _, phase in report.partial) and len(report.partial) <= SEARCHERS
+        assert (kind, status, err) == ("write", 502, "bmx_upstream_unreachable_exception"), report.errors
+        assert phase in dying, report.errors
+    assert len(report.errors) <= WRITERS, f"about one write per writer at most: {report.errors}"
+    assert all(phase in dying for _, phase in report.partial) and len(report.partial) <= SEARCHERS
     assert report.writes_acked > 1_000 and report.bulk_items_failed == 0, report
     assert (report.writes_lost, report.writes_altered) == (0, 0), report
     assert report.inexact == [], report.inexact
