@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import os
 import random
@@ -45,6 +44,7 @@ from typing import Any
 import aiohttp
 
 from bmx_rerank.proxy import start_server
+from tests.support.bombs import GZIP_JSON, gzip_bomb
 from tests.support.faults import FaultInjector, Rule
 from tests.support.proxy_process import BIN, Proxy, serve
 from tests.support.proxy_thread import LoopThread
@@ -215,16 +215,15 @@ async def schedule(injector: FaultInjector, lt: LoopThread, t0: float, seconds: 
         stats.fault_on = None
 
 
-BOMB = gzip.compress(b'{"ext":{"bmx":{"field":"body"}},"pad":"' + b" " * (32 << 20), 9)
+BOMB = gzip_bomb(32 << 20)
 
 
 async def bombs(url: str, index: str, deadline: float, stats: Stats) -> None:
     """A gzip bomb asking for a rerank every half second: a 4xx (400 unreadable, 429 budget), never a 5xx."""
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
-                async with session.post(f"{url}/{index}/_search", data=BOMB, headers=headers) as resp:
+                async with session.post(f"{url}/{index}/_search", data=BOMB, headers=GZIP_JSON) as resp:
                     await resp.read()
                     stats.hostile[f"bomb {resp.status}"] += 1
                     if resp.status >= 500:

@@ -110,6 +110,14 @@ class Client:
         self.local = threading.local()
 
     def call(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None):
+        """(status, the answer's JSON value or None)."""
+        status, raw = self.raw(method, path, body, headers)
+        return status, json.loads(raw) if raw else None
+
+    def raw(
+        self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """(status, the answer's bytes); a broken connection raises (and is opened anew next time)."""
         conn = getattr(self.local, "conn", None)
         if conn is None:
             conn = self.local.conn = http.client.HTTPConnection(
@@ -123,7 +131,7 @@ class Client:
         except (http.client.HTTPException, OSError):
             self.local.conn = None
             raise
-        return resp.status, json.loads(raw) if raw else None
+        return resp.status, raw
 
 
 def _bulk_statuses(answer: dict[str, Any]) -> list[tuple[str, int]]:

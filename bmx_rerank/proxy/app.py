@@ -20,7 +20,7 @@ from bmx_rerank.identity import basic_auth, forwardable_headers
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
-from bmx_rerank.proxy.bodies import ContentTooLong, TooLarge, refuse, stream_body
+from bmx_rerank.proxy.bodies import ContentTooLong, TooDeep, TooLarge, refuse, stream_body
 from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
 from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
 from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
@@ -162,10 +162,12 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
                 kind = "passthrough"
                 try:
                     resp = await forward(request, big.body(request))
-                except Exception as exc:  # the body passed --max-content-length on the way: cut
-                    if not big.cut:
+                except Exception as exc:  # cut on the way: past --max-content-length, or too deep
+                    if big.refusal is None:
                         raise
-                    raise ContentTooLong(big.max_content or 0) from exc
+                    if isinstance(big.refusal, TooDeep):
+                        refuse(request, metrics, "depth", streamed=big.size)
+                    raise big.refusal from exc
         else:
             resp = await forward(request, stream_body(request))
         status = resp.status
@@ -175,7 +177,7 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         resp = error_response(err)
         if isinstance(err, ContentTooLong):  # the rest of the body is not read: the connection ends
             refuse(request, metrics, "content_length", length=request.content_length)
-        if isinstance(err, (ContentTooLong, CircuitBreaking)) and not request.content.at_eof():
+        if isinstance(err, (ContentTooLong, CircuitBreaking, TooDeep)) and not request.content.at_eof():
             resp.force_close()
         status = resp.status
         return resp

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ log = logging.getLogger("bmx_rerank.proxy")
 
 CHUNK = 64 * 1024
 CHECK_BYTES = 64 * 1024  # inflated bytes of a passthrough body checked for a valid encoding
+PIECE = 1 << 20  # inflated bytes at most per piece, when inflating a streamed body
 BAD_ENCODING = web.RequestKey("bmx_bad_encoding", str)  # set when a body does not decode as labelled
 # Nesting levels of a search body the proxy forwards (`--max-depth`; deeper ones are a 400 before they
 # reach the cluster): a query at Elasticsearch's own limit of 30 nested bool queries fits, and it is
@@ -36,25 +38,55 @@ THREAD_BYTES = 1 << 20
 
 
 class TooLarge(Exception):
-    """A search body past `max_body` (read or inflated): it goes upstream as sent, streamed, unread."""
+    """A search body past `max_body` (read or inflated): it goes upstream as sent, streamed, unread, but
+    checked on the way (`body`)."""
 
-    def __init__(self, prefix: bytes, max_content: int | None = None) -> None:
+    def __init__(
+        self, prefix: bytes, max_content: int | None = None, max_depth: int = 0, encoding: str = ""
+    ) -> None:
         super().__init__("search body too large to read")
         self.prefix = prefix
         self.max_content = max_content
-        self.cut = False  # set when the stream passed `max_content` and was cut
+        self.max_depth = max_depth
+        self.size = 0  # bytes sent up so far
+        self.refusal: SearchError | None = None  # why the stream was cut, when it was
+        compressed = encoding in ("gzip", "deflate") and (max_depth or max_content is not None)
+        self._inflater = Inflater(encoding, max_content or sys.maxsize) if compressed else None
+        self._depth = RawDepth() if max_depth else None
 
     async def body(self, request: web.Request) -> AsyncIterator[bytes]:
-        """The body as sent; one whose length was not declared and passes `max_content` on the way is
-        cut there (the cluster gets a body that does not parse, never more than its limit)."""
-        size = len(self.prefix)
-        yield self.prefix
+        """The body as sent, each chunk sent up only once it is known to keep the body within the
+        cluster's limits: its length read (or inflated) within `max_content`, its nesting, counted on the
+        inflated bytes outside strings, within `max_depth`. Else the stream is cut there, with the reason
+        in `refusal`: the cluster gets a body that never ends, and never reads it."""
+        yield await self._checked(self.prefix)
         async for chunk in request.content.iter_chunked(CHUNK):
-            size += len(chunk)
-            if self.max_content is not None and size > self.max_content:
-                self.cut = True
-                raise ContentTooLong(self.max_content)
-            yield chunk
+            yield await self._checked(chunk)
+
+    async def _checked(self, chunk: bytes) -> bytes:
+        self.size += len(chunk)
+        if self.max_content is not None and self.size > self.max_content:
+            self._refuse(ContentTooLong(self.max_content))
+        pieces = self._inflater.pieces(chunk) if self._inflater is not None else (chunk,)
+        try:
+            for piece in pieces:
+                if self._depth is not None and self._depth.feed(piece) > self.max_depth:
+                    self._refuse(TooDeep(self.max_depth))
+                await asyncio.sleep(0)  # a bomb's chunk inflates to many pieces: the loop goes on meanwhile
+        except SearchError as err:  # or the inflater's 400: not the gzip or deflate it is labelled
+            self.refusal = self.refusal or err
+            raise
+        if (
+            self._inflater is not None
+            and self.max_content is not None
+            and self._inflater.size > self.max_content
+        ):
+            self._refuse(ContentTooLong(self.max_content))
+        return chunk
+
+    def _refuse(self, error: SearchError) -> None:
+        self.refusal = error
+        raise error
 
 
 class ContentTooLong(SearchError):
@@ -74,19 +106,20 @@ class Unparsable:
 
 
 async def read_json_body(
-    request: web.Request, limit: int, max_content: int | None = None
+    request: web.Request, limit: int, max_content: int | None = None, max_depth: int = 0
 ) -> tuple[bytes, bytes]:
     """(raw bytes as sent, decoded bytes) of a search body; gzip and deflate bodies are inflated,
     streamed, to look in.
 
     Raises `TooLarge` once the bytes read or inflated pass `limit`: the cluster decides about such a
     body, as it would without the proxy (it may well accept a large `_msearch`), and it gets the bytes
-    as they were sent. A body whose encoding does not decode is a 400 (the cluster would just close the
+    as they were sent, provided they nest no deeper than `max_depth` (0: not counted; see `TooLarge`). A body whose encoding does not decode is a 400 (the cluster would just close the
     connection). A body whose declared length, or whose bytes read or inflated, pass `max_content`
     is a 413 (`ContentTooLong`) and never reaches the cluster."""
     if max_content is not None and (request.content_length or 0) > max_content:
         raise ContentTooLong(max_content)
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
+    depth_limit = max_depth if is_text(request) else 0
     inflater = Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
     parts: list[bytes] = []
     size = 0
@@ -101,7 +134,7 @@ async def read_json_body(
         if max_content is not None and size > max_content:
             raise ContentTooLong(max_content)
         if size > limit or (inflater is not None and inflater.size > limit):
-            raise TooLarge(b"".join(parts), max_content)
+            raise TooLarge(b"".join(parts), max_content, depth_limit, encoding)
     charge(request, size)  # the joined copy
     raw = b"".join(parts)
     if inflater is None or not raw:
@@ -150,14 +183,20 @@ class Inflater:
         self._obj = zlib.decompressobj(self.wbits)
 
     def feed(self, data: bytes) -> None:
+        """Inflate `data` and keep what it gives (`parts`)."""
+        self.parts.extend(self.pieces(data))
+
+    def pieces(self, data: bytes, step: int = PIECE) -> Iterator[bytes]:
+        """Inflate `data`, in pieces of at most `step` bytes, kept by nobody here (a bomb's chunk never
+        inflates whole at once)."""
         try:
             while data and self.size <= self.limit:
                 if self._obj.eof:  # a further gzip member follows
                     self._obj = zlib.decompressobj(self.wbits)
-                piece = self._obj.decompress(data, self.limit - self.size + 1)
-                self.parts.append(piece)
+                piece = self._obj.decompress(data, min(step, self.limit - self.size + 1))
                 self.size += len(piece)
                 data = self._obj.unused_data if self._obj.eof else self._obj.unconsumed_tail
+                yield piece
         except zlib.error as exc:
             raise self._broken() from exc
 
@@ -216,12 +255,20 @@ def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
     return isinstance(value, (dict, list)) and nesting(value)[0] > limit
 
 
+class TooDeep(SearchError):
+    """A search body nested deeper than `--max-depth`: a 400, as the cluster's parser would answer."""
+
+    def __init__(self, limit: int = MAX_DEPTH) -> None:
+        super().__init__(
+            400,
+            "x_content_parse_exception",
+            f"[bmx] the request body nests deeper than [{limit}] levels (--max-depth), more than the "
+            "cluster is sent",
+        )
+
+
 def too_deep_error(limit: int = MAX_DEPTH) -> SearchError:
-    return bad_request(
-        f"[bmx] the request body nests deeper than [{limit}] levels (--max-depth), more than the "
-        "cluster is sent",
-        "x_content_parse_exception",
-    )
+    return TooDeep(limit)
 
 
 # A JSON string (escapes included), to blank out before brackets are counted.
@@ -233,47 +280,78 @@ _DEPTH_CHUNK = 1 << 20
 
 def raw_depth(data: bytes) -> int:
     """The deepest nesting of `[`/`{` in JSON text, counted on the bytes (outside strings), for a body
-    the parser refused: orjson stops at 255 levels, the cluster's parser may not. Unbalanced closers
-    never count below zero."""
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    deepest = level = 0
+    the parser refused: orjson stops at 255 levels, the cluster's parser may not."""
+    return RawDepth().feed(data)
+
+
+class RawDepth:
+    """The deepest nesting of `[`/`{` in JSON text fed piece by piece (a streamed body), counted on the
+    bytes outside strings; a string may span pieces. Unbalanced closers never count below zero."""
+
+    def __init__(self) -> None:
+        self.deepest = 0
+        self.level = 0
+        self._in_string = False
+        self._escaped = False  # the last piece ended in a string, on a backslash escaping the next byte
+
+    def feed(self, data: bytes) -> int:
+        """Count `data`; the deepest nesting so far."""
+        if not data:
+            return self.deepest
+        if self._in_string:
+            if self._escaped:
+                data, self._escaped = data[1:], False
+            data = b'"' + data  # the open string again from its start: it ends where a string ends
+        # A string left open at the end is closed by a last quote (after a byte a pending backslash
+        # escapes), so every string matches and the pattern never scans the open one from each of its
+        # quotes again (quadratic); that quote is left over only when no string was open.
+        outside = _STRING.sub(b"", data + b'\x00"')
+        self._in_string = not outside.endswith(b'"')
+        if self._in_string:  # inside a string, an odd run of backslashes ends on one escaping the next byte
+            self._escaped = (len(data) - len(data.rstrip(b"\\"))) % 2 == 1
+        self.deepest, self.level = _count(outside.translate(None, _NOT_BRACKETS), self.level, self.deepest)
+        return self.deepest
+
+
+def _count(brackets: bytes, level: int, deepest: int) -> tuple[int, int]:
+    """(deepest, level after) for a run of `[]{}` bytes entered at `level`: vectorized, a part at a time."""
     for start in range(0, len(brackets), _DEPTH_CHUNK):
-        codes = np.frombuffer(brackets[start : start + _DEPTH_CHUNK], dtype=np.uint8)
+        part = brackets[start : start + _DEPTH_CHUNK]
+        codes = np.frombuffer(part, dtype=np.uint8)
         steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int64)
         levels = level + np.cumsum(steps)
-        if levels.size:
-            low = int(levels.min())
-            if low < 0:  # a stray closer: restart the count from there (rare, only in broken bodies)
-                return max(deepest, _depth_slow(brackets[start:], level))
-            deepest = max(deepest, int(levels.max()))
-            level = int(levels[-1])
-    return deepest
+        if int(levels.min()) < 0:  # a stray closer: this part one by one (rare, only in broken bodies)
+            for code in part:
+                level = level + 1 if code in b"[{" else max(0, level - 1)
+                deepest = max(deepest, level)
+            continue
+        deepest = max(deepest, int(levels.max()))
+        level = int(levels[-1])
+    return deepest, level
 
 
-def _depth_slow(brackets: bytes, level: int) -> int:
-    deepest = level
-    for code in brackets:
-        level = level + 1 if code in b"[{" else max(0, level - 1)
-        deepest = max(deepest, level)
-    return deepest
+# Binary formats the cluster reads: their bytes are no text, so `[` and `{` in them are no nesting.
+BINARY_TYPES = ("cbor", "smile")
 
 
-def is_json(request: web.Request) -> bool:
-    """Whether a body is JSON (or NDJSON) text, or sent without a type: brackets count as nesting only
-    in those (a YAML, CBOR or Smile body is the cluster's to read)."""
+def is_text(request: web.Request) -> bool:
+    """Whether a body's brackets count as nesting: any body but a CBOR or Smile one. JSON and NDJSON, a
+    body sent without a type, YAML (whose flow style nests with the same brackets), and any other type
+    (the cluster refuses it, so counting costs nothing legitimate)."""
     kind = request.headers.get("Content-Type", "").lower()
-    return not kind or "json" in kind
+    return not any(binary in kind for binary in BINARY_TYPES)
 
 
 async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, metrics: Any) -> None:
-    """A search body the proxy cannot parse goes to the cluster only when it is neither nested deeper
-    than `limit` (counted on the raw bytes) nor could ask for a rerank: `ext.bmx` is never forwarded
-    unread. Raises the 400 otherwise."""
-    if not is_json(request):
+    """A search body the proxy cannot parse (not JSON, or not valid) goes to the cluster only when it
+    is neither nested deeper than `limit` (counted on the raw bytes) nor could ask for a rerank:
+    `ext.bmx` is never forwarded unread. Raises the 400 otherwise. CBOR and Smile bodies are the
+    cluster's to read (`is_text`)."""
+    if not is_text(request):
         return
     depth = 0
     if limit:
-        charge(request, len(decoded))  # the copy the count makes
+        charge(request, 2 * len(decoded))  # the copies the count makes
         big = len(decoded) > THREAD_BYTES
         depth = await asyncio.to_thread(raw_depth, decoded) if big else raw_depth(decoded)
     if limit and depth > limit:

@@ -64,7 +64,7 @@ def item_index(header: Mapping[str, Any], default: str | None) -> str | None:
 async def msearch(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
     config = state.config
-    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request), config.max_depth)
     charge(request, 2 * len(decoded))  # its lines, and their parsed values
     chunks = [line for line in decoded.split(b"\n") if line.strip()]
     lines = (

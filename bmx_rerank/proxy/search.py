@@ -44,7 +44,7 @@ ARRIVED = web.RequestKey(
 async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     state = request.app[STATE]
     config = state.config
-    raw, decoded = await read_json_body(request, config.max_body, guard_length(request))
+    raw, decoded = await read_json_body(request, config.max_body, guard_length(request), config.max_depth)
     body = await parse(decoded, request)
     if body is Unparsable:
         await guard_unparsable(request, decoded, config.max_depth, state.metrics)

@@ -10,7 +10,6 @@ because both engines refuse to run as root. State (pid, url, directories) lives 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -30,9 +29,16 @@ from bmx_rerank.testing.kinds import (
     Reporter,
     quiet,
 )
-from bmx_rerank.testing.node import engine_env, engine_settings, prepare_node, set_bootstrap_password
+from bmx_rerank.testing.node import (
+    engine_env,
+    engine_settings,
+    prepare_node,
+    set_bootstrap_password,
+    single_node_dir,
+)
 from bmx_rerank.testing.process import (
     EngineState,
+    Launched,
     cluster_health,
     is_alive,
     kill_group,
@@ -40,8 +46,9 @@ from bmx_rerank.testing.process import (
     port_in_use,
     proc_start_ticks,
     save_state,
+    spawn,
     state_file,
-    tail,
+    wait_healthy,
 )
 
 START_TIMEOUT_S = 180.0
@@ -82,30 +89,19 @@ def start(req: StartRequest, report: Reporter = quiet) -> EngineState:
         run_as = ensure_run_user(report)
         if host.is_root():
             check_traversable(state_dir())
-        node, logs = prepare_node(req.kind, req.port, home, run_as, req.password is not None)
+        node = single_node_dir(req.kind)
+        settings = engine_settings(req.kind, req.port, node / "data", node / "logs", req.password is not None)
+        logs = prepare_node(req.kind, home, run_as, node, settings)
         if req.password is not None:
             set_bootstrap_password(req.kind, req.password, home, java, node, run_as)
         console = logs / "console.log"
         report(f"starting {req.kind} {req.version} on 127.0.0.1:{req.port} with Java {java.version}")
         started = time.monotonic()
-        with open(console, "ab") as out:
-            if host.is_root():
-                os.chown(console, run_as.uid, run_as.gid)
-            proc = subprocess.Popen(
-                [str(home / "bin" / req.kind)],
-                cwd=node,
-                env=engine_env(req.kind, java, node),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                user=run_as.uid if run_as.user else None,
-                group=run_as.gid if run_as.user else None,
-                extra_groups=[] if run_as.user else None,
-            )
+        proc = spawn([str(home / "bin" / req.kind)], node, engine_env(req.kind, java, node), console, run_as)
         url = f"http://127.0.0.1:{req.port}"
         try:  # until the state is saved, `stop` could not find this engine: never leave it running
-            _wait_ready(req, proc, url, console)
+            launched = [Launched(req.kind, proc, console)]
+            wait_healthy(url, launched, str(settings["cluster.name"]), req.timeout, password=req.password)
             state = EngineState(
                 kind=req.kind,
                 version=req.version,
@@ -133,32 +129,6 @@ def start(req: StartRequest, report: Reporter = quiet) -> EngineState:
             raise
         report(f"{req.kind} {req.version} is up after {state.startup_seconds:.1f}s (logs: {logs})")
         return state
-
-
-def _wait_ready(req: StartRequest, proc: subprocess.Popen[bytes], url: str, console: Path) -> None:
-    """Poll /_cluster/health until yellow/green, failing fast if the engine process exits."""
-    deadline = time.monotonic() + req.timeout
-    expected_cluster = engine_settings(req.kind, req.port, Path(), Path())["cluster.name"]
-    while True:
-        code = proc.poll()
-        if code is not None:
-            raise EngineError(
-                f"{req.kind} exited with code {code} during start. Last lines of {console}:\n{tail(console)}"
-            )
-        health = cluster_health(url, password=req.password)
-        if health and health.get("status") in ("yellow", "green"):
-            if health.get("cluster_name") != expected_cluster:
-                raise EngineError(
-                    f"{url} answers as cluster {health.get('cluster_name')!r}, not ours: another "
-                    f"engine grabbed port {req.port}; choose another with --port"
-                )
-            return
-        if time.monotonic() > deadline:
-            raise EngineError(
-                f"{req.kind} did not become ready within {req.timeout:.0f}s (try --timeout). "
-                f"Last lines of {console}:\n{tail(console)}"
-            )
-        time.sleep(0.5)
 
 
 def stop(kind: EngineKind, report: Reporter = quiet) -> bool:

@@ -1,5 +1,6 @@
 """Node settings: a fresh node directory with its config (security off unless asked, small heap,
-loopback only), the JVM options rewritten for it, its environment and keystore."""
+loopback only; a single node, or a member of a local cluster), the JVM options rewritten for it, its
+environment and keystore."""
 
 from __future__ import annotations
 
@@ -48,9 +49,17 @@ def rewrite_jvm_options(text: str, logs_dir: Path) -> str:
     return "".join(out)
 
 
-def engine_settings(
-    kind: EngineKind, port: int, data: Path, logs: Path, security: bool = False
-) -> dict[str, str]:
+Settings = dict[str, str | list[str]]  # a value is a string, or a list (`node.roles`, seed hosts)
+
+# The role that may be elected to lead the cluster, and the setting naming the first ones to elect.
+MASTER_ROLE = {"elasticsearch": "master", "opensearch": "cluster_manager"}
+INITIAL_MASTERS = {
+    "elasticsearch": "cluster.initial_master_nodes",
+    "opensearch": "cluster.initial_cluster_manager_nodes",
+}
+
+
+def engine_settings(kind: EngineKind, port: int, data: Path, logs: Path, security: bool = False) -> Settings:
     """Node settings: single node on loopback, no security (unless asked, ES only: users and roles, HTTP
     without TLS, allowed on a single loopback node), tiny-disk friendly, wildcard deletes allowed."""
     settings = {
@@ -82,16 +91,48 @@ def engine_settings(
     return settings
 
 
-def render_yaml(settings: dict[str, str]) -> str:
-    """Flat `key: "value"` YAML, enough for the engines' config file."""
+def member_settings(
+    kind: EngineKind,
+    cluster: str,
+    name: str,
+    http_port: int,
+    transport_port: int,
+    node: Path,
+    seeds: list[str],
+    masters: list[str],
+) -> Settings:
+    """One node of a local cluster: the single node's settings, but found by its peers on fixed
+    transport ports (`seeds`, host:port) and bootstrapped by the nodes named in `masters`; a node not in
+    `masters` is data-only, never elected."""
+    settings = engine_settings(kind, http_port, node / "data", node / "logs")
+    del settings["discovery.type"]
+    eligible = name in masters
+    settings.update(
+        {
+            "cluster.name": cluster,
+            "node.name": name,
+            "transport.port": str(transport_port),
+            "discovery.seed_hosts": seeds,
+            INITIAL_MASTERS[kind]: masters,
+            "node.roles": [MASTER_ROLE[kind], "data"] if eligible else ["data"],
+        }
+    )
+    return settings
+
+
+def render_yaml(settings: Settings) -> str:
+    """Flat `key: "value"` (or `key: ["a", "b"]`) YAML, enough for the engines' config file."""
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in settings.items())
 
 
-def prepare_node(
-    kind: EngineKind, port: int, home: Path, run_as: RunAs, security: bool = False
-) -> tuple[Path, Path]:
-    """Fresh node dir (config copy, data, logs, tmp) owned by the run user; returns (node, logs)."""
-    node = state_dir() / kind / "node"
+def single_node_dir(kind: EngineKind) -> Path:
+    """Where the launcher's one engine of a kind keeps its node (config, data, logs)."""
+    return state_dir() / kind / "node"
+
+
+def prepare_node(kind: EngineKind, home: Path, run_as: RunAs, node: Path, settings: Settings) -> Path:
+    """Fresh node dir `node` (config copy, data, logs, tmp) owned by the run user, its config file
+    written from `settings`; returns its logs directory."""
     shutil.rmtree(node, ignore_errors=True)
     logs = node / "logs"
     for sub in ("data", "logs", "tmp"):
@@ -99,13 +140,12 @@ def prepare_node(
     shutil.copytree(home / "config", node / "config")
     jvm_options = node / "config" / "jvm.options"
     jvm_options.write_text(rewrite_jvm_options(jvm_options.read_text(), logs))
-    yml = node / "config" / f"{kind}.yml"
-    yml.write_text(render_yaml(engine_settings(kind, port, node / "data", logs, security)))
+    (node / "config" / f"{kind}.yml").write_text(render_yaml(settings))
     chown_tree(node, run_as)
-    return node, logs
+    return logs
 
 
-def engine_env(kind: EngineKind, java: JavaHome, node: Path) -> dict[str, str]:
+def engine_env(kind: EngineKind, java: JavaHome, node: Path, heap: str = HEAP) -> dict[str, str]:
     """The engine's environment: its JDK, config and tmp directories, heap; nothing inherited."""
     prefix = "ES" if kind == "elasticsearch" else "OPENSEARCH"
     env = {
@@ -115,7 +155,7 @@ def engine_env(kind: EngineKind, java: JavaHome, node: Path) -> dict[str, str]:
         f"{prefix}_JAVA_HOME": str(java.path),  # ES ignores JAVA_HOME; the integ zips bundle no JDK
         f"{prefix}_PATH_CONF": str(node / "config"),
         f"{prefix}_TMPDIR": str(node / "tmp"),
-        f"{prefix}_JAVA_OPTS": HEAP,
+        f"{prefix}_JAVA_OPTS": heap,
     }
     return env
 

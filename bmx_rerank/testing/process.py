@@ -1,5 +1,5 @@
-"""The engine's process: its recorded state, whether it lives, stopping its process group, the port and
-cluster health checks, its log."""
+"""The engine's process: starting it as the run user, its recorded state, whether it lives, stopping its
+process group, ports, waiting for its cluster's health, its log."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bmx_rerank.testing.host import makedirs_0755, state_dir
+from bmx_rerank.testing import host
+from bmx_rerank.testing.host import RunAs, makedirs_0755, state_dir
+from bmx_rerank.testing.kinds import EngineError
 
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 40
@@ -125,6 +129,75 @@ def kill_group(pgid: int, timeout: float = STOP_TIMEOUT_S) -> None:
         time.sleep(0.1)
 
 
+def spawn(
+    command: Sequence[str], cwd: Path, env: Mapping[str, str], console: Path, run_as: RunAs
+) -> subprocess.Popen[bytes]:
+    """Start an engine's launcher as the run user, leader of a process group of its own (so that its
+    JVMs stop together and a terminal's Ctrl-C does not reach them), output appended to `console`."""
+    with open(console, "ab") as out:
+        if host.is_root():
+            os.chown(console, run_as.uid, run_as.gid)
+        return subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            user=run_as.uid if run_as.user else None,
+            group=run_as.gid if run_as.user else None,
+            extra_groups=[] if run_as.user else None,
+        )
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A process being started, as `wait_healthy` watches it: what to call it, and its console log."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    console: Path
+
+
+def wait_healthy(
+    url: str,
+    launched: Sequence[Launched],
+    cluster: str,
+    timeout: float,
+    nodes: int = 1,
+    password: str | None = None,
+) -> None:
+    """Poll `url`'s /_cluster/health until `nodes` nodes have joined and it is yellow or green; fail
+    fast when a launched process exits, or when another cluster answers on the port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for one in launched:
+            code = one.proc.poll()
+            if code is not None:
+                raise EngineError(
+                    f"{one.name} exited with code {code} during start. Last lines of {one.console}:\n"
+                    f"{tail(one.console)}"
+                )
+        health = cluster_health(url, password=password)
+        if health and health.get("status") in ("yellow", "green"):
+            if health.get("cluster_name") != cluster:
+                port = url.rsplit(":", 1)[-1]
+                raise EngineError(
+                    f"{url} answers as cluster {health.get('cluster_name')!r}, not ours: another "
+                    f"engine grabbed port {port}; choose another (--port)"
+                )
+            if int(str(health.get("number_of_nodes", 0))) >= nodes:
+                return
+        if time.monotonic() > deadline:
+            names = ", ".join(one.name for one in launched)
+            raise EngineError(
+                f"{names} did not become ready within {timeout:.0f}s (try --timeout). Last lines of "
+                f"{launched[0].console}:\n{tail(launched[0].console)}"
+            )
+        time.sleep(0.5)
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True when something already listens on host:port (the engines also set SO_REUSEADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -134,6 +207,21 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """`n` distinct loopback ports nothing listens on right now (the OS picks them, all held open until
+    the last is picked; one may be taken again before use)."""
+    socks = []
+    try:
+        for _ in range(n):
+            sock = socket.socket()
+            socks.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def cluster_health(url: str, timeout: float = 2.0, password: str | None = None) -> dict[str, object] | None:

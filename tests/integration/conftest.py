@@ -147,6 +147,13 @@ def engine_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue(f"{request.param}_url")
 
 
+@pytest.fixture(params=[e for e in engine_ids() if e in KINDS])
+def cluster_kind(request: pytest.FixtureRequest) -> str:
+    """Each default kind of this run (elasticsearch, opensearch; not the extra majors), for the tests that
+    start a cluster of their own from the launcher's default version of it."""
+    return request.param
+
+
 def _kind_of(url: str) -> str:
     """Which engine answers at `url`: Elasticsearch tags every response with X-elastic-product."""
     headers = EngineClient("?", url).call("GET", "/_cluster/health").headers

@@ -1,10 +1,12 @@
 """The proxy's bounds in front of real engines: bodies past the inflation cap answered as the cluster
-answers them, bad encodings, deep nesting, out-of-range values and windows, msearch caps, readiness."""
+answers them (streamed as sent, their nesting counted on the way), bad encodings, deep nesting,
+out-of-range values and windows, msearch caps, readiness."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import random
 import socket
 import urllib.error
 import urllib.request
@@ -98,6 +100,18 @@ def _bools(depth: int) -> bytes:
     return b'{"query":' + b'{"bool":{"must":[' * depth + b'{"match_all":{}}' + b"]}}" * depth + b"}"
 
 
+# 200 KB of a string full of brackets, escaped quotes and backslashes, none of them nesting.
+PAD = b"".join(
+    random.Random(19).choice([b"[", b"{", b"]", b"}", b'\\"', b"\\\\", b"a"]) for _ in range(100_000)
+)
+
+
+def _padded(query: bytes, ext: bytes = b"") -> bytes:
+    """A search over the fixture's --max-body: `query` under a bool named by PAD, so that the proxy
+    streams it up unread, PAD first (several chunks before `query`)."""
+    return b'{"query":{"bool":{"_name":"' + PAD + b'","must":[' + query + b"]}}" + ext + b"}"
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -105,8 +119,10 @@ def _bools(depth: int) -> bytes:
         b'{"ext":{"bmx":{"field":"body","query":"red","x":' + b"[" * 400 + b"]" * 400 + b"}}}",
         b'{"ext":{"bmx":{"field":"body","query":"red","x":' + b'{"a":' * 1100 + b"1" + b"}" * 1100 + b"}}}",
         _bools(31),
+        _padded(_bools(2000)[len(b'{"query":') : -1]),  # streamed unread: counted on the way
+        _padded(b'{"match_all":{}}', b',"ext":{"bmx":{"field":"body","x":' + b"[" * 400 + b"]" * 400 + b"}}"),
     ],
-    ids=["bool-2000", "ext.bmx-400", "ext.bmx-1100", "bool-31"],
+    ids=["bool-2000", "ext.bmx-400", "ext.bmx-1100", "bool-31", "streamed-bool-2000", "streamed-ext.bmx-400"],
 )
 @pytest.mark.parametrize("path", ["_search", "_msearch"])
 def test_bodies_that_harm_a_node_never_reach_it(guarded, data, path):
@@ -117,10 +133,53 @@ def test_bodies_that_harm_a_node_never_reach_it(guarded, data, path):
         data, headers = b"{}\n" + data + b"\n", {"Content-Type": "application/x-ndjson"}
     status, answer = send(proxy.url, f"/{index}/{path}", data, headers)
     assert status == 400 and answer["error"]["type"] == "x_content_parse_exception", answer
+    assert "--max-" in answer["error"]["reason"], "the guard's answer, not the cluster's"
     with urllib.request.urlopen(engine.url + "/_cluster/health", timeout=10) as resp:
         assert resp.status == 200, "the node is up"
     status, answer = send(proxy.url, f"/{index}/_search", json.dumps(bmx()).encode(), JSON)
     assert status == 200 and answer["_bmx"]["reranked"] is True
+
+
+def test_a_yaml_body_gets_the_raw_count_too(guarded):
+    """Every engine reads YAML search bodies, and YAML's flow style nests with JSON's brackets: a bool
+    query 2,000 deep in it is refused as the JSON one is, and the node stays up; a shallow one goes up as
+    sent and comes back as the cluster's YAML answer."""
+    engine, index, proxy = guarded
+    yaml = {"Content-Type": "application/yaml"}
+    deep = b"query: " + b"{bool: {must: [" * 2000 + b"{match_all: {}}" + b"]}}" * 2000 + b"\n"
+    request = urllib.request.Request(f"{proxy.url}/{index}/_search", data=deep, headers=yaml, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    answer = json.loads(refused.value.read())
+    assert refused.value.code == 400 and "--max-depth" in answer["error"]["reason"], answer
+    assert engine.call("GET", "/_cluster/health").status == 200, "the node is up"
+    shallow = b"size: 1\nsort: [_doc]\nquery: {match: {body: red}}\n"
+    answers = []
+    for url in (engine.url, proxy.url):
+        request = urllib.request.Request(f"{url}/{index}/_search", data=shallow, headers=yaml, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            answers.append(resp.read())
+    assert all(a.startswith(b"---\n") for a in answers) and b"_id:" in answers[0], answers
+    assert answers[0].split(b"hits:")[1] == answers[1].split(b"hits:")[1], "the cluster's own hits"
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+def test_a_body_over_max_body_streams_up_as_sent_and_is_answered_as_directly(guarded, encoding):
+    """Over --max-body the proxy does not read a body but counts its nesting on the way (inflated
+    first): brackets, quotes and backslashes inside its strings do not count, and the cluster answers
+    the bytes as sent, as it answers them directly."""
+    engine, index, proxy = guarded
+    data = _padded(b'{"match":{"body":"red"}}')
+    assert len(data) > 64 << 10, "past the fixture's --max-body (once inflated)"
+    headers = dict(JSON)
+    if encoding == "gzip":
+        data, headers = gzip.compress(data), {**JSON, "Content-Encoding": "gzip"}
+    direct = send(engine.url, f"/{index}/_search", data, headers)
+    through = send(proxy.url, f"/{index}/_search", data, headers)
+    assert direct[0] == through[0] == 200, through
+    ids = [[h["_id"] for h in answer["hits"]["hits"]] for _, answer in (direct, through)]
+    assert ids[0] == ids[1] and len(ids[0]) == 2, ids
+    assert through[1]["hits"]["hits"][0]["matched_queries"] == [json.loads(b'"' + PAD + b'"')]
 
 
 def test_a_body_over_max_content_length_is_a_413(engine, make_index):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import socket
+from bmx_rerank.testing.process import free_ports
 
 
 def free_port() -> int:
     """A port nothing listens on right now (the OS picks it; it may be taken again before use)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]

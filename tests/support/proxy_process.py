@@ -32,6 +32,11 @@ class Proxy:
     def peak_kib(self) -> int:
         return proc_status(self.proc.pid)["VmHWM"]
 
+    def reset_peak(self) -> None:
+        """Start the peak RSS (VmHWM) over from the RSS now (Linux 4.0+: `5` into clear_refs)."""
+        with open(f"/proc/{self.proc.pid}/clear_refs", "w") as fh:
+            fh.write("5")
+
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from bmx_rerank.cli import main
 from bmx_rerank.testing import artifacts, host, java, process
+from bmx_rerank.testing import cluster as local
 from bmx_rerank.testing import engine as eng
 from bmx_rerank.testing import node as node_config
 from tests.support.net import free_port
@@ -208,10 +210,13 @@ import http.server, json, os, re, sys
 conf = os.environ["OPENSEARCH_PATH_CONF"]
 yml = open(os.path.join(conf, "opensearch.yml")).read()
 port = int(re.search(r'http.port: "(\\d+)"', yml).group(1))
+CLUSTER = CLUSTER or re.search(r'cluster.name: "([^"]+)"', yml).group(1)
+seeds = re.search(r'discovery.seed_hosts: (\\[.*\\])', yml)
+NODES = len(json.loads(seeds.group(1))) if seeds else 1  # a member answers as if all had joined
 json.dump(dict(os.environ), open(os.path.join(os.environ["HOME"], "env.json"), "w"))
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"cluster_name": CLUSTER, "status": "green"}).encode()
+        body = json.dumps({"cluster_name": CLUSTER, "status": "green", "number_of_nodes": NODES}).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
     def log_message(self, *a): pass
@@ -253,7 +258,8 @@ def _group_gone(pgid: int) -> bool:
     return False
 
 
-def _server_script(tmp_path: Path, cluster: str) -> str:
+def _server_script(tmp_path: Path, cluster: str | None) -> str:
+    """A fake engine answering as `cluster` (None: the one its config names)."""
     path = tmp_path / "server.py"
     path.write_text(f"CLUSTER = {cluster!r}\n" + FAKE_SERVER)
     return f'exec "{sys.executable}" "{path}"\n'
@@ -381,3 +387,87 @@ def test_cli_reports_an_unusable_state_directory_in_one_line(
     result = CliRunner().invoke(main, ["engine", *args])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.startswith("error: [Errno 20] Not a directory")
+
+
+# --------------------------------------------------------------------------------------------
+# A local cluster of several nodes (bmx_rerank/testing/cluster.py), with fake distributions
+# --------------------------------------------------------------------------------------------
+
+
+def test_member_settings_form_one_cluster_without_single_node_discovery() -> None:
+    seeds, masters = ["127.0.0.1:9300", "127.0.0.1:9301"], ["n0"]
+    es = node_config.member_settings("elasticsearch", "c", "n1", 9201, 9301, Path("/n1"), seeds, masters)
+    assert "discovery.type" not in es
+    assert es["discovery.seed_hosts"] == seeds and es["cluster.initial_master_nodes"] == masters
+    assert es["node.roles"] == ["data"], "a node not named to bootstrap is data-only"
+    assert (es["cluster.name"], es["node.name"], es["transport.port"], es["http.port"]) == (
+        "c",
+        "n1",
+        "9301",
+        "9201",
+    )
+    assert es["path.data"] == "/n1/data" and es["xpack.security.enabled"] == "false"
+    os_ = node_config.member_settings("opensearch", "c", "n0", 9200, 9300, Path("/n0"), seeds, masters)
+    assert os_["cluster.initial_cluster_manager_nodes"] == masters
+    assert os_["node.roles"] == ["cluster_manager", "data"]
+    assert node_config.render_yaml({"r": ["a", "b"]}) == 'r: ["a", "b"]\n'
+
+
+def test_a_local_cluster_starts_kills_a_node_and_leaves_nothing(fake, tmp_path: Path) -> None:
+    req = fake(_server_script(tmp_path, None))
+    cluster_req = local.ClusterRequest("opensearch", "2.19.3", nodes=2, java_home=req.java_home, timeout=20)
+    with local.local_cluster(cluster_req) as cluster:
+        root = cluster.root
+        assert len(set(cluster.urls)) == 2 and all(m.alive() for m in cluster.members)
+        first, second = cluster.members
+        assert first.master_eligible and not second.master_eligible
+        yml = (second.node_dir / "config" / "opensearch.yml").read_text()
+        assert f'"127.0.0.1:{first.transport_port}"' in yml and f'"127.0.0.1:{second.transport_port}"' in yml
+        assert (
+            json.loads((second.node_dir / "env.json").read_text())["OPENSEARCH_JAVA_OPTS"]
+            == local.CLUSTER_HEAP
+        )
+        second.kill()
+        assert not second.alive() and first.alive()
+    assert not root.exists()
+    assert _group_gone(first.proc.pid)
+
+
+def test_a_member_that_dies_during_start_stops_the_others_and_leaves_nothing(
+    fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "member.sh"
+    script.write_text(  # the second member dies at once, the first would serve
+        'grep -q "node.name: \\".*-1\\"" "$OPENSEARCH_PATH_CONF/opensearch.yml" && { echo "bind failed"; exit 7; }\n'
+        + _server_script(tmp_path, None)
+    )
+    req = fake(f'. "{script}"\n')
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn(*args, **kwargs):
+        spawned.append(process.spawn(*args, **kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(local, "spawn", spawn)
+    cluster_req = local.ClusterRequest("opensearch", "2.19.3", java_home=req.java_home, timeout=20)
+    with pytest.raises(eng.EngineError, match=r"(?s)-1 exited with code 7.*bind failed"):
+        local.start_cluster(cluster_req)
+    assert len(spawned) == 2 and all(_group_gone(p.pid) for p in spawned)
+    assert [p for p in local.clusters_dir().iterdir() if p.is_dir()] == [], "no node directory left behind"
+
+
+def test_a_cluster_whose_owner_died_is_removed_by_the_next_start(fake, tmp_path: Path) -> None:
+    orphan = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    owner = subprocess.Popen(["true"])
+    owner.wait()
+    root = local.clusters_dir() / "bmx-rerank-opensearch-dead"
+    root.mkdir(parents=True)
+    members = [{"pid": orphan.pid, "ticks": process.proc_start_ticks(orphan.pid)}]
+    record = {"owner": {"pid": owner.pid, "ticks": 1}, "members": members}
+    (root / local.MEMBERS_FILE).write_text(json.dumps(record))
+    req = fake(_server_script(tmp_path, None))
+    with local.local_cluster(
+        local.ClusterRequest("opensearch", "2.19.3", java_home=req.java_home, timeout=20)
+    ):
+        assert not root.exists()
+        assert _group_gone(orphan.pid), "its node was stopped"

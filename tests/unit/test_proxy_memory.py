@@ -4,9 +4,7 @@ plus a stated margin; the budget comes back when they are answered, and shows in
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import gzip
 import threading
 import time
 
@@ -14,6 +12,7 @@ import aiohttp
 import pytest
 
 from bmx_rerank.proxy import start_server
+from tests.support.bombs import fire, gzip_bomb
 from tests.support.fake_cluster import FakeCluster, run_proxy
 
 MIB = 1 << 20
@@ -47,13 +46,6 @@ class Peak:
         return self.peak - self.base
 
 
-def bomb(inflated: int) -> bytes:
-    """A body asking for a rerank that inflates to `inflated` bytes and never ends its string: the
-    proxy must read all of it to know, and then refuses it (never forwarded with ext.bmx in it)."""
-    head = b'{"ext":{"bmx":{"field":"body","query":"t3"}},"pad":"'
-    return gzip.compress(head + b" " * (inflated - len(head)), 9)
-
-
 @pytest.fixture
 async def cluster():
     fake = FakeCluster()
@@ -62,21 +54,10 @@ async def cluster():
     await runner.cleanup()
 
 
-async def fire(url: str, data: bytes, n: int) -> list[tuple[int, dict]]:
-    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
-    async with aiohttp.ClientSession() as client:
-
-        async def one() -> tuple[int, dict]:
-            async with client.post(f"{url}/docs/_search", data=data, headers=headers) as resp:
-                return resp.status, await resp.json()
-
-        return await asyncio.gather(*(one() for _ in range(n)))
-
-
 async def test_eight_concurrent_bombs_stay_under_the_budget_with_429s(cluster):
     _, upstream = cluster
     runner, url = await run_proxy(upstream, max_in_flight=BUDGET, max_body=64 * MIB)
-    data = bomb(24 * MIB)  # each holds ~4x its inflated size while read, joined, parsed and counted
+    data = gzip_bomb(24 * MIB)  # each holds ~4x its inflated size while read, joined, parsed and counted
     try:
         await fire(url, data, 1)  # warm-up: the allocator's arenas
         gc.collect()
