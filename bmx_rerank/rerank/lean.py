@@ -208,14 +208,13 @@ CACHED_PARAMS = frozenset({"_source", "_source_includes", "_source_excludes", "v
 class PageCache:
     """Page documents as a caller saw them, by document version: a repeated window's page needs no
     fetch. Keyed by the caller (what one may read never answers another), the length table (a
-    re-created index has another), the version and what the caller asked each hit to show; bounded in
-    bytes of the documents' JSON, least recently used first out."""
+    re-created index has another), the version and what the caller asked each hit to show. Each is
+    held as its JSON bytes (decoded again on a hit: a page is ~10 documents), so the bound in bytes is
+    what it holds; least recently used first out."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._docs: LRUCache[PageKey, dict[str, Any]] = LRUCache(
-            maxsize=max(1, max_bytes), getsizeof=lambda doc: len(orjson.dumps(doc))
-        )
+        self._docs: LRUCache[PageKey, bytes] = LRUCache(maxsize=max(1, max_bytes), getsizeof=_held)
 
     def keys(self, window: Window, who: str, hits: Sequence[Mapping[str, Any]]) -> list[PageKey] | None:
         """The hits' keys, None when this window's page is not kept (off, or it shows what can change)."""
@@ -230,11 +229,19 @@ class PageCache:
         return [(who, named[h["_index"]], h["_index"], h["_seq_no"], h["_primary_term"], shape) for h in hits]
 
     def get(self, key: PageKey) -> dict[str, Any] | None:
-        return self._docs.get(key)
+        raw = self._docs.get(key)
+        return None if raw is None else orjson.loads(raw)
 
     def put(self, key: PageKey, doc: dict[str, Any]) -> None:
         with contextlib.suppress(ValueError):  # a document larger than the whole cache is not kept
-            self._docs[key] = doc
+            # a copy: orjson's own bytes keep the capacity of its output buffer (~16 KiB for a 2 KiB
+            # document), which the bound would not count
+            self._docs[key] = bytes(memoryview(orjson.dumps(doc)))
+
+
+def _held(raw: bytes) -> int:
+    """Bytes an entry holds: its JSON and the bytes object around it, plus its key and LRU slot."""
+    return len(raw) + 200
 
 
 async def fill_page(
