@@ -72,10 +72,9 @@ class TermFrequencies:
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
         self._count(sum(len(d) for d in found), len(hits) * len(names))
         gone: set[int] = set()
-        if missing and nameless is not None:
-            await nameless.identify([hits[i] for i in missing if "_id" not in hits[i]])
-            gone.update(i for i in missing if "_id" not in hits[i])  # changed since: dropped
-            missing = [i for i in missing if "_id" in hits[i]]
+        named = await _named(hits, missing, nameless)
+        gone.update(set(missing) - set(named))  # changed since: dropped
+        missing = named
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -129,9 +128,7 @@ class TermFrequencies:
             None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
             for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
         ]
-        if missing and nameless is not None:
-            await nameless.identify([hits[i] for i in missing if "_id" not in hits[i]])
-            missing = [i for i in missing if "_id" in hits[i]]  # the others stay dropped
+        missing = await _named(hits, missing, nameless)  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -197,6 +194,17 @@ def table_lengths(
             for i, n in zip(rows, found, strict=True):
                 out[i][name] = n
     return out
+
+
+async def _named(
+    hits: Sequence[Mapping[str, Any]], missing: list[int], nameless: Nameless | None
+) -> list[int]:
+    """The `missing` hits `_mtermvectors` can name: a lean window's are given their `_id` first, and
+    those whose version is gone by then are left out."""
+    if nameless is None or not missing:
+        return missing
+    await nameless.identify([hits[i] for i in missing if "_id" not in hits[i]])  # type: ignore[misc]
+    return [i for i in missing if "_id" in hits[i]]
 
 
 def doc_refs(hits: Sequence[Mapping[str, Any]], *, nameless: bool = False) -> list[DocRef]:

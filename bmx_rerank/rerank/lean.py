@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 import orjson
 from cachetools import LRUCache
 
+from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -71,7 +72,7 @@ PARAMS = frozenset(
         "pre_filter_shard_size",
         "batched_reduce_size",
         "ccs_minimize_roundtrips",
-        "include_named_queries_score",
+        tf_probe.PARAM,  # the probes' own
     }
 )
 FETCHED_PARAMS = (
@@ -135,7 +136,7 @@ def check_hits(window: Window, hits: Sequence[Mapping[str, Any]]) -> None:
     indices = {str(h.get("_index")) for h in hits}
     for task in window.stats.values():
         tables = task.result().lengths or {}
-        if not all(getattr(tables.get(ix), "by_version", False) for ix in indices):
+        if not all(ix in tables and tables[ix].by_version for ix in indices):
             raise Miss
     for hit in hits:
         if not isinstance(hit.get("_seq_no"), int) or not isinstance(hit.get("_primary_term"), int):
@@ -295,7 +296,7 @@ def tables(window: Window) -> dict[str, str]:
 def by_version(view: StatsView) -> bool:
     """Every index of the view has a length table keyed by version: its hits need no `_id`."""
     tables = view.lengths
-    return bool(tables) and all(getattr(t, "by_version", False) for t in tables.values())
+    return bool(tables) and all(t.by_version for t in tables.values())
 
 
 async def _by_version(window: Window) -> bool:

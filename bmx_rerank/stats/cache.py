@@ -43,6 +43,8 @@ class LengthTable(Protocol):
     """What a search asks of a length table: `DocLengths` (tests, `FixedStats`) or, in the proxy, the
     memory-mapped `LengthIndex` every worker shares."""
 
+    by_version: bool  # found without `_id` (`LengthIndex.by_version`)
+
     def __len__(self) -> int: ...
 
     def lookup(
