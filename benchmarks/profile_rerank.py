@@ -1,5 +1,5 @@
 """Where a reranked search's time goes: the proxy's own metrics (time per upstream call) and a
-pyinstrument profile of the proxy process, for warm or first-sight reranks of one window size, or for searches passed through.
+pyinstrument profile of the proxy process (the measured requests alone), for warm or first-sight reranks of one window size, or for searches passed through.
 
     .venv/bin/python -m benchmarks.profile_rerank --upstream http://127.0.0.1:9200 --window 100 \
         --mode warm|first|passthrough [--requests 200] [--profile-out /tmp/profile.txt]
@@ -12,6 +12,7 @@ the proxy timed it, each upstream call, and the proxy's own time (the rest); the
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import signal
@@ -60,11 +61,12 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
 
         profiler = Profiler(interval=0.0005)
 
-        async def start(_app) -> None:
-            profiler.start()
+        async def start(_app) -> None:  # on SIGUSR1, sent once the unmeasured warm-up is done
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, profiler.start)
 
         async def stop(_app) -> None:
-            profiler.stop()
+            if profiler.is_running:
+                profiler.stop()
             Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
 
         app.on_startup.append(start)
@@ -127,6 +129,8 @@ def main() -> None:
             for q in queries:
                 proxy.ok("POST", path, ask(q))
         before = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
+        proc.send_signal(signal.SIGUSR1)  # the profile covers the measured requests alone
+        time.sleep(0.2)
         cpu_before = (process_cpu(proc.pid), engine_cpu(args.upstream), time.process_time())
         start = time.perf_counter()
         for q in queries:

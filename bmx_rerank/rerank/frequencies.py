@@ -9,7 +9,8 @@ between). A changed document's terms are not cached: they are not the hit's vers
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ class TermFrequencies:
         names: Sequence[str],
         who: str,
         headers: Mapping[str, str],
-        needs: Mapping[str, Collection[str]] | None = None,
+        needs: Mapping[str, AbstractSet[str]] | None = None,
         nameless: Nameless | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
@@ -66,9 +67,13 @@ class TermFrequencies:
         get = self.cache.get
         tables = nameless.tables if nameless is not None else None
         keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
+        wanted = [(f, None if needs is None else frozenset(needs[f])) for f in names]
         for key in keys:
-            cached = {f: get(key[f], None if needs is None else needs[f]) for f in names}
-            found.append({f: d for f, d in cached.items() if d is not None})
+            got: HitTerms = {}
+            for f, need in wanted:
+                if (doc := get(key[f], need)) is not None:
+                    got[f] = doc
+            found.append(got)
         missing = [i for i, d in enumerate(found) if len(d) < len(names)]
         self._count(sum(len(d) for d in found), len(hits) * len(names))
         gone: set[int] = set()

@@ -27,7 +27,8 @@ entry always wins over a partial one."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ class TermVectorCache:
         self.max_bytes = max_bytes
         self._items: LRUCache[CacheKey, DocTerms] = LRUCache(max(1, max_bytes), getsizeof=entry_bytes)
 
-    def get(self, key: CacheKey | None, needs: Collection[str] | None = None) -> DocTerms | None:
+    def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> DocTerms | None:
         """The entry, if it answers for every token in `needs` (None: every term, so full term
         vectors only); a partial entry that does not is a miss."""
         if key is None or self.max_bytes <= 0:
@@ -101,7 +102,7 @@ class TermVectorCache:
             entry = self._items[key]  # one lookup (and LRU touch), where `.get` makes two
         except KeyError:
             return None
-        if isinstance(entry, ProbedDoc) and (needs is None or any(t not in entry.tf for t in needs)):
+        if type(entry) is ProbedDoc and (needs is None or not entry.tf.keys() >= needs):
             return None
         return entry
 
