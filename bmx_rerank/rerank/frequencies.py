@@ -16,7 +16,7 @@ from typing import Any
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.term_vector_cache import TermVectorCache, cache_key
+from bmx_rerank.rerank.term_vector_cache import SHARD, TermVectorCache, cache_key
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
@@ -195,6 +195,7 @@ def table_lengths(
                     [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
                     [hits[i].get("_seq_no") for i in rows],
                     [hits[i].get("_primary_term") for i in rows],
+                    [hits[i].get(SHARD) for i in rows],  # where a table keyed by version looks (None: not known)
                 )
             for i, n in zip(rows, found, strict=True):
                 out[i][name] = n

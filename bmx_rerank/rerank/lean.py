@@ -3,8 +3,9 @@
 Reading each hit's `_id` (a stored field, decompressed with `_source`) is most of what a window of 100
 costs the cluster beyond its query, and the caller sees a page of 10. So where the hits can be named
 without it, the first stage asks for no stored field (`stored_fields: _none_`, `seq_no_primary_term`):
-in an index of one shard, `_seq_no` and `_primary_term` name one version of one document. That holds
-when every index the window reaches has a length table keyed by version (`LengthIndex.by_version`),
+in a shard, `_seq_no` and `_primary_term` name one version of one document (an index of several shards
+is searched shard by shard so that each hit's shard is known: `rerank/shards.py`). That holds when
+every index the window reaches has a length table keyed by version (`LengthIndex.by_version`),
 and the probes give each hit's term frequencies (or, for a window this caller had reranked lately, the
 term-vector cache, which keys such hits by index, table and version); then nothing else needs the
 `_id` (a hit new since the table was built is named by version for `_mtermvectors`: `identify`).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -28,6 +29,7 @@ import orjson
 from cachetools import LRUCache
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.term_vector_cache import SHARD
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -103,11 +105,13 @@ class Miss(Exception):
     """This window cannot be answered lean: rerank it again with the full first stage."""
 
 
-async def narrow(window: Window) -> bool:
+async def narrow(window: Window, fans_out: Callable[[], Awaitable[bool]]) -> bool:
     """Make the window's first stage lean when it can be (see the module docstring); whether it did.
 
     A probed window, or one unprobed because this caller had it reranked lately (`seen`: its
-    frequencies are in the term-vector cache, kept by version for lean hits)."""
+    frequencies are in the term-vector cache, kept by version for lean hits). On one index of several
+    shards, searched shard by shard (`window.shards`, `rerank/shards.py`) where its answer merges
+    exactly and the cluster takes a shard preference (`fans_out`, asked only then)."""
     body, params = window.body, window.params
     if body is None or (window.probe is None and window.unprobed_because != "seen"):
         return False
@@ -115,6 +119,10 @@ async def narrow(window: Window) -> bool:
         return False
     if b'"inner_hits"' in orjson.dumps(body.get("query")) or not await _by_version(window):
         return False
+    shards = _shard_count(window)
+    if shards is None or (shards > 1 and not (_merges(window) and await fans_out())):
+        return False
+    window.shards = shards
     window.page_fetch = (
         {k: body[k] for k in FETCHED if k in body},
         {k: v for k, v in params.items() if k in FETCHED_PARAMS or k in PAGE_PARAMS},
@@ -130,13 +138,15 @@ async def narrow(window: Window) -> bool:
 
 
 def check_hits(window: Window, hits: Sequence[Mapping[str, Any]]) -> None:
-    """Every hit is named by its version: its index has a table keyed so in every field (a pattern may
-    reach an index that has none, or several shards), and it carries `_seq_no` and `_primary_term`.
-    `Miss` if not."""
+    """Every hit is named by its version: its index has a table keyed so in every field, over as many
+    shards as the window searched (a pattern may reach an index that has none, or another), and it
+    carries `_seq_no` and `_primary_term`. `Miss` if not."""
     indices = {h.get("_index") for h in hits}
     for task in window.stats.values():
         tables = task.result().lengths or {}
-        if not all(ix in tables and tables[ix].by_version for ix in indices):
+        if not all(
+            ix in tables and tables[ix].by_version and tables[ix].shards == window.shards for ix in indices
+        ):
             raise Miss
     # `type() is int`: a bool is no sequence number, and the check runs for each of up to 10,000 hits
     if not all(type(h.get("_seq_no")) is int and type(h.get("_primary_term")) is int for h in hits):
@@ -161,28 +171,37 @@ async def fetch(
     if not page:
         shown = {"_source": False}
         params = {k: v for k, v in params.items() if k in PAGE_PARAMS}
-    by_index: dict[str, list[int]] = {}
+    by_shard: dict[int, dict[str, list[int]]] = {}
     for hit in hits:
-        by_index.setdefault(str(hit["_index"]), []).append(int(hit["_seq_no"]))
-    which = [
-        {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": seqs}}]}}
-        for ix, seqs in by_index.items()
-    ]
-    body = {
-        "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
-        "size": len(hits),
-        "track_total_hits": False,
-        **shown,
-        "seq_no_primary_term": True,
-    }
-    path = f"/{window.index_expr}/_search"
-    if params:
-        path += "?" + urlencode(params)
-    answer = await cluster.request("POST", path, body, headers)
-    found = {(h.get("_index"), h.get("_seq_no")): h for h in answer.get("hits", {}).get("hits", [])}
+        by_shard.setdefault(hit.get(SHARD, 0), {}).setdefault(str(hit["_index"]), []).append(
+            int(hit["_seq_no"])
+        )
+
+    async def search(shard: int, by_index: dict[str, list[int]]) -> list[dict[str, Any]]:
+        which = [
+            {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": seqs}}]}}
+            for ix, seqs in by_index.items()
+        ]
+        body = {
+            "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
+            "size": sum(map(len, by_index.values())),
+            "track_total_hits": False,
+            **shown,
+            "seq_no_primary_term": True,
+        }
+        # a shard's documents from that shard alone (any copy holds the same versions)
+        query = {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else params
+        path = f"/{window.index_expr}/_search" + ("?" + urlencode(query) if query else "")
+        answer = await cluster.request("POST", path, body, headers)
+        return [{**h, SHARD: shard} for h in answer.get("hits", {}).get("hits", [])]
+
+    parts = await asyncio.gather(*(search(shard, by_index) for shard, by_index in by_shard.items()))
+    found = {(h.get("_index"), h[SHARD], h.get("_seq_no")): h for part in parts for h in part}
     out: list[dict[str, Any] | None] = []
     for hit in hits:
-        got = found.get((hit["_index"], hit["_seq_no"]))
+        got = found.pop((hit["_index"], hit.get(SHARD, 0), hit["_seq_no"]), None)
+        if got is not None:
+            del got[SHARD]
         out.append(got if got is not None and got.get("_primary_term") == hit["_primary_term"] else None)
     return out
 
@@ -199,7 +218,7 @@ async def identify(
                 hit["_routing"] = doc["_routing"]
 
 
-PageKey = tuple[str, str, str, int, int, str]  # (caller, table, index, _seq_no, _primary_term, shape)
+PageKey = tuple[str, str, str, int, int, str]  # (caller, table/shard, index, _seq_no, _primary_term, shape)
 # What a page fetch may show for its documents to be kept (`PageCache`): a version's `_source` never
 # changes; `fields`, `docvalue_fields` and `stored_fields` follow the mapping, which can.
 CACHED_BODY = frozenset({"_source", "version", "seq_no_primary_term"})
@@ -227,7 +246,17 @@ class PageCache:
             [shown, {k: v for k, v in params.items() if k not in PAGE_PARAMS}], option=orjson.OPT_SORT_KEYS
         ).decode()
         named = tables(window)
-        return [(who, named[h["_index"]], h["_index"], h["_seq_no"], h["_primary_term"], shape) for h in hits]
+        return [
+            (
+                who,
+                f"{named[h['_index']]}/{h.get(SHARD, 0)}",
+                h["_index"],
+                h["_seq_no"],
+                h["_primary_term"],
+                shape,
+            )
+            for h in hits
+        ]
 
     def get(self, key: PageKey) -> dict[str, Any] | None:
         raw = self._docs.get(key)
@@ -291,6 +320,29 @@ def tables(window: Window) -> dict[str, str]:
         ix: str(getattr(getattr(t, "layout", None), "ident", id(t)))
         for ix, t in (views[0].lengths or {}).items()
     }
+
+
+def _shard_count(window: Window) -> int | None:
+    """How many searches the lean window takes: 1 where every index has one shard, the shard count of
+    the one index it reaches otherwise (several indices of several shards: None, not lean)."""
+    counts = {
+        ix: t.shards for task in window.stats.values() for ix, t in (task.result().lengths or {}).items()
+    }
+    if all(n == 1 for n in counts.values()):
+        return 1
+    return next(iter(counts.values())) if len(counts) == 1 else None
+
+
+def _merges(window: Window) -> bool:
+    """A search of one shard at a time answers, merged, as the search of all: nothing in it is
+    computed over shards (aggregations, `dfs_query_then_fetch`) or picks shards itself (`routing`, a
+    caller's `preference`), and its window starts at the first hit."""
+    body, asked = window.body or {}, window.plan.params
+    return (
+        not {"aggs", "aggregations"} & set(body)
+        and not {"routing", "preference", "search_type"} & set(asked)
+        and not body.get("from")
+    )
 
 
 def by_version(view: StatsView) -> bool:

@@ -25,14 +25,16 @@ import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import filter_path, lean, tf_probe
+from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, TermFrequencies
@@ -151,6 +153,7 @@ class Reranker:
         lengths = lengths if lengths is not None else tf_probe.LengthCache()
         self.frequencies = TermFrequencies(cluster, metrics, cache=cache, lengths=lengths)
         self.pages = pages if pages is not None else lean.PageCache(defaults.PAGE_CACHE_BYTES)
+        self.shard_form: int | None = None  # which of `shards.FORMS` the cluster takes, once learned
 
     async def rerank(
         self, index_expr: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
@@ -171,9 +174,13 @@ class Reranker:
                         window.close()
                     window, answer = self.open(index_expr, plan, headers), None
                     await self.prober.add(window, who, headers)
-                    if may_be_lean and await lean.narrow(window):
+                    if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
-                    answer = await first_stage(window.body, window.params)
+                    try:
+                        answer = await self._search(window, first_stage)
+                    except lean.Miss:
+                        self.metrics.first_stage.labels("lean_missed").inc()
+                        continue
                     if answer.status == 400 and window.lean:  # as the caller sent it, would it be one?
                         continue
                     if answer.status == 400 and self.prober.drop(window):
@@ -201,6 +208,41 @@ class Reranker:
         finally:
             if window is not None:
                 window.close()
+
+    async def _search(self, window: Window, first_stage: FirstStage) -> Answer:
+        """The window's first stage: one search, or a lean window's search of each shard merged
+        (`shards`), `lean.Miss` when a shard's answer is no success or does not merge."""
+        if window.shards == 1:
+            return await first_stage(window.body, window.params)
+        assert self.shard_form is not None and window.body is not None
+        answers = await shards.search_each(first_stage, window, self.shard_form)
+        if any(a.status >= 300 or a.data is None for a in answers):
+            raise lean.Miss
+        merged = shards.merge([a.data for a in answers], window.body)
+        if merged is None:
+            raise lean.Miss
+        return Answer(answers[0].status, merged, answers[0].raw)
+
+    async def _fans_out(self, window: Window, headers: Mapping[str, str]) -> bool:
+        """Whether the cluster takes a preference for one shard in a form of `shards.FORMS`: asked
+        once, with a search that matches nothing (not learned when it fails otherwise)."""
+        if self.shard_form is None:
+            for form in range(len(shards.FORMS)):
+                pref = quote(shards.preference(form, 0, "bmx"), safe="")
+                body = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
+                try:
+                    await self.cluster.request(
+                        "POST", f"/{window.index_expr}/_search?preference={pref}", body, headers
+                    )
+                except UpstreamError as exc:
+                    if exc.status == 400 and exc.reason.startswith("no Preference for"):
+                        continue
+                    return False
+                self.shard_form = form
+                break
+            else:
+                self.shard_form = len(shards.FORMS)
+        return self.shard_form < len(shards.FORMS)
 
     async def rerank_each(
         self,

@@ -27,6 +27,7 @@ entry always wins over a partial one."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ from cachetools import LRUCache
 from bmx_rerank import defaults
 from bmx_rerank.upstream import DocTerms
 
+# Where a hit of a lean window over several shards lives: its shard's number, set by the proxy (never
+# shown: the page's hits are replaced by their documents), since `_seq_no` is unique only in a shard
+SHARD = "_bmx_shard"
 CacheKey = tuple[str, str, str, int, int, str]
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
@@ -46,15 +50,17 @@ def cache_key(
     hit: Mapping[str, Any], field: str, who: str, *, tables: Mapping[str, str] | None = None
 ) -> CacheKey | None:
     """The cache key of a hit for caller `who`, or None when the cluster did not return its sequence
-    number (or, as `doc_refs` says, where it lives). `tables`: the hit is a lean window's (one shard,
-    `rerank/lean.py`), named by its index, the index's length table (index -> the table's identity: a
-    re-created index has another) and its version, with or without its `_id`."""
+    number (or, as `doc_refs` says, where it lives). `tables`: the hit is a lean window's (`rerank/lean.py`),
+    named by its index, the index's length table (index -> the table's identity: a re-created index
+    has another), its shard (`SHARD`) and its version, with or without its `_id`."""
     seq, term = hit.get("_seq_no"), hit.get("_primary_term")
     if not isinstance(seq, int) or not isinstance(term, int) or seq < 0 or "_index" not in hit:
         return None
     if tables is not None:
         table = tables.get(hit["_index"])
-        return None if table is None else (who, hit["_index"], f"@{table}", seq, term, field)
+        return (
+            None if table is None else (who, hit["_index"], f"@{table}/{hit.get(SHARD, 0)}", seq, term, field)
+        )
     if "_id" not in hit:
         return None
     return (who, hit["_index"], str(hit["_id"]), seq, term, field)
@@ -76,7 +82,7 @@ class ProbedDoc(DocTerms):
 
 def entry_bytes(terms: DocTerms) -> int:
     """Estimated memory of one cached document's term frequencies (a partial entry's 0s included)."""
-    return ENTRY_OVERHEAD + sum(TERM_BYTES + len(t) for t in terms.tf)
+    return ENTRY_OVERHEAD + TERM_BYTES * len(terms.tf) + sum(map(len, terms.tf))
 
 
 def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
@@ -117,9 +123,8 @@ class TermVectorCache:
                 return  # full term vectors know every token
             if old is not None:
                 terms = merged(old, terms)
-        if entry_bytes(terms) > self.max_bytes:
-            return  # a document bigger than the whole cache is not kept
-        self._items[key] = terms
+        with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
+            self._items[key] = terms
 
     @property
     def bytes(self) -> int:

@@ -41,6 +41,8 @@ class Window:
     unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # the request without probes
     # set when the first stage is lean (`lean`): what the page fetch asks each hit to show (body, params)
     page_fetch: tuple[dict[str, Any], dict[str, str]] | None = None
+    # a lean window over one index of several shards: searched shard by shard (`rerank/shards.py`)
+    shards: int = 1
 
     @property
     def lean(self) -> bool:

@@ -5,8 +5,8 @@ Two proxies over the same statistics store: one as shipped (`auto` probes: lean 
 one shard), one that never probes (so never lean: the first stage reads every hit's `_id` and
 `_source`, frequencies from `_mtermvectors`). Their answers are compared whole: ids, scores, `_source`
 as the caller filtered it, `fields`, `_version`, `_seq_no`, totals and aggregations, page by page, with
-documents updated and deleted (and refreshed) between searches; on 1 shard (lean) and on 3 shards (not
-lean: a hit there is not named by its `_seq_no`)."""
+documents updated and deleted (and refreshed) between searches; on 1 shard and on 3 shards (searched
+shard by shard: rerank/shards.py)."""
 
 from __future__ import annotations
 
@@ -121,26 +121,37 @@ def _searches(text: str) -> list[tuple[str, dict[str, Any]]]:
         ),
         ("?_source_excludes=body&version=true", {"query": query, "size": 5, "ext": {"bmx": bmx}}),
         ("", {"query": query, "size": 5, "_source": False, "ext": {"bmx": bmx}}),
+        # a count bound the shards' counts pass together, not each alone (3 shards)
+        (
+            "?rest_total_hits_as_int=false",
+            {"query": query, "size": 3, "track_total_hits": 40, "ext": {"bmx": bmx}},
+        ),
+        ("?preference=mine", {"query": query, "size": 4, "ext": {"bmx": bmx}}),  # the caller picks copies
     ]
 
 
-def _compare(engine, index, lean: ProxyThread, full: ProxyThread, texts: list[str], want: str) -> None:
+def _lean(params: str, body: dict[str, Any], shards: int) -> bool:
+    """Whether the proxy as shipped answers this search lean: on several shards, not with aggregations
+    (computed over every shard: they do not merge) nor the caller's own `preference`."""
+    return shards == 1 or ("aggs" not in body and "preference" not in params)
+
+
+def _compare(engine, index, lean: ProxyThread, full: ProxyThread, texts: list[str], shards: int) -> None:
     for text in texts:
         for params, body in _searches(text):
             a = _post(lean.url, f"/{index}/_search{params}", body)
             b = _post(full.url, f"/{index}/_search{params}", body)
             assert a["_bmx"]["reranked"] is True and b["_bmx"]["reranked"] is True, (a["_bmx"], b["_bmx"])
             assert b["_bmx"]["fetch"] == "window"
-            assert a["_bmx"]["fetch"] == want, a["_bmx"]
+            assert a["_bmx"]["fetch"] == ("page" if _lean(params, body, shards) else "window"), a["_bmx"]
             assert _shown(a) == _shown(b)
             assert a["hits"]["hits"], "a page to compare"
 
 
 def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair) -> None:
     engine, index, lean, full, texts = pair
-    shards = engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"]
-    want = "page" if shards == "1" else "window"
-    _compare(engine, index, lean, full, texts, want)
+    shards = int(engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"])
+    _compare(engine, index, lean, full, texts, shards)
 
     # Documents of the pages updated and deleted (refreshed) after the statistics' build: the lean
     # window names the updated and new ones by version for `_mtermvectors`; the deleted one is gone.
@@ -150,12 +161,12 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     engine.ok("DELETE", f"/{index}/_doc/{top[1]}")
     engine.ok("PUT", f"/{index}/_doc/new-one", {"body": texts[0], "n": 7, "tag": "t1"})
     engine.ok("POST", f"/{index}/_refresh")
-    _compare(engine, index, lean, full, texts[:2], want)
+    _compare(engine, index, lean, full, texts[:2], shards)
     assert _metric(lean.url, 'bmx_upstream_seconds_count{call="termvectors"}') > 0
 
-    windows = len(texts) * 5 + 2 * 5
+    lean_shapes = sum(_lean(params, body, shards) for params, body in _searches(""))
     lean_windows = _metric(lean.url, 'bmx_lean_windows_total{outcome="lean"}')
-    assert lean_windows == (windows if want == "page" else 0)
+    assert lean_windows == (len(texts) + 2) * lean_shapes
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0
 
 
@@ -168,7 +179,7 @@ def _metric(url: str, name: str) -> float:
     return 0.0
 
 
-@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
+@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in_full(
     pair, monkeypatch
 ) -> None:
@@ -196,7 +207,7 @@ def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in
     assert any(h["_source"]["n"] == 999 for h in a["hits"]["hits"]), "the version the rerank scored"
 
 
-@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
+@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
     """The same search again: lean without probes (its frequencies cached by version), its page
     documents from the page cache (no page fetch), the answer unchanged; another caller (another `Authorization`) fetches its own; a page showing `fields`

@@ -1,0 +1,106 @@
+"""A lean window over one index of several shards: one search per shard, merged as the cluster merges.
+
+In an index of several shards `_seq_no` names a document version only within its shard, and a hit
+without stored fields does not say its shard. Searching each shard on its own (`preference=_shards:i`)
+says it, at the price of a search per shard the cluster runs anyway: a search of N shards is N shard
+searches. The cluster's own merge is simple enough to do here exactly: each shard scores with its own
+statistics in both cases (`query_then_fetch`), hits are ordered by score and, between equal scores,
+by shard number (checked on Elasticsearch 8.19 and OpenSearch 2.19), totals add up to the
+`track_total_hits` bound. What would not merge exactly (aggregations, `search_type`, `routing`, a
+caller's own `preference`) keeps the window from being searched so (`lean.narrow`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from bmx_rerank.rerank.term_vector_cache import SHARD
+from bmx_rerank.rerank.window import Window
+
+# Shard preferences tried in turn, until the cluster takes one: Elasticsearch keeps the caller's
+# replica choice after `|` (a custom string: every page of a query reads the same copies); OpenSearch
+# takes only its named preferences there (`_primary`: the same copy every time, too)
+FORMS = ("_shards:{shard}|{custom}", "_shards:{shard}|_primary")
+# What a merged answer may hold at its top: anything else (aggregations, suggestions, a PIT id,
+# profiles, remote clusters) is not merged here, and the window goes again in full
+MERGED = frozenset({"took", "timed_out", "_shards", "hits", "terminated_early"})
+DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when it names none
+
+
+def preference(form: int, shard: int, custom: str | None) -> str:
+    """The preference that sends a search to shard `shard` alone, in `FORMS[form]`."""
+    return FORMS[form].format(shard=shard, custom=custom or "bmx")
+
+
+async def search_each(
+    send: Callable[[dict[str, Any] | None, Mapping[str, str]], Awaitable[Any]], window: Window, form: int
+) -> list[Any]:
+    """The window's search sent to each of its shards at once, with `send` (the front end's first
+    stage): the answers in shard order."""
+    custom = window.params.get("preference")
+    return list(
+        await asyncio.gather(
+            *(
+                send(window.body, {**window.params, "preference": preference(form, i, custom)})
+                for i in range(window.shards)
+            )
+        )
+    )
+
+
+def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The answers of one search sent to each shard (in shard order) as the search of every shard
+    would have answered, each hit marked with its shard (`SHARD`); None when one holds what is not
+    merged here (`MERGED`)."""
+    if any(not set(a) <= MERGED or not isinstance(a.get("hits"), Mapping) for a in answers):
+        return None
+    size = int(body.get("size", 10))
+    ranked: list[tuple[float, int, dict[str, Any]]] = []
+    for shard, answer in enumerate(answers):
+        for hit in answer["hits"].get("hits", []):
+            ranked.append((-float(hit.get("_score") or 0.0), shard, {**hit, SHARD: shard}))
+    ranked.sort(key=lambda r: (r[0], r[1]))  # stable: a shard's own order stays between equal scores
+    hits: dict[str, Any] = {}
+    total = _total([a["hits"].get("total") for a in answers], body.get("track_total_hits"))
+    if total is not None:
+        hits["total"] = total
+    scores = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
+    hits["max_score"] = max(scores) if scores else None
+    hits["hits"] = [r[2] for r in ranked[:size]]
+    merged: dict[str, Any] = {
+        "took": max(int(a.get("took", 0)) for a in answers),
+        "timed_out": any(a.get("timed_out") for a in answers),
+        "_shards": _shards([a.get("_shards") or {} for a in answers]),
+    }
+    early = [a["terminated_early"] for a in answers if "terminated_early" in a]
+    if early:
+        merged["terminated_early"] = any(early)
+    merged["hits"] = hits
+    return merged
+
+
+def _total(totals: Sequence[Any], track: Any) -> Any:
+    """The shards' hit counts added up as the cluster adds them: an exact sum up to the search's
+    `track_total_hits` bound, that bound as a lower bound past it (a count as an integer stays one)."""
+    if any(t is None for t in totals):
+        return None
+    if all(isinstance(t, int) for t in totals):
+        return sum(totals)
+    value = sum(int(t["value"]) for t in totals)
+    relation = "gte" if any(t.get("relation") == "gte" for t in totals) else "eq"
+    bound = DEFAULT_TRACK_TOTAL_HITS if track is None else track
+    if isinstance(bound, int) and not isinstance(bound, bool) and value > bound:
+        value, relation = bound, "gte"
+    return {"value": value, "relation": relation}
+
+
+def _shards(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        k: sum(int(p.get(k, 0)) for p in parts) for k in ("total", "successful", "skipped")
+    }
+    out["failed"] = sum(int(p.get("failed", 0)) for p in parts)
+    failures = [f for p in parts for f in p.get("failures", [])]
+    if failures:
+        out["failures"] = failures
+    return out

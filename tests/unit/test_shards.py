@@ -1,0 +1,82 @@
+"""Merging a lean window's search of each shard (rerank/shards.py) as the cluster merges a search of
+all; on real engines, tests/integration/test_lean_first_stage.py compares the answers whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bmx_rerank.rerank.shards import FORMS, merge, preference
+from bmx_rerank.rerank.term_vector_cache import SHARD
+
+
+def _answer(scores: list[float], total: Any = None, **top: Any) -> dict[str, Any]:
+    hits: dict[str, Any] = {
+        "max_score": max(scores) if scores else None,
+        "hits": [
+            {"_index": "i", "_seq_no": n, "_primary_term": 1, "_score": s} for n, s in enumerate(scores)
+        ],
+    }
+    if total is not None:
+        hits["total"] = total
+    shards = {"total": 1, "successful": 1, "skipped": 0, "failed": 0}
+    return {"took": 3, "timed_out": False, "_shards": shards, "hits": hits, **top}
+
+
+def test_hits_merge_by_score_then_shard_keeping_each_shards_order() -> None:
+    answers = [_answer([3.0, 2.0, 2.0]), _answer([2.5, 2.0]), _answer([2.0, 1.0])]
+    merged = merge(answers, {"size": 5})
+    assert merged is not None
+    got = [(h[SHARD], h["_seq_no"], h["_score"]) for h in merged["hits"]["hits"]]
+    # equal scores: the lower shard first, and within a shard the order it answered in
+    assert got == [(0, 0, 3.0), (1, 0, 2.5), (0, 1, 2.0), (0, 2, 2.0), (1, 1, 2.0)]
+    assert merged["hits"]["max_score"] == 3.0
+    assert SHARD not in answers[0]["hits"]["hits"][0], "the shards' own answers are left as they are"
+
+
+def test_totals_add_up_to_the_track_total_hits_bound() -> None:
+    def total(parts: list[Any], body: dict[str, Any]) -> Any:
+        merged = merge([_answer([1.0], t) for t in parts], {"size": 1, **body})
+        assert merged is not None
+        return merged["hits"].get("total")
+
+    eq = {"value": 4000, "relation": "eq"}
+    assert total([eq, eq], {}) == {"value": 8000, "relation": "eq"}
+    assert total([eq, eq, eq], {}) == {"value": 10_000, "relation": "gte"}  # the default bound
+    assert total([eq, eq, eq], {"track_total_hits": True}) == {"value": 12_000, "relation": "eq"}
+    assert total([eq, eq], {"track_total_hits": 5000}) == {"value": 5000, "relation": "gte"}
+    gte = {"value": 100, "relation": "gte"}
+    assert total([eq, gte], {"track_total_hits": 100}) == {"value": 100, "relation": "gte"}
+    assert total(
+        [{"value": 3, "relation": "eq"}, {"value": 2, "relation": "gte"}], {"track_total_hits": 9}
+    ) == {
+        "value": 5,
+        "relation": "gte",
+    }
+    assert total([7, 5], {}) == 12  # rest_total_hits_as_int
+    assert total([None, None], {"track_total_hits": False}) is None
+
+
+def test_the_rest_of_the_answer_merges_and_what_does_not_is_refused() -> None:
+    failed = {"total": 1, "successful": 0, "skipped": 0, "failed": 1, "failures": [{"shard": 1}]}
+    answers = [
+        _answer([1.0], took=2, terminated_early=False),
+        {**_answer([], took=9, timed_out=True), "_shards": failed},
+    ]
+    merged = merge(answers, {"size": 10})
+    assert merged is not None
+    assert merged["took"] == 9 and merged["timed_out"] is True and merged["terminated_early"] is False
+    assert merged["_shards"] == {
+        "total": 2,
+        "successful": 1,
+        "skipped": 0,
+        "failed": 1,
+        "failures": [{"shard": 1}],
+    }
+    assert merge([_answer([1.0], aggregations={}), _answer([1.0])], {"size": 1}) is None
+    assert merge([_answer([1.0], suggest={}), _answer([1.0])], {"size": 1}) is None
+
+
+def test_shard_preferences_keep_the_callers_copy_choice() -> None:
+    assert preference(0, 2, "bmx-abc") == "_shards:2|bmx-abc"  # Elasticsearch
+    assert preference(1, 2, "bmx-abc") == "_shards:2|_primary"  # OpenSearch takes named ones only
+    assert len(FORMS) == 2
