@@ -385,6 +385,7 @@ def snapshot_info(
         None if lengths is None else len(lengths),
         0 if lengths is None else max(1, -(-len(lengths) // LENGTH_CHUNK)),
         None if lengths is not None else lengths_skipped,
+        lengths is not None and lengths.shards_known,
     )
 
 
