@@ -344,7 +344,7 @@ async def _docs_in_seq_range(
         if after is not None:
             body["search_after"] = after
         hits = (await cluster.request("POST", url, body, headers))["hits"]["hits"]
-        out.extend(swept_ref(h) for h in hits)
+        out.extend(swept_ref(h, shard) for h in hits)
         if len(hits) < page:
             return out
         after = hits[-1]["sort"]
