@@ -118,7 +118,8 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
 def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1) -> Any:
     """FixedStats with the length table where this version's FixedStats takes one, served as the
     statistics cache serves it where this version has the form: a mapped `LengthIndex`, keyed by
-    document version on an index of one shard."""
+    document version on an index of one shard, and on one of several where every row of the sweep's
+    table has its shard (versions that record it)."""
     import inspect
     import tempfile
 
@@ -129,13 +130,20 @@ def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1)
     except ImportError:  # a version before the mapped table
         LengthIndex = None  # noqa: N806
     if lengths is not None and LengthIndex is not None:
-        keyed = "by_version" in inspect.signature(LengthIndex.from_table).parameters
+        params = inspect.signature(LengthIndex.from_table).parameters
         where = tempfile.mkdtemp(prefix="bmx-bench-lengths-")
+
+        def keying(table: Any) -> dict[str, Any]:
+            if "by_version" not in params:
+                return {}
+            if shards == 1:
+                return {"by_version": True, **({"shards": 1} if "shards" in params else {})}
+            if "shards" in params and getattr(table, "shards_known", False):
+                return {"by_version": True, "shards": shards}
+            return {"by_version": False}
+
         lengths = {
-            ix: LengthIndex.from_table(
-                t, f"{where}/{ix}.len", **({"by_version": shards == 1} if keyed else {})
-            )
-            for ix, t in lengths.items()
+            ix: LengthIndex.from_table(t, f"{where}/{ix}.len", **keying(t)) for ix, t in lengths.items()
         }
     tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
     return FixedStats({(index, "body"): corpus}, **tables)

@@ -344,7 +344,7 @@ async def _docs_in_seq_range(
         if after is not None:
             body["search_after"] = after
         hits = (await cluster.request("POST", url, body, headers))["hits"]["hits"]
-        out.extend(swept_ref(h) for h in hits)
+        out.extend(swept_ref(h, shard) for h in hits)
         if len(hits) < page:
             return out
         after = hits[-1]["sort"]
@@ -385,6 +385,7 @@ def snapshot_info(
         None if lengths is None else len(lengths),
         0 if lengths is None else max(1, -(-len(lengths) // LENGTH_CHUNK)),
         None if lengths is not None else lengths_skipped,
+        lengths is not None and lengths.shards_known,
     )
 
 

@@ -43,7 +43,10 @@ class LengthTable(Protocol):
     """What a search asks of a length table: `DocLengths` (tests, `FixedStats`) or, in the proxy, the
     memory-mapped `LengthIndex` every worker shares."""
 
-    by_version: bool  # found without `_id` (`LengthIndex.by_version`)
+    by_version: bool  # found without `_id`, given the hit's shard (`LengthIndex.by_version`)
+    # shards a `by_version` table spans: a hit's shard number is in [0, shards), and needed unless 1;
+    # 0 for a table keyed by `_id` (`DocLengths`), which takes no shard number
+    shards: int
 
     def __len__(self) -> int: ...
 
@@ -53,6 +56,7 @@ class LengthTable(Protocol):
         routings: Sequence[str | None],
         seq_nos: Sequence[object],
         primary_terms: Sequence[object],
+        shards: Sequence[object] | None = None,
     ) -> list[int | None]: ...
 
 

@@ -34,12 +34,18 @@ async def write(
         if opened is not None:
             return opened
         started = time.perf_counter()
+        by_version = keyed_by_version(info)
+        shards = len(info.marks.shards) if by_version else None
         writer = await asyncio.to_thread(
-            LengthIndexWriter, path, info.length_docs, ident, by_version=one_shard(info)
+            LengthIndexWriter, path, info.length_docs, ident, by_version=by_version, shards=shards
         )
         try:
-            async for chunk in store.length_chunks(cluster, headers, info, store_index):
-                await asyncio.to_thread(writer.add, *chunk)
+            async for keys, seq, term, length, shard_nos in store.length_chunks(
+                cluster, headers, info, store_index
+            ):
+                # one shard: every row is of shard 0, also in chunks written before the shard numbers
+                shard_nos = shard_nos if by_version and shards != 1 else None
+                await asyncio.to_thread(writer.add, keys, seq, term, length, shard_nos)
             index = await asyncio.to_thread(writer.finish)
         except BaseException:
             writer.abort()
@@ -71,15 +77,18 @@ def ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
         str(info.length_chunks),
         info.marks.uuid or "",
         info.built_at,
-        "by_version" if one_shard(info) else "by_id",
+        "by_version" if keyed_by_version(info) else "by_id",
     )
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
 
 
-def one_shard(info: SnapshotInfo) -> bool:
-    """Whether the snapshot's index has one shard (its marks name each primary): its table is then keyed
-    by document version alone, so a hit is found without its `_id` (`LengthIndex.by_version`)."""
-    return len(info.marks.shards) == 1
+def keyed_by_version(info: SnapshotInfo) -> bool:
+    """Whether the snapshot's table is mapped keyed by (shard, `_seq_no`, `_primary_term`), so a hit is
+    found without its `_id` (`LengthIndex.by_version`): when its index has one shard (its marks name
+    each primary), or several and every row of the table has its shard number (`info.length_shards`).
+    Decided from the meta alone, before any chunk is read."""
+    shards = len(info.marks.shards)
+    return shards == 1 or (shards > 1 and info.length_shards)
 
 
 def open_index(path: Path, ident: str) -> LengthIndex | None:

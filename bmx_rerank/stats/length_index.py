@@ -7,7 +7,9 @@ temporary file renamed into place) and opened with `numpy.memmap` by every worke
 
 Layout. Each document *version* gets a 128-bit key from its stored 64-bit `doc_key`, `_seq_no` and
 `_primary_term` (two independent multiply-xorshift lanes `a` and `b`, each over all three words), so an
-update is a new key. The top `k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8
+update is a new key. A table keyed by version (`by_version`) puts the shard number in place of the
+`doc_key`: (shard, `_seq_no`, `_primary_term`) names one live version, so a hit is found without its
+`_id` given its shard (0 in an index of one shard). The top `k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8
 records a bucket on average. A bucket's records are contiguous; the directory holds each bucket's start
 as a uint16 offset from a uint64 anchor every 4096 buckets (2 bytes a bucket: at most 0.5 byte a
 document). A record is 7 bytes, a 56-bit word: the top `r = 56 - L` bits of `b` (the fingerprint) above
@@ -111,7 +113,8 @@ class _Layout:
     max_seq_no: int
     max_primary_term: int
     ident: str
-    by_version: bool = False  # keyed by (_seq_no, _primary_term) alone: the index has one shard
+    by_version: bool = False  # keyed by (shard, _seq_no, _primary_term): no `_id` needed
+    shard_count: int = 1  # shards a `by_version` table's keys range over (files before it: one shard)
 
     @property
     def r(self) -> int:
@@ -143,6 +146,7 @@ class _Layout:
                 "max_primary_term": self.max_primary_term,
                 "ident": self.ident,
                 "by_version": self.by_version,
+                "shard_count": self.shard_count,
             }
         ).encode()
         blob = MAGIC + len(meta).to_bytes(4, "little") + meta
@@ -197,10 +201,19 @@ class LengthIndex:
 
     @classmethod
     def from_table(
-        cls, table: DocLengths, path: Path | str, ident: str = "", *, by_version: bool = False
+        cls,
+        table: DocLengths,
+        path: Path | str,
+        ident: str = "",
+        *,
+        by_version: bool = False,
+        shards: int | None = None,
     ) -> LengthIndex:
-        """The index of a whole `DocLengths` (tests, benchmarks): `build` over its rows."""
-        writer = LengthIndexWriter(path, len(table), ident, by_version=by_version)
+        """The index of a whole `DocLengths` (tests, benchmarks): `build` over its rows. Keyed
+        `by_version` over `shards` shards (None: up to the largest shard number in the table), with each
+        row's shard number; a table of one shard needs none."""
+        writer = LengthIndexWriter(path, len(table), ident, by_version=by_version, shards=shards)
+        one = shards == 1 or (shards is None and not table.shards_known)
         for start in range(0, len(table), _SLICE):
             end = start + _SLICE
             writer.add(
@@ -208,6 +221,7 @@ class LengthIndex:
                 table.seq_nos[start:end],
                 table.primary_terms[start:end],
                 table.lengths[start:end],
+                None if one else table.shard_nos[start:end],
             )
         return writer.finish()
 
@@ -218,10 +232,16 @@ class LengthIndex:
 
     @property
     def by_version(self) -> bool:
-        """Whether a hit is found without its `_id`: the table of a one-shard index, where a live
-        document version is named by its `_seq_no` and `_primary_term` alone (sequence numbers are never
-        reused within a shard; a primary's failover changes the term)."""
+        """Whether a hit is found without its `_id`, given its shard: within one shard a live document
+        version is named by its `_seq_no` and `_primary_term` alone (sequence numbers are never reused
+        within a shard; a primary's failover changes the term)."""
         return self.layout.by_version
+
+    @property
+    def shards(self) -> int:
+        """The shards a table keyed `by_version` spans (a hit's shard number is in [0, shards); 1: no
+        shard number needed); 0 for a table keyed by `_id`, which takes none."""
+        return self.layout.shard_count if self.layout.by_version else 0
 
     @property
     def nbytes(self) -> int:
@@ -242,9 +262,14 @@ class LengthIndex:
         routings: Sequence[str | None],
         seq_nos: Sequence[object],
         primary_terms: Sequence[object],
+        shards: Sequence[object] | None = None,
     ) -> list[int | None]:
         """Each document version's length, or None when the index cannot be sure it holds that exact
-        version (as `DocLengths.lookup`; the bound on a wrong answer is in the module docstring)."""
+        version (as `DocLengths.lookup`; the bound on a wrong answer is in the module docstring).
+
+        A table keyed `by_version` reads each hit's shard number from `shards` (ids and routings are
+        not read): None (or a None in it) is shard 0 in a table of one shard, and no answer in one of
+        several; a shard outside [0, `self.shards`) is no answer. A table keyed by `_id` ignores it."""
         out: list[int | None] = [None] * len(ids)
         lay = self.layout
         usable, keys, seq, term = versions(
@@ -255,6 +280,8 @@ class LengthIndex:
             lay.max_seq_no,
             lay.max_primary_term,
             by_version=lay.by_version,
+            shards=shards,
+            shard_count=lay.shard_count,
         )
         if not usable or not lay.n:
             return out
@@ -311,13 +338,19 @@ class LengthIndex:
         return out
 
     def same_as(self, table: DocLengths) -> bool:
-        """Holds exactly `table`'s versions with their lengths: as many, and each found with its own."""
+        """Holds exactly `table`'s versions with their lengths: as many, and each found with its own
+        (keyed by version: under its shard, which a table of several shards must know for every row)."""
         if len(table) != len(self):
+            return False
+        if self.shards > 1 and not table.shards_known:
             return False
         for start in range(0, len(table), _SLICE):
             end = start + _SLICE
             keys = table.keys[start:end]
-            keys = np.zeros_like(keys) if self.by_version else keys
+            if self.shards == 1:
+                keys = np.zeros_like(keys)
+            elif self.by_version:
+                keys = table.shard_nos[start:end].astype(np.uint64)
             got = self._find(keys, table.seq_nos[start:end], table.primary_terms[start:end])
             if not np.array_equal(got, table.lengths[start:end]):
                 return False
@@ -326,13 +359,27 @@ class LengthIndex:
 
 class LengthIndexWriter:
     """Builds a `LengthIndex` file of exactly `n` documents from rows given in any order and chunking
-    (`add`), in bounded memory: rows are spilled to a temporary file, then placed (`finish`)."""
+    (`add`), in bounded memory: rows are spilled to a temporary file, then placed (`finish`).
 
-    def __init__(self, path: Path | str, n: int, ident: str = "", *, by_version: bool = False) -> None:
+    Keyed `by_version`, over `shards` shards (None: as many as the largest shard number added says)."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        n: int,
+        ident: str = "",
+        *,
+        by_version: bool = False,
+        shards: int | None = None,
+    ) -> None:
+        if shards is not None and shards < 1:
+            raise ValueError("a table keyed by version spans at least one shard")
         self.path = Path(path)
         self.n = n
         self.ident = ident
         self.by_version = by_version
+        self.shards = shards
+        self.max_shard = 0
         self.k = bucket_bits(n)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, spill = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".spill")
@@ -350,7 +397,10 @@ class LengthIndexWriter:
         seq_nos: np.ndarray | Sequence[int],
         primary_terms: np.ndarray | Sequence[int],
         lengths: np.ndarray | Sequence[int],
+        shards: np.ndarray | Sequence[int] | None = None,
     ) -> None:
+        """Rows of (key, seq_no, primary_term, length); keyed `by_version`, `shards` gives each row's
+        shard number (None: all of shard 0) and `keys` are not read."""
         seq = np.asarray(seq_nos, np.int64)
         term = np.asarray(primary_terms, np.int64)
         length = np.asarray(lengths, np.int64)
@@ -360,7 +410,18 @@ class LengthIndexWriter:
             raise ValueError("sequence numbers, primary terms and lengths must be non-negative (terms >= 1)")
         if self.rows + seq.size > self.n:
             raise ValueError(f"more than the {self.n} documents announced")
-        key = np.zeros(seq.size, np.uint64) if self.by_version else np.asarray(keys, np.uint64)
+        if not self.by_version:
+            key = np.asarray(keys, np.uint64)
+        elif shards is None:
+            key = np.zeros(seq.size, np.uint64)
+        else:
+            shard = np.asarray(shards, np.int64)
+            if shard.shape != seq.shape or shard.min() < 0:
+                raise ValueError("keyed by version, every row needs its shard number")
+            if self.shards is not None and shard.max() >= self.shards:
+                raise ValueError(f"a shard number beyond the {self.shards} shards announced")
+            self.max_shard = max(self.max_shard, int(shard.max()))
+            key = shard.astype(np.uint64)
         a, b = version_keys(key, seq, term)
         rows = np.empty(seq.size, SPILL)
         rows["bucket"] = _buckets(a, self.k)
@@ -404,6 +465,7 @@ class LengthIndexWriter:
                 self.max_primary_term,
                 self.ident,
                 self.by_version,
+                (self.shards or self.max_shard + 1) if self.by_version else 0,
             )
             return self._write(layout, esc)
         finally:
@@ -486,13 +548,15 @@ class LengthIndexWriter:
 def build(
     path: Path | str,
     n: int,
-    chunks: Iterable[tuple[Any, Any, Any, Any]],
+    chunks: Iterable[tuple[Any, ...]],
     ident: str = "",
     *,
     by_version: bool = False,
+    shards: int | None = None,
 ) -> LengthIndex:
-    """The index of `n` documents given as (keys, seq_nos, primary_terms, lengths) chunks."""
-    writer = LengthIndexWriter(path, n, ident, by_version=by_version)
+    """The index of `n` documents given as (keys, seq_nos, primary_terms, lengths[, shard numbers])
+    chunks (`LengthIndexWriter.add`)."""
+    writer = LengthIndexWriter(path, n, ident, by_version=by_version, shards=shards)
     try:
         for chunk in chunks:
             writer.add(*chunk)

@@ -11,6 +11,11 @@ dropped so tables merged from slices or refreshes equal a rebuild's table: exact
 This is the build's and the store's form (exact keys, merged by slices and refreshes); the proxy
 serves the same table from a compact memory-mapped file, `stats.length_index.LengthIndex`.
 
+Each row also records the number of the shard its version lives in (`shard_nos`, -1 where the scan
+could not tell): within one shard a live version is named by (`_seq_no`, `_primary_term`) alone, so a
+table whose every row has its shard can be served keyed by (shard, `_seq_no`, `_primary_term`), a hit
+found without its `_id` (`stats.length_index.LengthIndex.by_version`).
+
 The table belongs to one concrete index; a re-created index of the same name starts again at
 `_seq_no` 0 and must not use it (the statistics cache checks the index UUID)."""
 
@@ -19,11 +24,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import ClassVar
 
 import numpy as np
 
-BYTES_PER_DOC = 28  # key 8, _seq_no 8, _primary_term 4, length 8 (before compression)
+BYTES_PER_DOC = 32  # key 8, _seq_no 8, _primary_term 4, length 8, shard 4 (before compression)
+UNKNOWN_SHARD = -1  # a row whose shard the scan could not tell (a scroll over several shards, an old chunk)
 
 
 def doc_key(doc_id: str, routing: str | None) -> int:
@@ -48,12 +55,28 @@ class DocLengths:
     primary_terms: np.ndarray  # (n,) int64
     lengths: np.ndarray  # (n,) int64
     dropped: np.ndarray  # (d,) uint64, sorted unique keys seen more than once (never answered)
+    # (n,) int32: the shard each version lives in, UNKNOWN_SHARD where not known; not given: all unknown
+    shard_nos: np.ndarray = dataclass_field(default_factory=lambda: np.zeros(0, np.int32))
     by_version: ClassVar[bool] = False  # looked up by `_id` (see `LengthIndex.by_version`)
+    # Keyed by `_id`, it takes no shard number: 0 shards of version keys (a table keyed by version has
+    # at least 1), so nothing reads it as a one-shard table that a shard number 0 would fit.
+    shards: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         n = self.keys.shape[0]
-        if not (self.seq_nos.shape == self.primary_terms.shape == self.lengths.shape == (n,)):
-            raise ValueError("keys, seq_nos, primary_terms and lengths must be 1-d arrays of one length")
+        if not n or self.shard_nos.shape != (0,):
+            shard_nos = np.asarray(self.shard_nos, np.int32)
+        else:
+            shard_nos = np.full(n, UNKNOWN_SHARD, np.int32)
+        object.__setattr__(self, "shard_nos", shard_nos)
+        shapes = (self.seq_nos.shape, self.primary_terms.shape, self.lengths.shape, self.shard_nos.shape)
+        if any(shape != (n,) for shape in shapes):
+            raise ValueError("keys, seq_nos, primary_terms, lengths and shard_nos must be 1-d of one length")
+
+    @property
+    def shards_known(self) -> bool:
+        """Every row has its shard number: the table can be keyed by (shard, version)."""
+        return bool(np.all(self.shard_nos >= 0))
 
     @classmethod
     def empty(cls) -> DocLengths:
@@ -67,10 +90,12 @@ class DocLengths:
         seq_nos: Sequence[int],
         primary_terms: Sequence[int],
         lengths: Sequence[int],
+        shard_nos: Sequence[int] | None = None,
     ) -> DocLengths:
-        """The table of (id, routing, seq_no, primary_term, length) rows; keys seen twice are dropped."""
+        """The table of (id, routing, seq_no, primary_term, length[, shard]) rows; keys seen twice are
+        dropped."""
         keys = _u64(doc_key(i, r) for i, r in zip(ids, routings, strict=True))
-        return cls.from_keys(keys, seq_nos, primary_terms, lengths)
+        return cls.from_keys(keys, seq_nos, primary_terms, lengths, shard_nos=shard_nos)
 
     @classmethod
     def from_keys(
@@ -80,14 +105,18 @@ class DocLengths:
         primary_terms: np.ndarray | Sequence[int],
         lengths: np.ndarray | Sequence[int],
         dropped: np.ndarray | Sequence[int] = (),
+        shard_nos: np.ndarray | Sequence[int] | None = None,
     ) -> DocLengths:
-        """The table of rows already keyed (`doc_key`); a key seen twice, or in `dropped`, is left out."""
+        """The table of rows already keyed (`doc_key`); a key seen twice, or in `dropped`, is left out.
+        Rows without `shard_nos` have an unknown shard."""
         k = np.asarray(keys, dtype=np.uint64)
         order = np.argsort(k, kind="stable")
         k = k[order]
         seq = np.asarray(seq_nos, dtype=np.int64)[order]
         term = np.asarray(primary_terms, dtype=np.int64)[order]
         length = np.asarray(lengths, dtype=np.int64)[order]
+        given = np.full(k.shape[0], UNKNOWN_SHARD, np.int32) if shard_nos is None else shard_nos
+        shard = np.asarray(given, dtype=np.int32)[order]
         twice = np.zeros(k.shape[0], bool)
         if k.shape[0] > 1:
             same = k[1:] == k[:-1]
@@ -95,14 +124,14 @@ class DocLengths:
             twice[:-1] |= same
         gone = np.union1d(np.asarray(dropped, dtype=np.uint64), k[twice]).astype(np.uint64)
         keep = ~twice & ~np.isin(k, gone)
-        return cls(k[keep], seq[keep], term[keep], length[keep], gone)
+        return cls(k[keep], seq[keep], term[keep], length[keep], gone, shard[keep])
 
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.keys, self.seq_nos, self.primary_terms, self.lengths, self.dropped)
+        arrays = (self.keys, self.seq_nos, self.primary_terms, self.lengths, self.dropped, self.shard_nos)
         return int(sum(a.nbytes for a in arrays))
 
     def __add__(self, other: DocLengths) -> DocLengths:
@@ -114,6 +143,7 @@ class DocLengths:
             np.concatenate([self.primary_terms, other.primary_terms]),
             np.concatenate([self.lengths, other.lengths]),
             np.union1d(self.dropped, other.dropped),
+            np.concatenate([self.shard_nos, other.shard_nos]),
         )
 
     def same_as(self, other: DocLengths) -> bool:
@@ -125,6 +155,7 @@ class DocLengths:
                 (self.primary_terms, other.primary_terms),
                 (self.lengths, other.lengths),
                 (self.dropped, other.dropped),
+                (self.shard_nos, other.shard_nos),
             )
         )
 
@@ -134,9 +165,11 @@ class DocLengths:
         routings: Sequence[str | None],
         seq_nos: Sequence[object],
         primary_terms: Sequence[object],
+        shards: Sequence[object] | None = None,
     ) -> list[int | None]:
         """Each document version's length, or None when the table does not hold that exact version
-        (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given)."""
+        (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given).
+        `shards` is ignored: the document is named by its `_id` and routing."""
         out: list[int | None] = [None] * len(ids)
         usable, keys, seq, term = versions(ids, routings, seq_nos, primary_terms)
         if not usable or not len(self):
@@ -158,10 +191,16 @@ def versions(
     max_primary_term: int | None = None,
     *,
     by_version: bool = False,
+    shards: Sequence[object] | None = None,
+    shard_count: int = 1,
 ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """The hits that can name a version a table holds (an integer `_seq_no` >= 0 and `_primary_term`,
-    at most the given largest), with their keys (0 for a table keyed `by_version`), sequence numbers
-    and primary terms."""
+    at most the given largest), with their keys, sequence numbers and primary terms.
+
+    A table keyed `by_version` spans `shard_count` shards and its key is the hit's shard number: a hit
+    needs one in [0, shard_count), except in a table of one shard, where every hit is of shard 0
+    (`shards` None, or a None in it, means 0 there). Without its shard a hit of a table of several
+    shards names no version: another shard may hold the same (`_seq_no`, `_primary_term`)."""
     hi_seq = max_seq_no if max_seq_no is not None else float("inf")
     hi_term = max_primary_term if max_primary_term is not None else float("inf")
     usable = [
@@ -169,9 +208,16 @@ def versions(
         for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
         if _is_int(s) and _is_int(t) and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
     ]
-    keys = (
-        np.zeros(len(usable), np.uint64) if by_version else _u64(doc_key(ids[i], routings[i]) for i in usable)
-    )
+    if not by_version:
+        keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
+    else:
+        given: list[object] = [None] * len(seq_nos) if shards is None else list(shards)
+        if len(given) != len(seq_nos):
+            raise ValueError("one shard number (or None) a hit")
+        if shard_count == 1:
+            given = [0 if g is None else g for g in given]
+        usable = [i for i in usable if _is_int(g := given[i]) and 0 <= g < shard_count]  # type: ignore[operator]
+        keys = _u64(given[i] for i in usable)  # type: ignore[misc]
     seq = np.array([seq_nos[i] for i in usable], np.int64)
     term = np.array([primary_terms[i] for i in usable], np.int64)
     return usable, keys, seq, term
@@ -188,7 +234,7 @@ MAX_LENGTH_DOCS = 1_000_000_000
 
 
 class LengthRecorder:
-    """Collects a sweep's (key, seq_no, primary_term, length) rows in numpy blocks (~28 bytes a
+    """Collects a sweep's (key, seq_no, primary_term, length, shard) rows in numpy blocks (~32 bytes a
     document), keeping none at all past `limit` rows: the table then does not exist (`over`), and
     every hit falls back to `_mtermvectors` as without one."""
 
@@ -198,8 +244,15 @@ class LengthRecorder:
         self.over = False
         self._keys: list[np.ndarray] = []
         self._rest: list[np.ndarray] = []  # (3, n) int64: seq_no, primary_term, length
+        self._shards: list[np.ndarray] = []  # (n,) int32, UNKNOWN_SHARD where not known
 
-    def add(self, keys: Sequence[int], rest: Sequence[tuple[int, int, int]]) -> None:
+    def add(
+        self,
+        keys: Sequence[int],
+        rest: Sequence[tuple[int, int, int]],
+        shards: Sequence[int | None] | None = None,
+    ) -> None:
+        """Rows of (key, (seq_no, primary_term, length)) and each one's shard (None: unknown)."""
         if self.over or not keys:
             return
         self.rows += len(keys)
@@ -207,9 +260,14 @@ class LengthRecorder:
             self.over = True
             self._keys.clear()
             self._rest.clear()
+            self._shards.clear()
             return
         self._keys.append(np.array(keys, dtype=np.uint64))
         self._rest.append(np.array(rest, dtype=np.int64).reshape(len(keys), 3))
+        given = [None] * len(keys) if shards is None else shards
+        if len(given) != len(keys):
+            raise ValueError("one shard number (or None) a row")
+        self._shards.append(np.array([UNKNOWN_SHARD if s is None else s for s in given], np.int32))
 
     def finish(self) -> DocLengths | None:
         """The table, or None when over the limit."""
@@ -218,4 +276,10 @@ class LengthRecorder:
         if not self._keys:
             return DocLengths.empty()
         rest = np.concatenate(self._rest)
-        return DocLengths.from_keys(np.concatenate(self._keys), rest[:, 0], rest[:, 1], rest[:, 2])
+        return DocLengths.from_keys(
+            np.concatenate(self._keys),
+            rest[:, 0],
+            rest[:, 1],
+            rest[:, 2],
+            shard_nos=np.concatenate(self._shards),
+        )

@@ -2,6 +2,12 @@
 (`search_after` on `_shard_doc`), or a scroll where the cluster has no usable PIT. A sliced reader
 (`part`) lets n processes or machines scan disjoint parts that together hold every document.
 
+A scan for the length table (`versions`) also tells each hit's shard number: a PIT's `_shard_doc` sort
+value holds it in its high 32 bits (the shard's index in the request, which for one index is its
+number); a scroll's hits do not say, so over an index of several shards it scrolls each shard on its
+own (`preference=_shards:i`), all at once and read in turn, so each context is used as often as one
+scroll's would be.
+
 PIT pages are retried on a dropped connection; scroll pages are not (a retried scroll call would skip
 a page). A reader is always closed, best-effort, when the scan ends or fails."""
 
@@ -33,6 +39,7 @@ class SweptRef(DocRef):
     seq_no: int | None = dataclass_field(default=None, compare=False)
     primary_term: int | None = dataclass_field(default=None, compare=False)
     version: int | None = dataclass_field(default=None, compare=False)
+    shard: int | None = dataclass_field(default=None, compare=False)  # the shard's number, None: unknown
 
 
 async def scan_ids(
@@ -43,11 +50,13 @@ async def scan_ids(
     totals: list[int] | None = None,
     part: Part | None = None,
     versions: bool = False,
+    shard_count: int | None = None,
 ) -> AsyncIterator[list[DocRef]]:
     """Every live document of `index` in pages, from one consistent reader (PIT, else scroll); with
     `part` (i, n), only slice i of n (`slice: {id, max}`: disjoint slices that together hold every
     document, so n processes or machines can sweep one index). With `versions`, `SweptRef`s: each
-    hit's `_seq_no`, `_primary_term` and `_version` (for the length table).
+    hit's `_seq_no`, `_primary_term`, `_version` and shard (for the length table); a scroll reads the
+    index's `shard_count` (None: from its settings) to scroll each shard on its own.
 
     Appends the reader's total hit count to `totals` when the first page arrives. Close it
     (`contextlib.aclosing`) when not read to the end: that closes the PIT or scroll at once, while the
@@ -56,7 +65,7 @@ async def scan_ids(
     if pit is not None:
         gen = _scan_pit(cluster, pit, headers, page_size, totals, part, versions)
     else:
-        gen = _scan_scroll(cluster, index, headers, page_size, totals, part, versions)
+        gen = _scan_scrolls(cluster, index, headers, page_size, totals, part, versions, shard_count)
     async with aclosing(gen):
         async for page in gen:
             yield page
@@ -139,13 +148,22 @@ async def _scan_pit(
                 totals.append(int(answer["hits"]["total"]["value"]))
             if not hits:
                 return
-            yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
+            if versions:  # an OpenSearch PIT's sort value is not known to hold the shard
+                yield [swept_ref(h, _pit_shard(h) if pit[0] == "es" else None) for h in hits]
+            else:
+                yield [_ref(h) for h in hits]
             after = hits[-1]["sort"]
     finally:
         await _close_pit(cluster, (pit[0], pit_id), headers)
 
 
-async def _scan_scroll(
+def _pit_shard(hit: Mapping[str, Any]) -> int | None:
+    """The shard of a PIT hit sorted on `_shard_doc`: the high 32 bits of its sort value."""
+    value = (hit.get("sort") or [None])[0]
+    return value >> 32 if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+async def _scan_scrolls(
     cluster: Cluster,
     index: str,
     headers: Mapping[str, str],
@@ -153,30 +171,75 @@ async def _scan_scroll(
     totals: list[int] | None,
     part: Part | None = None,
     versions: bool = False,
+    shard_count: int | None = None,
 ) -> AsyncIterator[list[DocRef]]:
+    """One scroll; for the length table over several shards, one a shard (each hit's shard known),
+    opened together (their total is the index's) and read a page each in turn until all are done."""
     body: dict[str, Any] = {"size": page_size, "_source": False, "sort": ["_doc"], "track_total_hits": True}
     if versions:
         body.update(VERSIONS)
     if part is not None and part[1] > 1:
         body["slice"] = {"id": part[0], "max": part[1]}
-    answer = await cluster.request("POST", f"/{index_path(index)}/_search?scroll={KEEP_ALIVE}", body, headers)
-    scroll_id = answer.get("_scroll_id")
-    if totals is not None:
-        totals.append(int(answer["hits"]["total"]["value"]))
+    count = (shard_count or await _shard_count(cluster, index, headers)) if versions else None
+    if count is None or count == 1:
+        shards: list[int | None] = [0 if count == 1 else None]
+    else:
+        shards = list(range(count))
+    scrolls: dict[int | None, str | None] = {}  # open scrolls: shard -> scroll id
     try:
-        while answer["hits"]["hits"]:
-            hits = answer["hits"]["hits"]
-            yield [swept_ref(h) for h in hits] if versions else [_ref(h) for h in hits]
-            answer = await cluster.request(
-                "POST",
-                "/_search/scroll",
-                {"scroll": KEEP_ALIVE, "scroll_id": scroll_id},
-                headers,
-            )
-            scroll_id = answer.get("_scroll_id", scroll_id)
+        answers = []
+        for shard in shards:
+            where = f"&preference=_shards:{shard}" if len(shards) > 1 else ""
+            url = f"/{index_path(index)}/_search?scroll={KEEP_ALIVE}{where}"
+            answer = await cluster.request("POST", url, body, headers)
+            scrolls[shard] = answer.get("_scroll_id")
+            answers.append((shard, answer))
+        if totals is not None:
+            totals.append(sum(int(a["hits"]["total"]["value"]) for _, a in answers))
+        while answers:
+            following = []
+            for shard, answer in answers:
+                hits = answer["hits"]["hits"]
+                if not hits:
+                    await _close_scroll(cluster, scrolls.pop(shard), headers)
+                    continue
+                yield [swept_ref(h, shard) for h in hits] if versions else [_ref(h) for h in hits]
+                answer = await cluster.request(
+                    "POST",
+                    "/_search/scroll",
+                    {"scroll": KEEP_ALIVE, "scroll_id": scrolls[shard]},
+                    headers,
+                )
+                scrolls[shard] = answer.get("_scroll_id", scrolls[shard])
+                following.append((shard, answer))
+            answers = following
     finally:
-        if scroll_id:
-            await _quietly(cluster.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, headers))
+        for scroll_id in scrolls.values():
+            await _close_scroll(cluster, scroll_id, headers)
+
+
+async def _close_scroll(cluster: Cluster, scroll_id: str | None, headers: Mapping[str, str]) -> None:
+    if scroll_id:
+        await _quietly(cluster.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, headers))
+
+
+async def _shard_count(cluster: Cluster, index: str, headers: Mapping[str, str]) -> int | None:
+    """The index's number of primary shards from its settings; None when they cannot be read (then the
+    scroll's hits have no shard: the table stays keyed by `_id`)."""
+    url = f"/{index_path(index)}/_settings/index.number_of_shards"
+    try:
+        answer = await cluster.request("GET", url, None, headers, retried=True)
+    except UpstreamError as exc:
+        if exc.status in (401, 403):
+            return None
+        raise
+    if not isinstance(answer, Mapping) or len(answer) != 1:
+        return None  # not one concrete index
+    (settings,) = answer.values()
+    try:
+        return int(settings["settings"]["index"]["number_of_shards"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 async def _close_pit(cluster: Cluster, pit: tuple[str, str], headers: Mapping[str, str]) -> None:
@@ -199,8 +262,8 @@ def _ref(hit: Mapping[str, Any]) -> DocRef:
     return DocRef(hit["_index"], hit["_id"], hit.get("_routing"))
 
 
-def swept_ref(hit: Mapping[str, Any]) -> SweptRef:
-    """A hit of a scan with `VERSIONS`."""
+def swept_ref(hit: Mapping[str, Any], shard: int | None = None) -> SweptRef:
+    """A hit of a scan with `VERSIONS`, found in `shard` (None: not known)."""
     return SweptRef(
         hit["_index"],
         hit["_id"],
@@ -208,6 +271,7 @@ def swept_ref(hit: Mapping[str, Any]) -> SweptRef:
         hit.get("_seq_no"),
         hit.get("_primary_term"),
         hit.get("_version"),
+        shard,
     )
 
 

@@ -103,11 +103,12 @@ class Partial:
 
 def _lengths_json(table: DocLengths) -> dict[str, Any]:
     """A length table as compressed little-endian arrays (a JSON list of millions of numbers is not)."""
-    arrays = (table.keys, table.seq_nos, table.primary_terms, table.lengths, table.dropped)
+    arrays = (table.keys, table.seq_nos, table.primary_terms, table.lengths, table.dropped, table.shard_nos)
     raw = b"".join(np.ascontiguousarray(a, a.dtype.newbyteorder("<")).tobytes() for a in arrays)
     return {
         "n": len(table),
         "dropped": int(table.dropped.shape[0]),
+        "shards": True,  # int32 shard numbers after the dropped keys (files before them have none)
         "blob": base64.b64encode(zlib.compress(raw, 1)).decode(),
     }
 
@@ -115,11 +116,13 @@ def _lengths_json(table: DocLengths) -> dict[str, Any]:
 def _lengths_from_json(data: Mapping[str, Any]) -> DocLengths:
     raw = zlib.decompress(base64.b64decode(data["blob"]))
     n, d = int(data["n"]), int(data["dropped"])
-    if len(raw) != 8 * (4 * n + d):
+    with_shards = data.get("shards") is True
+    if len(raw) != 8 * (4 * n + d) + (4 * n if with_shards else 0):
         raise MergeError("a partial's length table is truncated")
     cols = [np.frombuffer(raw, t, n, 8 * n * i) for i, t in enumerate(("<u8", "<i8", "<i8", "<i8"))]
     dropped = np.frombuffer(raw, "<u8", d, 32 * n)
-    return DocLengths.from_keys(cols[0], cols[1], cols[2], cols[3], dropped)
+    shards = np.frombuffer(raw, "<i4", n, 8 * (4 * n + d)) if with_shards else None
+    return DocLengths.from_keys(cols[0], cols[1], cols[2], cols[3], dropped, shards)
 
 
 def partial(index: str, field: str, part: Part, result: SweepResult) -> Partial:

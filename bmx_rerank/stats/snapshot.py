@@ -14,7 +14,7 @@ import numpy as np
 from bmx_rerank.stats.corpus import CorpusStats, terms_array
 from bmx_rerank.stats.errors import StatisticsError, corrupt_snapshot
 from bmx_rerank.stats.freshness import IndexMarks
-from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.lengths import UNKNOWN_SHARD, DocLengths
 
 CHUNK_TERMS = 50_000
 LENGTH_CHUNK = 250_000  # documents per `lengths` document: ~7 MB before compression
@@ -42,6 +42,9 @@ class SnapshotInfo:
     length_docs: int | None = None  # documents in the length table (`lengths` documents); None: none
     length_chunks: int = 0
     lengths_skipped: str | None = None  # why there is no length table
+    # every row of the length table has its shard number: it can be keyed by (shard, version) whatever
+    # the index's shard count (`length_files.keyed_by_version`); False in snapshots before the column
+    length_shards: bool = False
 
     @property
     def key(self) -> str:
@@ -150,7 +153,8 @@ def decode_units(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> lis
 
 
 def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dict[str, Any]]:
-    """A length table as compressed chunk payloads, in key order; the dropped keys ride on chunk 0."""
+    """A length table as compressed chunk payloads, in key order; the dropped keys ride on chunk 0,
+    each chunk's shard numbers (int32) after them (`"shards": true`: chunks before it have none)."""
     chunks = []
     for seq, start in enumerate(range(0, max(len(table), 1), per_chunk)):
         end = start + per_chunk
@@ -163,6 +167,7 @@ def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dic
                 np.ascontiguousarray(table.primary_terms[start:end], "<i8").tobytes(),
                 np.ascontiguousarray(table.lengths[start:end], "<i8").tobytes(),
                 np.ascontiguousarray(dropped, "<u8").tobytes(),
+                np.ascontiguousarray(table.shard_nos[start:end], "<i4").tobytes(),
             ]
         )
         chunks.append(
@@ -170,6 +175,7 @@ def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dic
                 "seq": seq,
                 "n": n,
                 "dropped": len(dropped),
+                "shards": True,
                 "blob": base64.b64encode(zlib.compress(blob, 1)).decode(),
             }
         )
@@ -178,34 +184,41 @@ def encode_lengths(table: DocLengths, per_chunk: int = LENGTH_CHUNK) -> list[dic
 
 def decode_length_chunk(
     info: SnapshotInfo, chunk: Mapping[str, Any]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One length chunk's (keys, seq_nos, primary_terms, lengths, dropped keys), checked for size."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One length chunk's (keys, seq_nos, primary_terms, lengths, dropped keys, shard numbers), checked
+    for size; a chunk written before the shard column has every shard unknown (-1)."""
     blob = zlib.decompress(base64.b64decode(chunk["blob"]))
     n, d = int(chunk["n"]), int(chunk["dropped"])
-    if len(blob) != 8 * (4 * n + d):
+    with_shards = chunk.get("shards") is True
+    if len(blob) != 8 * (4 * n + d) + (4 * n if with_shards else 0):
         raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} has {len(blob)} bytes")
     cols = [np.frombuffer(blob, dtype, n, 8 * n * i) for i, dtype in enumerate(("<u8", "<i8", "<i8", "<i8"))]
-    return cols[0], cols[1], cols[2], cols[3], np.frombuffer(blob, "<u8", d, 32 * n)
+    dropped = np.frombuffer(blob, "<u8", d, 32 * n)
+    shards = (
+        np.frombuffer(blob, "<i4", n, 8 * (4 * n + d)) if with_shards else np.full(n, UNKNOWN_SHARD, np.int32)
+    )
+    return cols[0], cols[1], cols[2], cols[3], dropped, shards
 
 
 def decode_lengths(info: SnapshotInfo, chunks: Sequence[Mapping[str, Any]]) -> DocLengths:
     """A length table back from its chunks (any order); checks it holds what the meta promises."""
     if len(chunks) != info.length_chunks:
         raise corrupt_snapshot(info.snapshot, f"{len(chunks)} of {info.length_chunks} length chunks found")
-    cols: list[list[np.ndarray]] = [[], [], [], []]
+    cols: list[list[np.ndarray]] = [[], [], [], [], []]
     dropped = [np.zeros(0, np.uint64)]
     for chunk in sorted(chunks, key=lambda c: c["seq"]):
-        *columns, gone = decode_length_chunk(info, chunk)
-        for i, column in enumerate(columns):
+        keys, seq, term, length, gone, shards = decode_length_chunk(info, chunk)
+        for i, column in enumerate((keys, seq, term, length, shards)):
             cols[i].append(column)
         dropped.append(gone)
-    keys, seq, term, length = (np.concatenate(c) if c else np.zeros(0) for c in cols)
+    keys, seq, term, length, shards = (np.concatenate(c) if c else np.zeros(0) for c in cols)
     table = DocLengths(
         keys.astype(np.uint64),
         seq.astype(np.int64),
         term.astype(np.int64),
         length.astype(np.int64),
         np.concatenate(dropped).astype(np.uint64),
+        shards.astype(np.int32),
     )
     if len(table) != info.length_docs or (len(table) > 1 and not np.all(table.keys[1:] > table.keys[:-1])):
         raise corrupt_snapshot(info.snapshot, f"{len(table)} lengths, meta says {info.length_docs}")

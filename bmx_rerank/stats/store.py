@@ -256,9 +256,9 @@ async def length_chunks(
     info: SnapshotInfo,
     store: str = DEFAULT_STORE,
     per_request: int = 2,
-) -> AsyncIterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+) -> AsyncIterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """The snapshot's length table chunk by chunk, in key order, as (keys, seq_nos, primary_terms,
-    lengths): `per_request` chunks in memory at a time, whatever the table's size. Checked as
+    lengths, shard numbers; -1 where unknown): `per_request` chunks in memory at a time, whatever the table's size. Checked as
     `load_lengths` checks it (every chunk there, the meta's count, keys ascending across chunks)."""
     if info.length_docs is None:
         raise ValueError(f"snapshot {info.snapshot} has no length table")
@@ -269,12 +269,12 @@ async def length_chunks(
         if [c["seq"] for c in chunks] != list(range(start, start + len(ids))):
             raise corrupt_snapshot(info.snapshot, f"length chunks {ids[0]}..{ids[-1]} not all found")
         for chunk in chunks:
-            keys, seq, term, length, _ = decode_length_chunk(info, chunk)
+            keys, seq, term, length, _, shards = decode_length_chunk(info, chunk)
             if keys.size and (int(keys[0]) <= last or not np.all(keys[1:] > keys[:-1])):
                 raise corrupt_snapshot(info.snapshot, f"length chunk {chunk['seq']} out of key order")
             last = int(keys[-1]) if keys.size else last
             seen += keys.size
-            yield keys, seq, term, length
+            yield keys, seq, term, length, shards
     if seen != info.length_docs:
         raise corrupt_snapshot(info.snapshot, f"{seen} lengths, meta says {info.length_docs}")
 

@@ -145,11 +145,12 @@ async def term_vectors(
     Reads the `_mtermvectors` answer directly into flat lists: at sweep scale, building a
     `DocTerms` per document costs more than the cluster's own work. With `record`, also the length
     rows of the `SweptRef`s whose term vectors are of the scanned `_version` (a document changed in
-    between is left out: it falls back to `_mtermvectors` at query time)."""
+    between is left out: it falls back to `_mtermvectors` at query time), with their shards."""
     docs = await cluster.fetch_vectors(refs, [field], headers)
     out = []
     keys: list[int] = []
     rest: list[tuple[int, int, int]] = []
+    shards: list[int | None] = []
     for ref, doc in zip(refs, docs, strict=True):
         if not doc.found:
             continue
@@ -161,12 +162,17 @@ async def term_vectors(
             if doc.version == ref.version and ref.seq_no is not None and ref.primary_term is not None:
                 keys.append(doc_key(ref.id, ref.routing))
                 rest.append((ref.seq_no, ref.primary_term, length))
-    return out, keys, rest
+                shards.append(ref.shard)
+    return out, keys, rest, shards
 
 
-# One batch's documents as (distinct terms, (term, tf > 1) pairs, length), and its length rows (keys, rest).
+# One batch's documents as (distinct terms, (term, tf > 1) pairs, length), and its length rows (keys,
+# rest, shards).
 Folded = tuple[
-    list[tuple[Collection[str], list[tuple[str, int]], int]], list[int], list[tuple[int, int, int]]
+    list[tuple[Collection[str], list[tuple[str, int]], int]],
+    list[int],
+    list[tuple[int, int, int]],
+    list[int | None],
 ]
 
 
@@ -187,11 +193,11 @@ async def fold_pages(
 
     def drain(done: set[asyncio.Task[Folded]]) -> None:
         for task in done:
-            docs, keys, rest = task.result()
+            docs, keys, rest, shards = task.result()
             for terms, repeated, length in docs:
                 acc.add_split(terms, repeated, length)
             if lengths is not None:
-                lengths.add(keys, rest)
+                lengths.add(keys, rest, shards)
         if progress is not None:
             progress.update(sum(len(t.result()[0]) for t in done))
 
@@ -250,6 +256,7 @@ async def sweep_index(
                 totals,
                 part,
                 recorder is not None,
+                len(before.shards) or None,
             )
         ) as ids:
             async for page in ids:

@@ -56,6 +56,7 @@ def test_four_slices_in_processes_equal_one_process_bit_for_bit(index) -> None:
     assert four.exact_marks and four.marks == one.marks
     assert one.lengths is not None and four.lengths is not None and len(one.lengths) == DOCS
     assert four.lengths.same_as(one.lengths), "merged length tables must equal one sweep's"
+    assert one.lengths.shards_known, "3 shards: every row has its shard (sliced too: same_as compares them)"
 
 
 def test_partial_files_from_several_machines_merge_exactly_and_every_slice_is_needed_once(index) -> None:

@@ -143,6 +143,12 @@ def test_partial_file_carries_the_length_table() -> None:
     )
     back = Partial.from_json(orjson.loads(orjson.dumps(part.to_json())))
     assert back.lengths is not None and back.lengths.same_as(t)
+    sharded = DocLengths.from_keys([9, 1, 5], [0, 1, 2], [1, 1, 1], [1, 2, 3], shard_nos=[1, 0, 2])
+    part = Partial(
+        "idx", "body", (0, 1), ExactStats(stats, [1]), IndexMarks("idx", "u", ()), 1, True, 0.1, sharded, None
+    )
+    back = Partial.from_json(orjson.loads(orjson.dumps(part.to_json())))
+    assert back.lengths is not None and back.lengths.same_as(sharded) and back.lengths.shards_known
     none = Partial.from_json({**part.to_json(), "lengths": None, "lengths_skipped": "not requested"})
     assert none.lengths is None and none.lengths_skipped == "not requested"
 
@@ -154,3 +160,67 @@ def test_recorder_keeps_nothing_past_its_limit() -> None:
     assert got is not None and got.lookup(["a", "b"], [None, None], [0, 1], [1, 1]) == [4, 0]
     rec.add([doc_key("c", None), doc_key("d", None)], [(2, 1, 4), (3, 1, 0)])
     assert rec.over and rec.finish() is None
+
+
+def test_shard_numbers_ride_along_sorting_dropping_merging_and_recording() -> None:
+    """A row keeps its shard through `from_keys` (sorted, a key seen twice dropped) and `+`; rows
+    given none have it unknown (-1), and a table is keyed by version only when every row has one."""
+    t = DocLengths.from_keys(
+        [9, 1, 5, 5, 3], [0, 1, 2, 3, 4], [1] * 5, [1, 2, 3, 4, 5], shard_nos=[2, 0, 1, 1, 1]
+    )
+    assert t.keys.tolist() == [1, 3, 9] and t.shard_nos.tolist() == [0, 1, 2] and t.shards_known
+    assert not t.same_as(DocLengths.from_keys([9, 1, 5, 5, 3], [0, 1, 2, 3, 4], [1] * 5, [1, 2, 3, 4, 5]))
+    unknown = DocLengths.from_keys([7], [0], [1], [4])
+    assert unknown.shard_nos.tolist() == [-1] and not unknown.shards_known
+    merged = t + unknown
+    assert merged.shard_nos.tolist() == [0, 1, -1, 2] and not merged.shards_known
+    assert DocLengths.empty().shards_known and DocLengths.empty().nbytes == 0
+    assert t.nbytes == 3 * (8 + 8 + 8 + 8 + 4) + 8
+    rec = LengthRecorder()
+    rec.add([doc_key("a", None), doc_key("b", None)], [(0, 1, 4), (0, 1, 6)], [2, 0])
+    rec.add([doc_key("c", None)], [(1, 1, 7)])
+    got = rec.finish()
+    assert got is not None
+    want = DocLengths.from_rows(["a", "b", "c"], [None] * 3, [0, 0, 1], [1, 1, 1], [4, 6, 7], [2, 0, -1])
+    assert got.same_as(want)
+
+
+def test_store_chunks_keep_the_shards_and_old_chunks_have_none() -> None:
+    import base64
+    import zlib
+
+    t = DocLengths.from_keys(
+        [9, 1, 5, 5, 4, 3], [0, 1, 2, 3, 4, 5], [1] * 6, [1, 2, 3, 4, 5, 6], shard_nos=[2, 0, 1, 1, 0, 1]
+    )
+    chunks = encode_lengths(t, per_chunk=2)
+    assert all(c["shards"] is True for c in chunks)
+    back = decode_lengths(_info(t, 2), chunks)
+    assert back.same_as(t) and back.shard_nos.tolist() == [0, 1, 0, 2]
+    # a chunk written before the shard column: the same blob without it, and no "shards" field
+    old = []
+    for c in chunks:
+        blob = zlib.decompress(base64.b64decode(c["blob"]))
+        old.append(
+            {k: v for k, v in c.items() if k != "shards"}
+            | {"blob": base64.b64encode(zlib.compress(blob[: -4 * c["n"]])).decode()}
+        )
+    was = decode_lengths(_info(t, 2), old)
+    assert was.shard_nos.tolist() == [-1] * 4 and not was.shards_known
+    assert was.same_as(DocLengths.from_keys(t.keys, t.seq_nos, t.primary_terms, t.lengths, t.dropped))
+    # the size check stays strict: a flagged chunk without the column, an old one with it
+    with pytest.raises(StatisticsError):
+        decode_lengths(_info(t, 2), [old[0] | {"shards": True}, old[1]])
+    with pytest.raises(StatisticsError):
+        decode_lengths(_info(t, 2), [{k: v for k, v in chunks[0].items() if k != "shards"}, chunks[1]])
+
+
+def test_a_published_table_says_whether_every_row_has_its_shard() -> None:
+    from bmx_rerank.stats.build import snapshot_info
+
+    marks = IndexMarks("idx", "u", ())
+    known = DocLengths.from_keys([1, 2], [0, 0], [1, 1], [3, 4], shard_nos=[0, 1])
+    unknown = known + DocLengths.from_keys([3], [1], [1], [5])
+    args = ("idx", "body", CorpusStats.empty(), marks, 0, True, 0.1, "build")
+    assert snapshot_info(*args, lengths=known).length_shards
+    assert not snapshot_info(*args, lengths=unknown).length_shards
+    assert not snapshot_info(*args).length_shards

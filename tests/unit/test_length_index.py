@@ -144,14 +144,106 @@ def test_a_one_shard_table_is_keyed_by_version_alone(tmp_path: Path) -> None:
 
 def test_the_file_name_says_how_the_table_is_keyed(tmp_path: Path) -> None:
     from bmx_rerank.stats.freshness import ShardMark
-    from bmx_rerank.stats.length_files import one_shard
+    from bmx_rerank.stats.length_files import keyed_by_version
 
-    def info(shards: int) -> SnapshotInfo:
+    def info(shards: int, length_shards: bool = False) -> SnapshotInfo:
         marks = IndexMarks("idx", "u", tuple(ShardMark(s, 5, 5, 5) for s in range(shards)))
         return SnapshotInfo(
             "s1", "idx", "body", 0, 0, 0, 1, 0, marks, True,
             "2026-01-01T00:00:00+00:00", 1.0, "build", length_docs=3, length_chunks=1,
+            length_shards=length_shards,
         )  # fmt: skip
 
-    assert one_shard(info(1)) and not one_shard(info(3)) and not one_shard(info(0))
+    assert keyed_by_version(info(1)) and not keyed_by_version(info(3)) and not keyed_by_version(info(0))
+    assert keyed_by_version(info(3, True)) and keyed_by_version(info(1, True))
+    assert not keyed_by_version(info(0, True))
     assert length_ident("http://a:9200", "s", info(1)) != length_ident("http://a:9200", "s", info(3))
+    assert length_ident("http://a:9200", "s", info(3)) != length_ident("http://a:9200", "s", info(3, True))
+    assert SnapshotInfo.from_json(info(3, True).to_json()).length_shards
+    old = {k: v for k, v in info(3, True).to_json().items() if k != "length_shards"}
+    assert not SnapshotInfo.from_json(old).length_shards  # a snapshot from before the flag
+
+
+# The same (_seq_no, _primary_term) in each of 3 shards, each a document of its own length.
+SHARDED = (
+    ["a", "b", "c", "d", "e", "f", "g"],
+    [None] * 7,
+    [0, 0, 0, 1, 1, 2, 0],
+    [1, 1, 1, 1, 1, 1, 2],
+    [10, 20, 30, 11, 21, 70_000, 5],
+    [0, 1, 2, 0, 1, 2, 1],
+)
+
+
+def test_a_table_of_several_shards_is_keyed_by_shard_and_version(tmp_path: Path) -> None:
+    """Each shard numbers its operations from 0: (_seq_no, _primary_term) names a version only with
+    its shard. Each version is found with its own length given its shard, no `_id`; another shard, a
+    shard beyond the table's, or none at all is no answer."""
+    ids, routings, seqs, terms, lengths, shards = SHARDED
+    table = DocLengths.from_rows(*SHARDED)
+    assert table.shards_known and sorted(table.shard_nos.tolist()) == sorted(shards)
+    index = LengthIndex.from_table(table, tmp_path / "s.bmxlen", by_version=True, shards=3)
+    assert index.by_version and index.shards == 3 and index.same_as(table)
+    reopened = LengthIndex.open(tmp_path / "s.bmxlen")
+    assert reopened.shards == 3 and reopened.layout.escapes == 1  # in the header
+    nameless = [""] * 7
+    assert index.lookup(nameless, routings, seqs, terms, shards) == lengths
+    assert reopened.lookup(nameless, routings, seqs, terms, shards) == lengths
+    # seq 0 term 1 in shards 0, 1, 2: three documents
+    assert index.lookup([""] * 3, [None] * 3, [0, 0, 0], [1, 1, 1], [2, 0, 1]) == [30, 10, 20]
+    # a version of another shard (shard 2 has no seq 1 term 1, shard 0 no seq 0 term 2)
+    assert index.lookup([""] * 2, [None] * 2, [1, 0], [1, 2], [2, 0]) == [None, None]
+    # no shard, a shard beyond the table's, a negative one, not a number: never shard 0's document
+    assert index.lookup([""] * 5, [None] * 5, [0] * 5, [1] * 5, [None, 3, -1, "0", True]) == [None] * 5
+    assert index.lookup([""] * 2, [None] * 2, [0, 1], [1, 1]) == [None, None]
+    with pytest.raises(ValueError):
+        index.lookup([""], [None], [0], [1], [0, 1])  # not one shard a hit
+    # rows without their shard cannot make such a table, nor be compared with one
+    unknown = DocLengths.from_rows(*SHARDED[:5])
+    assert not unknown.shards_known and not index.same_as(unknown)
+    with pytest.raises(ValueError):
+        LengthIndex.from_table(unknown, tmp_path / "u.bmxlen", by_version=True, shards=3)
+    with pytest.raises(ValueError):
+        LengthIndex.from_table(table, tmp_path / "t.bmxlen", by_version=True, shards=2)  # shard 2 of 2
+    # keyed by id, the same table takes no shard number and answers by `_id`
+    by_id = LengthIndex.from_table(table, tmp_path / "i.bmxlen")
+    assert by_id.shards == 0 and by_id.same_as(table)
+    assert by_id.lookup(ids, routings, seqs, terms, [None] * 7) == lengths
+    assert DocLengths.shards == 0 and table.lookup(ids, routings, seqs, terms, shards) == lengths
+
+
+def test_the_writer_keys_rows_by_their_shard(tmp_path: Path) -> None:
+    """Chunks as `length_files.write` streams them: the shard count counts from the rows when not
+    given; one shard needs no shard numbers."""
+    _, _, seqs, terms, lengths, shards = SHARDED
+    chunks = [
+        ([0] * 4, seqs[:4], terms[:4], lengths[:4], shards[:4]),
+        ([0] * 3, seqs[4:], terms[4:], lengths[4:], shards[4:]),
+    ]
+    index = build(tmp_path / "w.bmxlen", 7, chunks, by_version=True)
+    assert index.shards == 3
+    assert index.lookup([""] * 7, [None] * 7, seqs, terms, shards) == lengths
+    one = build(tmp_path / "o.bmxlen", 2, [([5, 6], [0, 1], [1, 1], [4, 8])], by_version=True, shards=1)
+    assert one.shards == 1 and one.lookup([""] * 2, [None] * 2, [0, 1], [1, 1]) == [4, 8]
+    assert one.lookup([""] * 3, [None] * 3, [0, 1, 0], [1, 1, 1], [0, None, 1]) == [4, 8, None]
+
+
+def test_a_file_from_before_the_shard_count_reads_as_one_shard(tmp_path: Path) -> None:
+    import json
+
+    from bmx_rerank.stats.length_index import HEADER, MAGIC
+
+    _, _, seqs, terms, lengths = ROWS
+    path = tmp_path / "v.bmxlen"
+    LengthIndex.from_table(DocLengths.from_rows(*ROWS), path, by_version=True)
+    with open(path, "r+b") as fh:
+        head = fh.read(HEADER)
+        size = int.from_bytes(head[8:12], "little")
+        meta = json.loads(head[12 : 12 + size])
+        assert meta.pop("shard_count") == 1
+        raw = json.dumps(meta).encode()
+        fh.seek(0)
+        fh.write((MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(HEADER, b"\x00"))
+    old = LengthIndex.open(path)
+    assert old.by_version and old.shards == 1
+    assert old.lookup([""] * 5, [None] * 5, seqs, terms) == lengths
