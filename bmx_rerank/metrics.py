@@ -62,6 +62,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.token_guesses = Counter(
+            "bmx_token_guesses",
+            "First stages whose probes were built from tokens guessed word by word (not waiting for "
+            "_analyze), by whether they covered the real tokens (covered, missed)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.guarded = Counter(
             "bmx_guard_refused",
             "Requests the guard kept from the cluster, by reason (depth, query_depth, unparsable_bmx, "

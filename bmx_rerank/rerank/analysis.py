@@ -19,6 +19,7 @@ from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries
 from bmx_rerank.rerank.window import Tokens
+from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens
 from bmx_rerank.upstream import Cluster
 
 AnalysisKey = tuple[str, str, str, str]
@@ -58,12 +59,14 @@ class Analysis:
         *,
         cache: AnalysisCache | None = None,
         identity_headers: Sequence[str],
+        words: WordTokens | None = None,
     ) -> None:
         self.cluster = cluster
         self.metrics = metrics
         self.cache = cache if cache is not None else AnalysisCache()
         self.identity_headers = tuple(identity_headers)
         self._analyzers: TTLCache[tuple[str, str], str | None] = TTLCache(ANALYZER_CACHE, ANALYZER_TTL)
+        self.words = words if words is not None else WordTokens()
 
     async def tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> Tokens:
         """Every leaf's text and every augmentation, analysed with the search analyzer of its field."""
@@ -78,11 +81,32 @@ class Analysis:
         who = caller(headers, self.identity_headers)
 
         def cached(f: str, text: str) -> Awaitable[list[str]]:
-            key = (who, index, f"analyzer:{by_field[f]}" if by_field[f] else f"field:{f}", text)
+            key = (who, *_analyzer(index, f, by_field[f]), text)
             return self.cache.tokens(key, lambda: self._analyze(index, f, text, headers, by_field[f]))
 
         found = await asyncio.gather(*(cached(f, t) for f, t in pairs))
         return dict(zip(pairs, found, strict=True))
+
+    def guess(self, index: str, plan: Plan) -> Tokens | None:
+        """`tokens`' answer guessed from the words of earlier analyses (`WordTokens`), None unless every
+        text's every word was seen with its field's analyzer (which must be known already)."""
+        assert plan.spec is not None
+        out: Tokens = {}
+        for leaf in leaves(plan.scored):
+            for f, text in leaf_queries(leaf, plan.spec.augment.queries):
+                if (index, f) not in self._analyzers:
+                    return None
+                guessed = self.words.guess(_analyzer(index, f, self._analyzers[(index, f)]), text)
+                if guessed is None:
+                    return None
+                out[(f, text)] = guessed
+        return out
+
+    def missed(self, index: str, fields: Sequence[str]) -> None:
+        """A guess on these fields left a real token unprobed (see `WordTokens`)."""
+        for f in fields:
+            if (index, f) in self._analyzers:
+                self.words.missed(_analyzer(index, f, self._analyzers[(index, f)]))
 
     async def search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
         """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
@@ -111,6 +135,13 @@ class Analysis:
     ) -> list[str]:
         if not text.strip():
             return []
-        return await self.metrics.timed(
-            "analyze", self.cluster.analyze(index, field, text, headers, analyzer)
+        found = await self.metrics.timed(
+            "analyze", self.cluster.analyze_offsets(index, field, text, headers, analyzer)
         )
+        self.words.learn(_analyzer(index, field, analyzer), text, found)
+        return [token for token, _ in found]
+
+
+def _analyzer(index: str, field: str, analyzer: str | None) -> AnalyzerKey:
+    """What analyses a field's texts: its mapping's search analyzer by name, else the field's own."""
+    return (index, f"analyzer:{analyzer}" if analyzer else f"field:{field}")

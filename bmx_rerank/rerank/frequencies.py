@@ -195,7 +195,9 @@ def table_lengths(
                     [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
                     [hits[i].get("_seq_no") for i in rows],
                     [hits[i].get("_primary_term") for i in rows],
-                    [hits[i].get(SHARD) for i in rows],  # where a table keyed by version looks (None: not known)
+                    [
+                        hits[i].get(SHARD) for i in rows
+                    ],  # where a table keyed by version looks (None: not known)
                 )
             for i, n in zip(rows, found, strict=True):
                 out[i][name] = n

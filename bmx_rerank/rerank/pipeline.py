@@ -311,7 +311,10 @@ class Reranker:
         stats = {f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(plan.scored)}
         digest = window_digest(index_expr, plan)
         body, params = window_request(index_expr, plan, digest)
-        return Window(index_expr, plan, digest, body, params, tokens, stats)
+        window = Window(index_expr, plan, digest, body, params, tokens, stats)
+        if tokens is not None:
+            window.guessed = self.analysis.guess(index_expr, plan)
+        return window
 
     async def finish(
         self, window: Window, response: Mapping[str, Any], who: str, headers: Mapping[str, str]
@@ -476,12 +479,12 @@ class Reranker:
         """Each hit's terms (from the probes when they cover the query, else the term-vector cache and
         `_mtermvectors`), where they came from, and each field's statistics completed for the tokens."""
         probe = window.probe
-        probed = (
-            probe is not None
-            and frequencies is not None
-            and probe.covers(tokens)
-            and set(names) <= set(probe.fields)
-        )
+        covered = probe is not None and probe.covers(tokens)
+        if window.probes_guessed:  # probes made of a guess: did it hold? (`rerank/word_tokens.py`)
+            self.metrics.token_guesses.labels("covered" if covered else "missed").inc()
+            if not covered:
+                self.analysis.missed(window.index_expr, names)
+        probed = covered and probe is not None and frequencies is not None and set(names) <= set(probe.fields)
         # what a cached entry must know per field: the window's tokens; PRF reads every term
         prf = window.plan.spec is not None and window.plan.spec.augment.provider == "prf"
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}

@@ -99,7 +99,7 @@ class Prober:
         timeout = self.cluster.timeout
         wait = PROBE_WAIT if timeout is None else min(PROBE_WAIT, timeout / 4)
         try:
-            tokens, views = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
+            tokens, views, guessed = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
         except (SearchError, asyncio.TimeoutError):
             return "timeout"  # the rerank analyses again on the hits' index, or fails as it would have
         if tokens is None:
@@ -112,26 +112,30 @@ class Prober:
         if (window.index_expr, probe.fields) in self._refused:
             return "refused"
         window.probe, window.unprobed = probe, (body, params)
+        window.probes_guessed = guessed
         window.body = tf_probe.with_probes(body, probe)
         window.params = {**params, tf_probe.PARAM: "true"}
         return None
 
     async def _inputs(
         self, window: Window, headers: Mapping[str, str], tables: bool
-    ) -> tuple[Tokens | None, Sequence[StatsView]]:
+    ) -> tuple[Tokens | None, Sequence[StatsView], bool]:
         """The query's tokens when the cluster takes probes (else None) and, with `tables`, the
-        statistics views that could be had. The shared tasks are shielded: giving up on probes never
-        cancels them, and a failed statistics lookup fails the rerank later, as without probes."""
+        statistics views that could be had; whether the tokens are the window's guess (`guessed`,
+        taken while the analysis is not in: the search need not wait for it). The shared tasks are
+        shielded: giving up on probes never cancels them, and a failed statistics lookup fails the
+        rerank later, as without probes."""
         if not await self._reports_named_scores(window.index_expr, headers):
-            return None, []
+            return None, [], False
         assert window.tokens is not None
-        tokens = await asyncio.shield(window.tokens)
+        guessed = window.guessed is not None and not window.tokens.done()
+        tokens = window.guessed if guessed else await asyncio.shield(window.tokens)
         if not tables:
-            return tokens, []
+            return tokens, [], guessed
         views = await asyncio.gather(
             *(asyncio.shield(t) for t in window.stats.values()), return_exceptions=True
         )
-        return tokens, [v for v in views if isinstance(v, StatsView)]
+        return tokens, [v for v in views if isinstance(v, StatsView)], guessed
 
     async def _reports_named_scores(self, index: str, headers: Mapping[str, str]) -> bool:
         """Whether the cluster accepts `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch

@@ -43,6 +43,10 @@ class Window:
     page_fetch: tuple[dict[str, Any], dict[str, str]] | None = None
     # a lean window over one index of several shards: searched shard by shard (`rerank/shards.py`)
     shards: int = 1
+    # the tokens guessed word by word at open (`rerank/word_tokens.py`), and whether the probes were
+    # built from them (the analysis was not in yet): the rerank then checks they covered the real ones
+    guessed: Tokens | None = None
+    probes_guessed: bool = False
 
     @property
     def lean(self) -> bool:

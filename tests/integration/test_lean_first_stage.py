@@ -127,6 +127,18 @@ def _searches(text: str) -> list[tuple[str, dict[str, Any]]]:
             {"query": query, "size": 3, "track_total_hits": 40, "ext": {"bmx": bmx}},
         ),
         ("?preference=mine", {"query": query, "size": 4, "ext": {"bmx": bmx}}),  # the caller picks copies
+        ("?rest_total_hits_as_int=true", {"query": query, "size": 3, "ext": {"bmx": bmx}}),
+        (
+            "",
+            {
+                "query": query,
+                "size": 3,
+                "track_total_hits": False,
+                "post_filter": {"term": {"tag": "t1"}},
+                "ext": {"bmx": bmx},
+            },
+        ),
+        ("", {"query": query, "size": 3, "terminate_after": 40, "ext": {"bmx": bmx}}),
     ]
 
 

@@ -311,3 +311,80 @@ def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corp
     finally:
         fetched.close()
         recorder.close()
+
+
+def test_a_query_of_known_words_is_probed_from_its_guessed_tokens(corpus) -> None:
+    """A new query whose every word earlier analyses taught (rerank/word_tokens.py) starts its probed
+    first stage from the guessed tokens, without waiting for `_analyze`, and answers as the term-vector
+    path does."""
+    engine, index, queries = corpus
+    recorder = Recorder(engine.url)
+    stats = FixedStats({})
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
+    guessing = ProxyThread(recorder.url, stats)
+    try:
+        stats.table[(index, "body")], stats.lengths[(index, "body")] = fetched.run(
+            _build(engine.url, index, stats_build.build_with_lengths)
+        )
+        a, b = queries[16].split(), queries[17].split()
+        for text in (queries[16], queries[17]):  # taught: analysed as the search waits for them
+            assert _Traced(recorder, guessing.url, index, text).probed
+        assert _guesses(guessing) == (0, 0)
+        text = " ".join(a[:3] + b[-3:] + a[:1])
+        got = _Traced(recorder, guessing.url, index, text)
+        assert got.probed and got.fetched == [] and got.marker["tf"] == "probes"
+        assert _guesses(guessing) == (1, 0)
+        same(got.scores, scores(search(fetched.url, index, text)))
+    finally:
+        guessing.close()
+        fetched.close()
+        recorder.close()
+
+
+def test_a_guess_an_analyzer_across_words_breaks_still_answers_exactly(engine: EngineClient) -> None:
+    """An analyzer that makes tokens across words (shingles) defeats a word-by-word guess: the probes
+    miss a real token, the window's frequencies come from term vectors (exact), and the analyzer is not
+    guessed again for a while."""
+    index = f"bmxtest-shingle-{uuid.uuid4().hex[:10]}"
+    analysis = {
+        "filter": {"pairs": {"type": "shingle", "output_unigrams": True}},
+        "analyzer": {"pairs": {"tokenizer": "standard", "filter": ["lowercase", "pairs"]}},
+    }
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {
+            "settings": {"number_of_shards": 1, "analysis": analysis},
+            "mappings": {"properties": {"body": {"type": "text", "analyzer": "pairs"}}},
+        },
+    )
+    texts = ["red apple tree", "green apple pie", "tree of red fruit", "apple red green", "pie tree"]
+    bulk(engine, index, {f"d{i}": {"body": t} for i, t in enumerate(texts)})
+    stats = FixedStats({})
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
+    guessing = ProxyThread(engine.url, stats, tf_probes="on")
+    try:
+        stats.table[(index, "body")] = fetched.run(_build(engine.url, index))
+        for text in ("red apple", "tree green"):
+            search(guessing.url, index, text)
+        for text in ("apple red", "green tree"):  # every word known, but "apple red" is a pair of its own
+            got = search(guessing.url, index, text)
+            same(scores(got), scores(search(fetched.url, index, text)))
+        assert _guesses(guessing) == (0, 1), "missed once, then not guessed"
+        assert got["_bmx"]["tf"] == "probes", "not guessed: probed from the real tokens"
+    finally:
+        guessing.close()
+        fetched.close()
+        engine.call("DELETE", f"/{index}")
+
+
+def _guesses(proxy: ProxyThread) -> tuple[int, int]:
+    """(covered, missed) first stages probed from guessed tokens."""
+    metrics = proxy.app[STATE].metrics.render().decode()
+    out = []
+    for outcome in ("covered", "missed"):
+        line = [
+            s for s in metrics.splitlines() if s.startswith(f'bmx_token_guesses_total{{outcome="{outcome}"}}')
+        ]
+        out.append(int(float(line[0].split()[-1])) if line else 0)
+    return out[0], out[1]
