@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from cachetools import LRUCache, TTLCache
 
 AnalyzerKey = tuple[str, str]  # (index expression, "analyzer:NAME" or "field:NAME"): what analysed
-WORDS = 200_000  # words remembered, every analyzer together (~250 bytes each: ~50 MB at most)
+WORDS = 50_000  # words remembered, every analyzer together (~250 bytes each: ~12 MB at most)
 DISTRUST_SECONDS = 600.0  # an analyzer whose guess missed is not guessed for this long
 _WORD = re.compile(r"\S+")
 # A plain word: letters and digits, punctuation at most around them ("cells,", "(p53)"), which the
