@@ -285,7 +285,7 @@ class LengthIndex:
         A table keyed `by_version` reads each hit's shard number from `shards`: a given shard is used as
         given; None (or a None in it) is shard 0 in a table of one shard, and in one of several the
         shard the hit's `_routing`, else its `_id`, routes to when the table knows its index's routing
-        (`routing_shards`), else no answer. That shard is exact: the build found every document in the
+        (`routing_shards`; a hit with an empty `_id` has none), else no answer. That shard is exact: the build found every document in the
         shard the same rule names, a later document of the index is routed by the same rule, and an
         index routed otherwise failed that check and has no `routing_shards`. A shard outside [0,
         `self.shards`) is no answer. A table keyed by `_id` ignores `shards`."""
@@ -315,11 +315,12 @@ class LengthIndex:
     def _routed(
         self, ids: Sequence[str], routings: Sequence[str | None], shards: Sequence[object] | None
     ) -> list[object]:
-        """`shards` with each missing one the shard the hit's routing key goes to."""
+        """`shards` with each missing one the shard the hit's routing key goes to; a hit without its
+        `_id` (an empty one: the engines refuse it as an `_id`) stays without."""
         given: list[object] = [None] * len(ids) if shards is None else list(shards)
         if len(given) != len(ids):
             raise ValueError("one shard number (or None) a hit")
-        missing = [i for i, s in enumerate(given) if s is None]
+        missing = [i for i, s in enumerate(given) if s is None and ids[i]]
         if missing:
             assert self.routing_shards is not None
             keys = routing_keys([ids[i] for i in missing], [routings[i] for i in missing])

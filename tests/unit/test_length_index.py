@@ -283,6 +283,7 @@ def test_a_hit_without_its_shard_is_found_where_its_id_routes(tmp_path: Path) ->
     assert index.routing_shards == 768 and LengthIndex.open(tmp_path / "r.bmxlen").routing_shards == 768
     assert index.lookup(ids, routings, seqs, terms) == lengths
     assert index.lookup(ids, routings, seqs, terms, [None] * n) == lengths
+    assert index.lookup([""] * n, routings, seqs, terms) == [None] * n  # no `_id`: no shard to compute
     assert index.lookup(ids, routings, seqs, terms, shards) == lengths
     wrong = [(s + 1) % 3 for s in shards]
     assert all(
