@@ -33,6 +33,7 @@ from bmx_rerank.stats.freshness import (
     same_state,
 )
 from bmx_rerank.stats.lengths import DocLengths, LengthRecorder
+from bmx_rerank.stats.routing import RoutingCheck
 from bmx_rerank.stats.scan import VERSIONS, swept_ref
 from bmx_rerank.stats.snapshot import CHUNK_TERMS, LENGTH_CHUNK, SnapshotInfo
 from bmx_rerank.stats.store import DEFAULT_STORE, now_iso
@@ -158,6 +159,7 @@ async def publish_sweep(
         exact_units=True,
         lengths=result.lengths,
         lengths_skipped=result.lengths_skipped,
+        routing=result.routing,
     )
     if result.lengths_skipped and result.lengths_skipped != "not requested":
         log.warning("no length table", extra={"fields": {"index": index, "reason": result.lengths_skipped}})
@@ -266,12 +268,15 @@ async def _try_incremental(
     recorder = None
     if options.max_length_docs is not None and info.length_docs is not None:
         recorder = LengthRecorder(max(0, options.max_length_docs - info.length_docs))
+    routing = None  # the snapshot's routing, kept only if every appended document fits it too
+    if recorder is not None and info.length_routing_shards is not None:
+        routing = RoutingCheck(len(info.marks.shards), [info.length_routing_shards], proven=True)
 
     async def pages() -> AsyncIterator[list[DocRef]]:
         for r in refs.values():
             yield r
 
-    await fold_pages(cluster, pages(), field, headers, acc, options, lengths=recorder)
+    await fold_pages(cluster, pages(), field, headers, acc, options, lengths=recorder, routing=routing)
     after = (await index_marks(cluster, name, headers)).get(name)
     if after is None or not same_state(current, after) or acc.n_seen != sum(found.values()):
         return None  # a write raced the refresh: a rebuild is the safe answer
@@ -292,6 +297,7 @@ async def _try_incremental(
         exact_units=True,
         lengths=lengths,
         lengths_skipped=skipped,
+        routing=routing,
     )
     await stats_store.publish(cluster, headers, new_info, total.stats, store, total.units, lengths)
     return RefreshOutcome(name, "incremental", "only appends since the snapshot", new_info, acc.n_seen)
@@ -363,10 +369,14 @@ def snapshot_info(
     exact_units: bool = False,
     lengths: DocLengths | None = None,
     lengths_skipped: str | None = None,
+    routing: RoutingCheck | None = None,
 ) -> SnapshotInfo:
     """Describe statistics about to be published under a fresh snapshot id (CHUNK_TERMS per chunk,
-    LENGTH_CHUNK documents per length chunk)."""
+    LENGTH_CHUNK documents per length chunk). The table's routing shard count is recorded only where
+    it serves: a table whose every row has its shard, on several shards, each placed by `routing`."""
     n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
+    shards_known = lengths is not None and lengths.shards_known
+    routed = routing is not None and routing.shards == len(marks.shards) > 1 and shards_known
     return SnapshotInfo(
         uuid.uuid4().hex,
         name,
@@ -385,7 +395,8 @@ def snapshot_info(
         None if lengths is None else len(lengths),
         0 if lengths is None else max(1, -(-len(lengths) // LENGTH_CHUNK)),
         None if lengths is not None else lengths_skipped,
-        lengths is not None and lengths.shards_known,
+        shards_known,
+        routing.routing_shards if routed and routing is not None else None,
     )
 
 

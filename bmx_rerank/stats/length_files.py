@@ -36,8 +36,15 @@ async def write(
         started = time.perf_counter()
         by_version = keyed_by_version(info)
         shards = len(info.marks.shards) if by_version else None
+        routing = info.length_routing_shards if by_version and shards and shards > 1 else None
         writer = await asyncio.to_thread(
-            LengthIndexWriter, path, info.length_docs, ident, by_version=by_version, shards=shards
+            LengthIndexWriter,
+            path,
+            info.length_docs,
+            ident,
+            by_version=by_version,
+            shards=shards,
+            routing_shards=routing,
         )
         try:
             async for keys, seq, term, length, shard_nos in store.length_chunks(
@@ -78,6 +85,7 @@ def ident(base_url: str, store_index: str, info: SnapshotInfo) -> str:
         info.marks.uuid or "",
         info.built_at,
         "by_version" if keyed_by_version(info) else "by_id",
+        f"routing_shards={info.length_routing_shards}",  # a file without them would answer fewer hits
     )
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:40]
 

@@ -9,7 +9,8 @@ Layout. Each document *version* gets a 128-bit key from its stored 64-bit `doc_k
 `_primary_term` (two independent multiply-xorshift lanes `a` and `b`, each over all three words), so an
 update is a new key. A table keyed by version (`by_version`) puts the shard number in place of the
 `doc_key`: (shard, `_seq_no`, `_primary_term`) names one live version, so a hit is found without its
-`_id` given its shard (0 in an index of one shard). The top `k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8
+`_id` given its shard (0 in an index of one shard); a hit without its shard, of a table that records its
+index's routing (`routing_shards`), is given the shard its `_id` or `_routing` routes to. The top `k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8
 records a bucket on average. A bucket's records are contiguous; the directory holds each bucket's start
 as a uint16 offset from a uint64 anchor every 4096 buckets (2 bytes a bucket: at most 0.5 byte a
 document). A record is 7 bytes, a 56-bit word: the top `r = 56 - L` bits of `b` (the fingerprint) above
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from bmx_rerank.stats.lengths import DocLengths, versions
+from bmx_rerank.stats.routing import routed_shards, routing_keys
 
 MAGIC = b"BMXLEN01"
 HEADER = 4096  # bytes; sections follow, each 64-byte aligned
@@ -115,6 +117,7 @@ class _Layout:
     ident: str
     by_version: bool = False  # keyed by (shard, _seq_no, _primary_term): no `_id` needed
     shard_count: int = 1  # shards a `by_version` table's keys range over (files before it: one shard)
+    routing_shards: int = 0  # the index's routing shard count, checked at the build; 0: unknown (older files)
 
     @property
     def r(self) -> int:
@@ -147,6 +150,7 @@ class _Layout:
                 "ident": self.ident,
                 "by_version": self.by_version,
                 "shard_count": self.shard_count,
+                "routing_shards": self.routing_shards,
             }
         ).encode()
         blob = MAGIC + len(meta).to_bytes(4, "little") + meta
@@ -208,11 +212,14 @@ class LengthIndex:
         *,
         by_version: bool = False,
         shards: int | None = None,
+        routing_shards: int | None = None,
     ) -> LengthIndex:
         """The index of a whole `DocLengths` (tests, benchmarks): `build` over its rows. Keyed
         `by_version` over `shards` shards (None: up to the largest shard number in the table), with each
-        row's shard number; a table of one shard needs none."""
-        writer = LengthIndexWriter(path, len(table), ident, by_version=by_version, shards=shards)
+        row's shard number; a table of one shard needs none. `routing_shards`: as `LengthIndexWriter`."""
+        writer = LengthIndexWriter(
+            path, len(table), ident, by_version=by_version, shards=shards, routing_shards=routing_shards
+        )
         one = shards == 1 or (shards is None and not table.shards_known)
         for start in range(0, len(table), _SLICE):
             end = start + _SLICE
@@ -244,6 +251,14 @@ class LengthIndex:
         return self.layout.shard_count if self.layout.by_version else 0
 
     @property
+    def routing_shards(self) -> int | None:
+        """The routing shard count that placed every document of the build in the shard it was found
+        in (`stats.routing`), so a hit without its shard is looked up in the shard its `_id` or
+        `_routing` routes to; None when unknown (not checked, did not fit, older files, one shard)."""
+        lay = self.layout
+        return lay.routing_shards or None if lay.by_version and lay.shard_count > 1 else None
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the file (what every process maps, once in the page cache)."""
         return int(self.layout.sections()["end"][0])
@@ -267,11 +282,17 @@ class LengthIndex:
         """Each document version's length, or None when the index cannot be sure it holds that exact
         version (as `DocLengths.lookup`; the bound on a wrong answer is in the module docstring).
 
-        A table keyed `by_version` reads each hit's shard number from `shards` (ids and routings are
-        not read): None (or a None in it) is shard 0 in a table of one shard, and no answer in one of
-        several; a shard outside [0, `self.shards`) is no answer. A table keyed by `_id` ignores it."""
+        A table keyed `by_version` reads each hit's shard number from `shards`: a given shard is used as
+        given; None (or a None in it) is shard 0 in a table of one shard, and in one of several the
+        shard the hit's `_routing`, else its `_id`, routes to when the table knows its index's routing
+        (`routing_shards`; a hit with an empty `_id` has none), else no answer. That shard is exact: the build found every document in the
+        shard the same rule names, a later document of the index is routed by the same rule, and an
+        index routed otherwise failed that check and has no `routing_shards`. A shard outside [0,
+        `self.shards`) is no answer. A table keyed by `_id` ignores `shards`."""
         out: list[int | None] = [None] * len(ids)
         lay = self.layout
+        if self.routing_shards is not None:
+            shards = self._routed(ids, routings, shards)
         usable, keys, seq, term = versions(
             ids,
             routings,
@@ -290,6 +311,24 @@ class LengthIndex:
             if length >= 0:
                 out[i] = length
         return out
+
+    def _routed(
+        self, ids: Sequence[str], routings: Sequence[str | None], shards: Sequence[object] | None
+    ) -> list[object]:
+        """`shards` with each missing one the shard the hit's routing key goes to; a hit without its
+        `_id` (an empty one: the engines refuse it as an `_id`) stays without."""
+        given: list[object] = [None] * len(ids) if shards is None else list(shards)
+        if len(given) != len(ids):
+            raise ValueError("one shard number (or None) a hit")
+        missing = [i for i, s in enumerate(given) if s is None and ids[i]]
+        if missing:
+            assert self.routing_shards is not None
+            keys = routing_keys([ids[i] for i in missing], [routings[i] for i in missing])
+            for i, shard in zip(
+                missing, routed_shards(keys, self.routing_shards, self.shards).tolist(), strict=True
+            ):
+                given[i] = shard
+        return given
 
     def _find(self, keys: np.ndarray, seq: np.ndarray, term: np.ndarray) -> np.ndarray:
         """Each version's length, -1 where not sure."""
@@ -361,7 +400,9 @@ class LengthIndexWriter:
     """Builds a `LengthIndex` file of exactly `n` documents from rows given in any order and chunking
     (`add`), in bounded memory: rows are spilled to a temporary file, then placed (`finish`).
 
-    Keyed `by_version`, over `shards` shards (None: as many as the largest shard number added says)."""
+    Keyed `by_version`, over `shards` shards (None: as many as the largest shard number added says);
+    `routing_shards`: the index's routing shard count, checked against every document by the build
+    (`LengthIndex.routing_shards`; None: unknown)."""
 
     def __init__(
         self,
@@ -371,9 +412,13 @@ class LengthIndexWriter:
         *,
         by_version: bool = False,
         shards: int | None = None,
+        routing_shards: int | None = None,
     ) -> None:
         if shards is not None and shards < 1:
             raise ValueError("a table keyed by version spans at least one shard")
+        if routing_shards is not None and not (by_version and shards and routing_shards % shards == 0):
+            raise ValueError("a routing shard count needs a table keyed by version over a known shard count")
+        self.routing_shards = routing_shards
         self.path = Path(path)
         self.n = n
         self.ident = ident
@@ -466,6 +511,7 @@ class LengthIndexWriter:
                 self.ident,
                 self.by_version,
                 (self.shards or self.max_shard + 1) if self.by_version else 0,
+                self.routing_shards or 0,
             )
             return self._write(layout, esc)
         finally:
@@ -553,10 +599,13 @@ def build(
     *,
     by_version: bool = False,
     shards: int | None = None,
+    routing_shards: int | None = None,
 ) -> LengthIndex:
     """The index of `n` documents given as (keys, seq_nos, primary_terms, lengths[, shard numbers])
     chunks (`LengthIndexWriter.add`)."""
-    writer = LengthIndexWriter(path, n, ident, by_version=by_version, shards=shards)
+    writer = LengthIndexWriter(
+        path, n, ident, by_version=by_version, shards=shards, routing_shards=routing_shards
+    )
     try:
         for chunk in chunks:
             writer.add(*chunk)

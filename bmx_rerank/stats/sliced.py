@@ -28,6 +28,7 @@ import numpy as np
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats, terms_array, units_to_float
 from bmx_rerank.stats.freshness import IndexMarks, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths
+from bmx_rerank.stats.routing import RoutingCheck, combine
 from bmx_rerank.stats.scan import Part
 from bmx_rerank.stats.sweep import SweepOptions, SweepResult, sweep_index
 from bmx_rerank.upstream import Cluster
@@ -53,6 +54,7 @@ class Partial:
     seconds: float
     lengths: DocLengths | None = None  # this slice's length table (`stats.lengths`)
     lengths_skipped: str | None = None
+    routing: RoutingCheck | None = None  # this slice's routing check (`stats.routing`); None: none made
 
     def to_json(self) -> dict[str, Any]:
         stats = self.exact.stats
@@ -72,6 +74,7 @@ class Partial:
             "seconds": self.seconds,
             "lengths": None if self.lengths is None else _lengths_json(self.lengths),
             "lengths_skipped": self.lengths_skipped,
+            "routing": None if self.routing is None else self.routing.to_json(),
         }
 
     @classmethod
@@ -98,6 +101,7 @@ class Partial:
             float(data["seconds"]),
             None if data.get("lengths") is None else _lengths_from_json(data["lengths"]),
             data.get("lengths_skipped", "not recorded"),
+            None if data.get("routing") is None else RoutingCheck.from_json(data["routing"]),  # older: none
         )
 
 
@@ -137,6 +141,7 @@ def partial(index: str, field: str, part: Part, result: SweepResult) -> Partial:
         result.seconds,
         result.lengths,
         result.lengths_skipped,
+        result.routing,
     )
 
 
@@ -173,6 +178,7 @@ def merge(partials: Sequence[Partial], max_length_docs: int | None = MAX_LENGTH_
         total.units,
         lengths,
         skipped,
+        combine([p.routing for p in ordered]),  # a routing must place the documents of every slice
     )
 
 

@@ -45,6 +45,10 @@ class SnapshotInfo:
     # every row of the length table has its shard number: it can be keyed by (shard, version) whatever
     # the index's shard count (`length_files.keyed_by_version`); False in snapshots before the column
     length_shards: bool = False
+    # the routing shard count that placed every document of a table keyed by version on several shards
+    # in its shard (`stats.routing`): a hit without its shard is then found from its `_id` or
+    # `_routing`; None: not checked (snapshots before it, one shard), or some routing did not fit
+    length_routing_shards: int | None = None
 
     @property
     def key(self) -> str:

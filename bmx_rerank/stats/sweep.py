@@ -30,6 +30,7 @@ from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator
 from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
+from bmx_rerank.stats.routing import RoutingCheck, routing_candidates
 from bmx_rerank.stats.scan import Part, SweptRef, index_path, scan_ids
 from bmx_rerank.upstream import Cluster, DocRef
 
@@ -71,6 +72,8 @@ class SweepResult:
     units: list[int]  # exact entropy sums behind stats.entropy (corpus.ExactStats)
     lengths: DocLengths | None = None  # each swept document version's length (`stats.lengths`)
     lengths_skipped: str | None = None  # why there is no table, when there is none
+    # which routing placed every swept document in the shard the scan found it in (`stats.routing`)
+    routing: RoutingCheck | None = None
 
 
 async def resolve_text_field(
@@ -186,9 +189,11 @@ async def fold_pages(
     *,
     progress: Progress | None = None,
     lengths: LengthRecorder | None = None,
+    routing: RoutingCheck | None = None,
 ) -> None:
     """Term frequencies of every page's documents into `acc`, at most `options.concurrency` batches in flight;
-    with `lengths`, the length of every document (pages of `SweptRef`) into it."""
+    with `lengths`, the length of every document (pages of `SweptRef`) into it; with `routing`, every
+    document's `_id`, `_routing` and the shard it was found in."""
     pending: set[asyncio.Task[Folded]] = set()
 
     def drain(done: set[asyncio.Task[Folded]]) -> None:
@@ -203,6 +208,12 @@ async def fold_pages(
 
     try:
         async for page in pages:
+            if routing is not None:
+                routing.add(
+                    [r.id for r in page],
+                    [r.routing for r in page],
+                    [r.shard if isinstance(r, SweptRef) else None for r in page],
+                )
             for start in range(0, len(page), options.batch_size):
                 while len(pending) >= options.concurrency:
                     done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -243,6 +254,10 @@ async def sweep_index(
     await refresh_index(cluster, index, headers)
     acc = EntropyAccumulator()
     recorder = None if options.max_length_docs is None else LengthRecorder(options.max_length_docs)
+    routing = None
+    if recorder is not None and len(before.shards) > 1:  # one shard needs no routing
+        settings = await index_settings(cluster, index, headers)
+        routing = RoutingCheck(len(before.shards), routing_candidates(settings, len(before.shards)))
     totals: list[int] = []
 
     async def pages() -> AsyncIterator[list[DocRef]]:
@@ -266,7 +281,9 @@ async def sweep_index(
                 yield page
 
     async with aclosing(pages()) as paged:  # a failed sweep closes its PIT or scroll right away
-        await fold_pages(cluster, paged, field, headers, acc, options, progress=progress, lengths=recorder)
+        await fold_pages(
+            cluster, paged, field, headers, acc, options, progress=progress, lengths=recorder, routing=routing
+        )
     after = (await index_marks(cluster, index, headers)).get(index)
     exact = before.settled and after is not None and same_state(before, after)
     live = totals[0] if totals else acc.n_seen
@@ -279,6 +296,7 @@ async def sweep_index(
         time.perf_counter() - started,
         result.units,
         *finish_lengths(recorder),
+        routing,
     )
 
 
@@ -290,6 +308,23 @@ def finish_lengths(recorder: LengthRecorder | None) -> tuple[DocLengths | None, 
     if table is None:
         return None, f"more than {recorder.limit} documents (--max-length-docs)"
     return table, None
+
+
+async def index_settings(cluster: Cluster, index: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """One concrete index's flat settings; None when the caller may not read them (needs
+    `view_index_metadata`), then no routing is trusted (`stats.routing.routing_candidates`)."""
+    url = f"/{index_path(index)}/_settings?flat_settings=true"
+    try:
+        answer = await cluster.request("GET", url, None, headers, retried=True)
+    except UpstreamError as exc:
+        if exc.status in (401, 403):
+            return None
+        raise
+    if not isinstance(answer, Mapping) or len(answer) != 1:
+        return None
+    (found,) = answer.values()
+    settings = found.get("settings") if isinstance(found, Mapping) else None
+    return dict(settings) if isinstance(settings, Mapping) else None
 
 
 async def marks_or_none(

@@ -169,6 +169,10 @@ def test_first_sights_need_no_term_vectors_and_stay_exact_through_changes(corpus
             assert len(fetched_docs) > before, "the reference proxy reads term vectors"
             del fetched_docs[before:]
             _same(_search(probed.url, index, text), reference)
+            # with an aggregation the window is not searched shard by shard: its hits carry no shard
+            # and find theirs from their `_id` (stats/routing.py)
+            aggs = {"aggs": {"n": {"terms": {"field": "_index"}}}}
+            _same(_scores(_answer(probed.url, index, text, aggs)), reference)
         assert fetched_docs == [] and _termvector_calls(probed.url) == 0.0
 
         # A document updated (and refreshed) after the build: only it is fetched.

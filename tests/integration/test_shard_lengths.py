@@ -16,12 +16,13 @@ import aiohttp
 import pytest
 
 from bmx_rerank.stats import build as stats_build
-from bmx_rerank.stats import scan
+from bmx_rerank.stats import scan, sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.length_files import keyed_by_version
 from bmx_rerank.stats.lengths import doc_key
 from bmx_rerank.stats.snapshot import SnapshotInfo
+from bmx_rerank.stats.sweep import sweep_index
 from bmx_rerank.upstream import Cluster
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
@@ -177,3 +178,146 @@ def test_scan_shards_match_preference_with_slices(sharded) -> None:
         # an OpenSearch PIT (where a version has one) does not say the shard: then none is known
         unknown = not scroll and engine.kind == "opensearch" and set(got.values()) == {None}
         assert got == shard_of or (unknown and set(got) == set(shard_of))
+
+
+# --- a hit without its shard: its shard from its `_id` or `_routing` (stats.routing) -------------------
+
+
+def _routed_index(
+    engine: EngineClient, settings: dict[str, Any], routing: Any
+) -> tuple[str, str, dict[str, tuple[str | None, str]]]:
+    """A 3-shard index of `DOCS` documents (some ids beyond ASCII), each routed by `routing(i)` (None:
+    by its `_id`); returns its name, a store name and {id: (routing, text)}."""
+    index = f"bmxtest-shardroute-{uuid.uuid4().hex[:10]}"
+    store = f"bmxtest-shardroute-store-{uuid.uuid4().hex[:8]}"
+    body = {"settings": {"number_of_shards": SHARDS, "number_of_replicas": 0, **settings}}
+    body["mappings"] = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+    if "routing_partition_size" in settings:
+        body["mappings"]["_routing"] = {"required": True}  # a routing partition needs it
+    engine.ok("PUT", f"/{index}", body)
+    records = scifact_records("corpus.jsonl", DOCS)
+    docs = {
+        (d["_id"] if i % 5 else f"é{d['_id']}😀"): (routing(i), f"{d.get('title', '')} {d['text']}")
+        for i, d in enumerate(records)
+    }
+    _bulk_routed(engine, index, docs)
+    return index, store, docs
+
+
+def _bulk_routed(engine: EngineClient, index: str, docs: dict[str, tuple[str | None, str]]) -> None:
+    lines = []
+    for doc_id, (routing, text) in docs.items():
+        action = {"_index": index, "_id": doc_id, **({} if routing is None else {"routing": routing})}
+        lines.append(json.dumps({"index": action}))
+        lines.append(json.dumps({"body": text}))
+    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+
+
+def _mapped(engine: EngineClient, store: str, index: str) -> Any:
+    async def mapped(cluster: Cluster) -> Any:
+        cache = StatsCache(cluster.session, cluster.base_url, store=store)
+        await cache.get(index, "body", {})
+        await cache.settled()
+        return (await cache.get(index, "body", {})).lengths
+
+    tables = _run(engine.url, mapped)
+    assert tables is not None and index in tables
+    return tables[index]
+
+
+def _by_id(engine: EngineClient, index: str, table: Any) -> tuple[list[int | None], list[int]]:
+    """The mapped table's answers for every live document looked up by `_id`, `_routing` and version
+    with no shard, and each document's real length."""
+    hits = [h for part in _per_shard(engine, index) for h in part]
+    docs = [
+        {"_index": index, "_id": h["_id"], "fields": ["body"], **TV}
+        | ({"routing": h["_routing"]} if "_routing" in h else {})
+        for h in hits
+    ]
+    answer = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
+    want = [
+        sum(v["term_freq"] for v in d.get("term_vectors", {}).get("body", {}).get("terms", {}).values())
+        for d in answer
+    ]
+    got = table.lookup(
+        [h["_id"] for h in hits],
+        [h.get("_routing") for h in hits],
+        [h["_seq_no"] for h in hits],
+        [h["_primary_term"] for h in hits],
+    )
+    return got, want
+
+
+def test_a_hit_without_its_shard_is_found_from_its_id_or_routing(engine: EngineClient) -> None:
+    """Default routing, a tenth of the documents under a custom routing value: the build finds every
+    document where its `_id` or `_routing` routes, records the routing shard count (768 for 3 shards),
+    and the mapped table answers every document without its shard; slices agree, and an incremental
+    refresh keeps it."""
+    index, store, docs = _routed_index(engine, {}, lambda i: None if i % 10 else f"user{i % 4}")
+    try:
+        (info,) = _run(engine.url, lambda c: stats_build.build_snapshots(c, index, "body", {}, store=store))
+        assert keyed_by_version(info) and info.length_routing_shards == 768
+        table = _mapped(engine, store, index)
+        assert table.routing_shards == 768
+        got, want = _by_id(engine, index, table)
+        assert got == want and len(got) == len(docs)
+
+        # two slices: each checks its own documents, the merge needs both
+        async def slices(cluster: Cluster) -> Any:
+            parts = [
+                sliced.partial(
+                    index, "body", (i, 2), await sweep_index(cluster, index, "body", {}, part=(i, 2))
+                )
+                for i in range(2)
+            ]
+            parts = [sliced.Partial.from_json(json.loads(json.dumps(p.to_json()))) for p in parts]
+            return sliced.merge(parts)
+
+        merged = _run(engine.url, slices)
+        assert merged.routing is not None and merged.routing.routing_shards == 768
+
+        # appended documents, some routed: an incremental refresh keeps the routing
+        added = {f"new-{i}": (None if i % 3 else "user1", f"appended document number {i}") for i in range(30)}
+        _bulk_routed(engine, index, added)
+        (outcome,) = _run(engine.url, lambda c: stats_build.refresh(c, index, "body", {}, store=store))
+        assert outcome.action == "incremental" and outcome.snapshot is not None
+        assert outcome.snapshot.length_routing_shards == 768
+        got, want = _by_id(engine, index, _mapped(engine, store, index))
+        assert got == want and len(got) == len(docs) + len(added)
+    finally:
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"routing_partition_size": 2}, {"number_of_routing_shards": 6}],
+    ids=["routing_partition", "routing_shards_6"],
+)
+def test_an_index_routed_otherwise_is_never_looked_up_in_a_wrong_shard(
+    engine: EngineClient, settings: dict[str, Any]
+) -> None:
+    """A routing partition (every document routed; the `_id` shifts the hash, so most documents still
+    fit the default formula: the settings rule it out), or a routing shard count of 6: the default
+    formula misplaces documents and is not recorded; where the settings show the 6 (OpenSearch), the
+    check proves it and it serves. Either way no hit looked up without its shard gets a wrong length."""
+    partition = "routing_partition_size" in settings
+    routing = (lambda i: f"user{i % 7}") if partition else (lambda i: None)
+    index, store, docs = _routed_index(engine, settings, routing)
+    try:
+        (info,) = _run(engine.url, lambda c: stats_build.build_snapshots(c, index, "body", {}, store=store))
+        assert keyed_by_version(info) and info.length_docs == len(docs)
+        swept = _run(engine.url, lambda c: sweep_index(c, index, "body", {}))
+        assert swept.routing is not None and swept.routing.evidence == (0 if partition else len(docs))
+        if partition:  # every document routed, so no evidence; and the settings rule the formula out
+            assert swept.routing.candidates == ()
+        shows = engine.ok("GET", f"/{index}/_settings", None, {"flat_settings": "true"})[index]["settings"]
+        expected = 6 if not partition and shows.get("index.number_of_routing_shards") == "6" else None
+        assert info.length_routing_shards == expected
+        table = _mapped(engine, store, index)
+        assert table.routing_shards == expected
+        got, want = _by_id(engine, index, table)
+        assert got == (want if expected else [None] * len(want))
+    finally:
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")

@@ -247,3 +247,100 @@ def test_a_file_from_before_the_shard_count_reads_as_one_shard(tmp_path: Path) -
     old = LengthIndex.open(path)
     assert old.by_version and old.shards == 1
     assert old.lookup([""] * 5, [None] * 5, seqs, terms) == lengths
+
+
+def _routed_table(
+    n: int = 300,
+) -> tuple[DocLengths, tuple[list[str], list[str | None], list[int], list[int], list[int], list[int]]]:
+    """`n` documents of 3 shards placed by the engines' default routing (some under a custom routing
+    value), each shard numbering its operations from 0: every (_seq_no, _primary_term) is in every shard."""
+    from bmx_rerank.stats.routing import routed_shards, routing_keys
+
+    ids = [f"doc-{i}" for i in range(n)]
+    routings: list[str | None] = [None if i % 7 else f"user{i % 3}" for i in range(n)]
+    shards = routed_shards(routing_keys(ids, routings), 768, 3).tolist()
+    per: dict[int, int] = {}
+    seqs = []
+    for s in shards:
+        seqs.append(per.get(s, 0))
+        per[s] = seqs[-1] + 1
+    terms = [1] * n
+    lengths = [3 + i for i in range(n)]
+    rows = (ids, routings, seqs, terms, lengths, shards)
+    return DocLengths.from_rows(*rows), rows
+
+
+def test_a_hit_without_its_shard_is_found_where_its_id_routes(tmp_path: Path) -> None:
+    """A table of several shards that knows its index's routing finds a hit from its `_id` (or
+    `_routing`) and version, no shard given; without the routing it answers nothing; a given shard is
+    used as given, even a wrong one."""
+    table, (ids, routings, seqs, terms, lengths, shards) = _routed_table()
+    assert len(set(shards)) == 3 and len(set(seqs)) < len(seqs)  # the same versions in several shards
+    n = len(ids)
+    index = LengthIndex.from_table(
+        table, tmp_path / "r.bmxlen", by_version=True, shards=3, routing_shards=768
+    )
+    assert index.routing_shards == 768 and LengthIndex.open(tmp_path / "r.bmxlen").routing_shards == 768
+    assert index.lookup(ids, routings, seqs, terms) == lengths
+    assert index.lookup(ids, routings, seqs, terms, [None] * n) == lengths
+    assert index.lookup([""] * n, routings, seqs, terms) == [None] * n  # no `_id`: no shard to compute
+    assert index.lookup(ids, routings, seqs, terms, shards) == lengths
+    wrong = [(s + 1) % 3 for s in shards]
+    assert all(
+        g != want for g, want in zip(index.lookup(ids, routings, seqs, terms, wrong), lengths, strict=True)
+    )
+    # a routed document looked up by its `_id` alone, which routes elsewhere: not its length
+    from bmx_rerank.stats.routing import routed_shards
+
+    by_id = routed_shards(ids, 768, 3).tolist()
+    moved = [i for i, r in enumerate(routings) if r is not None and by_id[i] != shards[i]]
+    assert moved
+    got = index.lookup([ids[i] for i in moved], [None] * len(moved), [seqs[i] for i in moved],
+                       [terms[i] for i in moved])  # fmt: skip
+    assert all(g != lengths[i] for g, i in zip(got, moved, strict=True))
+    # without the routing: nothing without a shard
+    unknown = LengthIndex.from_table(table, tmp_path / "u.bmxlen", by_version=True, shards=3)
+    assert unknown.routing_shards is None and unknown.lookup(ids, routings, seqs, terms) == [None] * n
+    assert unknown.lookup(ids, routings, seqs, terms, shards) == lengths
+    # only a table keyed by version over a known shard count takes one
+    with pytest.raises(ValueError):
+        LengthIndex.from_table(table, tmp_path / "x.bmxlen", routing_shards=768)
+    with pytest.raises(ValueError):
+        LengthIndex.from_table(table, tmp_path / "y.bmxlen", by_version=True, shards=3, routing_shards=10)
+
+
+def test_a_file_from_before_the_routing_reads_as_unknown(tmp_path: Path) -> None:
+    import json
+
+    from bmx_rerank.stats.length_index import HEADER, MAGIC
+
+    table, (ids, routings, seqs, terms, lengths, shards) = _routed_table(100)
+    path = tmp_path / "o.bmxlen"
+    LengthIndex.from_table(table, path, by_version=True, shards=3, routing_shards=768)
+    with open(path, "r+b") as fh:
+        head = fh.read(HEADER)
+        size = int.from_bytes(head[8:12], "little")
+        meta = json.loads(head[12 : 12 + size])
+        assert meta.pop("routing_shards") == 768
+        raw = json.dumps(meta).encode()
+        fh.seek(0)
+        fh.write((MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(HEADER, b"\x00"))
+    old = LengthIndex.open(path)
+    assert old.routing_shards is None and old.lookup(ids, routings, seqs, terms) == [None] * len(ids)
+    assert old.lookup(ids, routings, seqs, terms, shards) == lengths
+
+
+def test_the_file_name_and_snapshot_carry_the_routing() -> None:
+    from bmx_rerank.stats.freshness import ShardMark
+
+    marks = IndexMarks("idx", "u", tuple(ShardMark(s, 5, 5, 5) for s in range(3)))
+    base = SnapshotInfo(
+        "s1", "idx", "body", 0, 0, 0, 1, 0, marks, True,
+        "2026-01-01T00:00:00+00:00", 1.0, "build", length_docs=3, length_chunks=1, length_shards=True,
+    )  # fmt: skip
+    routed = SnapshotInfo.from_json({**base.to_json(), "length_routing_shards": 768})
+    assert routed.length_routing_shards == 768 and base.length_routing_shards is None
+    assert SnapshotInfo.from_json(routed.to_json()) == routed
+    old = {k: v for k, v in routed.to_json().items() if k != "length_routing_shards"}
+    assert SnapshotInfo.from_json(old).length_routing_shards is None  # a snapshot from before it
+    assert length_ident("http://a:9200", "s", base) != length_ident("http://a:9200", "s", routed)
