@@ -191,7 +191,7 @@ def table_lengths(
             found: list[int | None] = [None] * len(rows)
             if table is not None:
                 found = table.lookup(
-                    [str(hits[i].get("_id")) for i in rows],
+                    [str(hits[i].get("_id", "")) for i in rows],  # none: a lean hit, never routed by id
                     [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
                     [hits[i].get("_seq_no") for i in rows],
                     [hits[i].get("_primary_term") for i in rows],
