@@ -144,17 +144,18 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
     rows = np.array(hit_of, dtype=np.int64)[ours]
     unreadable = set(rows[~readable].tolist())
-    template = {f: dict.fromkeys(probe.tokens(f), 0) for f in probe.fields}
-    out: list[Frequencies | None] = [
-        None if h in blind or h in unreadable else {f: dict(t) for f, t in template.items()}
-        for h in range(len(hits))
-    ]
-    pairs = probe.pairs
-    for h, i, count in zip(rows.tolist(), pair[ours].tolist(), counts.tolist(), strict=True):
-        found = out[h]
-        if found is not None:
-            f, term = pairs[i]
-            found[f][term] = int(count)
+    table = np.zeros((len(hits), len(probe.pairs)), dtype=np.int64)  # a probe not reported: tf 0
+    table[rows[readable], pair[ours][readable]] = counts[readable]
+    columns = {f: [j for j, (g, _) in enumerate(probe.pairs) if g == f] for f in probe.fields}
+    tokens = {f: [probe.pairs[j][1] for j in js] for f, js in columns.items()}
+    out: list[Frequencies | None] = []
+    for h, row in enumerate(table.tolist()):  # one dict a field a hit, filled in C (`zip`)
+        if h in blind or h in unreadable:
+            out.append(None)
+        else:
+            out.append(
+                {f: dict(zip(tokens[f], [row[j] for j in js], strict=True)) for f, js in columns.items()}
+            )
     return out
 
 
@@ -162,7 +163,7 @@ def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], lengt
     """The hit's terms in one field as the scoring core reads them: probed tfs (0 for a probed token
     the field lacks), its exact length."""
     version, seq, term = hit.get("_version"), hit.get("_seq_no"), hit.get("_primary_term")
-    return ProbedDoc(ref, True, dict(tf), version, seq, term, doc_length=length)
+    return ProbedDoc(ref, True, tf, version, seq, term, doc_length=length)  # `tf` is its own (not copied)
 
 
 class LengthCache:

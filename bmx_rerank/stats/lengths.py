@@ -206,7 +206,8 @@ def versions(
     usable = [
         i
         for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
-        if _is_int(s) and _is_int(t) and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
+        # `type() is int`, not `_is_int`: a bool is no number either, and this runs for every hit
+        if type(s) is int and type(t) is int and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
     ]
     if not by_version:
         keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
