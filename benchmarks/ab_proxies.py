@@ -4,7 +4,7 @@ each proxy's CPU per request, and how many answers the two versions gave differe
 What changed in the code, apart from what changed in the machine.
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
-        [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200]
+        [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1]
 
 Each checkout runs its own `python -m benchmarks.proxy_latency --serve-child` (statistics swept by that
 version; `first`: every cache off) with its own code and the interpreter at CHECKOUT/.venv."""
@@ -30,10 +30,11 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
+    parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
     args = parser.parse_args()
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
     proxies: list[Proxy] = []
     try:
         for checkout in args.checkouts:
@@ -74,7 +75,8 @@ def main() -> None:
         after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
-            f"{args.mode}, window {args.window}, {len(direct)} searches each; plain size-{args.window}: {base:.2f} ms"
+            f"{args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each; "
+            f"plain size-{args.window}: {base:.2f} ms"
         )
         for k, checkout in enumerate(args.checkouts):
             p50 = statistics.median(through[k]) * 1000

@@ -4,7 +4,7 @@
 
 A scan for the length table (`versions`) also tells each hit's shard number: a PIT's `_shard_doc` sort
 value holds it in its high 32 bits (the shard's index in the request, which for one index is its
-number); a scroll's hits do not say, so over an index of several shards it scrolls each shard on its
+number: Elasticsearch 8.19 and 9.1, OpenSearch 3.3; checked once a shard during the scan); a scroll's hits do not say, so over an index of several shards it scrolls each shard on its
 own (`preference=_shards:i`), all at once and read in turn, so each context is used as often as one
 scroll's would be.
 
@@ -63,7 +63,7 @@ async def scan_ids(
     session still works, instead of whenever the generator is collected."""
     pit = await _open_pit(cluster, index, headers, part)
     if pit is not None:
-        gen = _scan_pit(cluster, pit, headers, page_size, totals, part, versions)
+        gen = _scan_pit(cluster, pit, headers, page_size, totals, part, versions, index)
     else:
         gen = _scan_scrolls(cluster, index, headers, page_size, totals, part, versions, shard_count)
     async with aclosing(gen):
@@ -135,9 +135,14 @@ async def _scan_pit(
     totals: list[int] | None,
     part: Part | None = None,
     versions: bool = False,
+    index: str = "",
 ) -> AsyncIterator[list[DocRef]]:
     pit_id = pit[1]
     after: list[Any] | None = None
+    # The sort value is read as a shard only once a document of that shard was found there with
+    # `preference=_shards:N` (one search a shard): a cluster that encodes it otherwise gives no shards
+    checked: set[int] = set()
+    trusted = True
     try:
         while True:
             body = _pit_body(pit_id, page_size, after, part, versions)
@@ -148,13 +153,31 @@ async def _scan_pit(
                 totals.append(int(answer["hits"]["total"]["value"]))
             if not hits:
                 return
-            if versions:  # an OpenSearch PIT's sort value is not known to hold the shard
-                yield [swept_ref(h, _pit_shard(h) if pit[0] == "es" else None) for h in hits]
+            if versions:
+                shards = [_pit_shard(h) for h in hits]
+                for hit, shard in zip(hits, shards, strict=True):
+                    if trusted and shard is not None and shard not in checked:
+                        trusted = await _in_shard(cluster, index, hit, shard, headers)
+                        checked.add(shard)
+                yield [swept_ref(h, s if trusted else None) for h, s in zip(hits, shards, strict=True)]
             else:
                 yield [_ref(h) for h in hits]
             after = hits[-1]["sort"]
     finally:
         await _close_pit(cluster, (pit[0], pit_id), headers)
+
+
+async def _in_shard(
+    cluster: Cluster, index: str, hit: Mapping[str, Any], shard: int, headers: Mapping[str, str]
+) -> bool:
+    """Whether the hit's document is in shard `shard` (by its `_id`, and its `_routing` if any)."""
+    which: list[dict[str, Any]] = [{"ids": {"values": [hit["_id"]]}}]
+    if hit.get("_routing") is not None:
+        which.append({"term": {"_routing": hit["_routing"]}})
+    body = {"size": 0, "track_total_hits": True, "query": {"bool": {"filter": which}}}
+    url = f"/{index_path(index)}/_search?preference=_shards:{shard}"
+    answer = await cluster.request("POST", url, body, headers, retried=True)
+    return int(answer["hits"]["total"]["value"]) == 1
 
 
 def _pit_shard(hit: Mapping[str, Any]) -> int | None:

@@ -150,6 +150,24 @@ def test_a_table_of_several_shards_is_keyed_by_shard_and_version(sharded, reader
     _check(engine, index, store, outcome.snapshot, len(texts) + len(added))
 
 
+def test_a_pit_whose_sort_values_name_no_shard_gives_no_shards(sharded, monkeypatch) -> None:
+    """A cluster whose `_shard_doc` values do not hold the shard number as read here (checked once a
+    shard against `preference=_shards:N`): no row gets a shard, and the table is not keyed by version.
+    (An engine without such a PIT scrolls each shard: its rows have their shards all the same.)"""
+    engine, index, store, texts = sharded
+    real, read = scan._pit_shard, []
+
+    def misread(hit: dict[str, Any]) -> int | None:
+        read.append(1)
+        shard = real(hit)
+        return None if shard is None else (shard + 1) % SHARDS
+
+    monkeypatch.setattr(scan, "_pit_shard", misread)
+    (info,) = _run(engine.url, lambda c: stats_build.build_snapshots(c, index, "body", {}, store=store))
+    assert info.length_docs == len(texts)
+    assert keyed_by_version(info) == (not read), "misread sort values: no shards; scrolls: every shard"
+
+
 def test_scan_shards_match_preference_with_slices(sharded) -> None:
     """Each `SweptRef`'s shard, from a PIT (where there is one) and from per-shard scrolls, in two
     slices: the slices hold every document once, each with its shard."""
