@@ -246,10 +246,10 @@ async def _close_scroll(cluster: Cluster, scroll_id: str | None, headers: Mappin
         await _quietly(cluster.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, headers))
 
 
-async def _shard_count(cluster: Cluster, index: str, headers: Mapping[str, str]) -> int | None:
-    """The index's number of primary shards from its settings; None when they cannot be read (then the
-    scroll's hits have no shard: the table stays keyed by `_id`)."""
-    url = f"/{index_path(index)}/_settings/index.number_of_shards"
+async def index_settings(cluster: Cluster, index: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """One concrete index's flat settings; None when the caller may not read them (needs
+    `view_index_metadata`), then no routing is trusted (`stats.routing.routing_candidates`)."""
+    url = f"/{index_path(index)}/_settings?flat_settings=true"
     try:
         answer = await cluster.request("GET", url, None, headers, retried=True)
     except UpstreamError as exc:
@@ -257,10 +257,18 @@ async def _shard_count(cluster: Cluster, index: str, headers: Mapping[str, str])
             return None
         raise
     if not isinstance(answer, Mapping) or len(answer) != 1:
-        return None  # not one concrete index
-    (settings,) = answer.values()
+        return None
+    (found,) = answer.values()
+    settings = found.get("settings") if isinstance(found, Mapping) else None
+    return dict(settings) if isinstance(settings, Mapping) else None
+
+
+async def _shard_count(cluster: Cluster, index: str, headers: Mapping[str, str]) -> int | None:
+    """The index's number of primary shards from its settings; None when they cannot be read (then the
+    scroll's hits have no shard: the table stays keyed by `_id`)."""
+    settings = await index_settings(cluster, index, headers)
     try:
-        return int(settings["settings"]["index"]["number_of_shards"])
+        return int((settings or {})["index.number_of_shards"])
     except (KeyError, TypeError, ValueError):
         return None
 

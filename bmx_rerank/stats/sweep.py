@@ -31,7 +31,7 @@ from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
 from bmx_rerank.stats.routing import RoutingCheck, routing_candidates
-from bmx_rerank.stats.scan import Part, SweptRef, index_path, scan_ids
+from bmx_rerank.stats.scan import Part, SweptRef, index_path, index_settings, scan_ids
 from bmx_rerank.upstream import Cluster, DocRef
 
 TEXT_TYPES = ("text", "match_only_text")
@@ -308,23 +308,6 @@ def finish_lengths(recorder: LengthRecorder | None) -> tuple[DocLengths | None, 
     if table is None:
         return None, f"more than {recorder.limit} documents (--max-length-docs)"
     return table, None
-
-
-async def index_settings(cluster: Cluster, index: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
-    """One concrete index's flat settings; None when the caller may not read them (needs
-    `view_index_metadata`), then no routing is trusted (`stats.routing.routing_candidates`)."""
-    url = f"/{index_path(index)}/_settings?flat_settings=true"
-    try:
-        answer = await cluster.request("GET", url, None, headers, retried=True)
-    except UpstreamError as exc:
-        if exc.status in (401, 403):
-            return None
-        raise
-    if not isinstance(answer, Mapping) or len(answer) != 1:
-        return None
-    (found,) = answer.values()
-    settings = found.get("settings") if isinstance(found, Mapping) else None
-    return dict(settings) if isinstance(settings, Mapping) else None
 
 
 async def marks_or_none(
