@@ -220,21 +220,11 @@ class Cluster:
         text: str,
         headers: Mapping[str, str] | None = None,
         analyzer: str | None = None,
-    ) -> list[str]:
-        """The tokens of `text`, in order: with `analyzer`, as that analyzer makes them, else as the
-        field's index analyzer does (`_analyze` with `field` ignores a mapping's `search_analyzer`, on
-        both engines; see `search_analyzer`)."""
-        return [token for token, _ in await self.analyze_offsets(index, field_name, text, headers, analyzer)]
-
-    async def analyze_offsets(
-        self,
-        index: str,
-        field_name: str,
-        text: str,
-        headers: Mapping[str, str] | None = None,
-        analyzer: str | None = None,
     ) -> list[tuple[str, int]]:
-        """`analyze`'s tokens, each with its `start_offset` in `text` (UTF-16 code units)."""
+        """The tokens of `text`, in order, each with its `start_offset` in `text` (UTF-16 code units):
+        with `analyzer`, as that analyzer makes them, else as the field's index analyzer does
+        (`_analyze` with `field` ignores a mapping's `search_analyzer`, on both engines; see
+        `search_analyzer`)."""
         body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
         answer = await self.request("POST", f"/{index}/_analyze", body, headers, retried=True)
         return [(tok["token"], int(tok.get("start_offset", -1))) for tok in answer.get("tokens", [])]

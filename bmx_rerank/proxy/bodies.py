@@ -267,10 +267,6 @@ class TooDeep(SearchError):
         )
 
 
-def too_deep_error(limit: int = MAX_DEPTH) -> SearchError:
-    return TooDeep(limit)
-
-
 # A JSON string (escapes included), to blank out before brackets are counted.
 # (Unrolled: the parts cannot overlap, so nothing backtracks; Python 3.10 has no possessive `*+`.)
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -356,7 +352,7 @@ async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, met
         depth = await asyncio.to_thread(raw_depth, decoded) if big else raw_depth(decoded)
     if limit and depth > limit:
         refuse(request, metrics, "depth", depth=depth)
-        raise too_deep_error(limit)
+        raise TooDeep(limit)
     if b'"bmx"' in decoded:
         refuse(request, metrics, "unparsable_bmx")
         raise bad_request(
@@ -383,7 +379,7 @@ def guard_parsed(request: web.Request, body: Any, max_depth: int, max_query_dept
     depth, bools = nesting(body)
     if max_depth and depth > max_depth:
         refuse(request, metrics, "depth")
-        raise too_deep_error(max_depth)
+        raise TooDeep(max_depth)
     if max_query_depth and bools > max_query_depth:
         refuse(request, metrics, "query_depth", depth=bools)
         raise bool_depth_error(max_query_depth)

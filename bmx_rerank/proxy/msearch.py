@@ -17,12 +17,12 @@ from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
     THREAD_BYTES,
+    TooDeep,
     Unparsable,
     guard_parsed,
     guard_unparsable,
     parse,
     read_json_body,
-    too_deep_error,
 )
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
@@ -89,7 +89,7 @@ async def msearch(request: web.Request, index: str | None) -> web.StreamResponse
         ix = item_index(header, index)
         if depth > MAX_DEPTH:  # deeper than a rerank rewrites (--max-depth may allow it)
             if asks_bmx(body):
-                raise too_deep_error()
+                raise TooDeep()
             plans.append((ix, None))
             continue
         plan = await state.admission.plan(ix, body, {}, headers, skip=skip, admit=False)

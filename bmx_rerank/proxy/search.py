@@ -15,12 +15,12 @@ from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
     THREAD_BYTES,
+    TooDeep,
     Unparsable,
     guard_parsed,
     guard_unparsable,
     parse,
     read_json_body,
-    too_deep_error,
 )
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
@@ -54,7 +54,7 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
         return await forward(request, raw or None)
     if depth > MAX_DEPTH:  # deeper than a rerank rewrites (--max-depth may allow it)
         if asks_bmx(body):
-            raise too_deep_error()
+            raise TooDeep()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
     headers = forwardable_headers(client_headers(request))
     params = dict(request.query)

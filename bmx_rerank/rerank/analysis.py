@@ -136,7 +136,7 @@ class Analysis:
         if not text.strip():
             return []
         found = await self.metrics.timed(
-            "analyze", self.cluster.analyze_offsets(index, field, text, headers, analyzer)
+            "analyze", self.cluster.analyze(index, field, text, headers, analyzer)
         )
         self.words.learn(_analyzer(index, field, analyzer), text, found)
         return [token for token, _ in found]

@@ -67,7 +67,7 @@ class TermFrequencies:
         get = self.cache.get
         tables = nameless.tables if nameless is not None else None
         keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
-        wanted = [(f, None if needs is None else frozenset(needs[f])) for f in names]
+        wanted = [(f, None if needs is None else needs[f]) for f in names]
         for key in keys:
             got: HitTerms = {}
             for f, need in wanted:
@@ -190,14 +190,14 @@ def table_lengths(
             table = tables.get(index)
             found: list[int | None] = [None] * len(rows)
             if table is not None:
+                # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a
+                # table keyed by version looks; a hit without its shard (None) is routed by `_id`.
                 found = table.lookup(
-                    [str(hits[i].get("_id", "")) for i in rows],  # none: a lean hit, never routed by id
+                    [str(hits[i].get("_id", "")) for i in rows],
                     [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
                     [hits[i].get("_seq_no") for i in rows],
                     [hits[i].get("_primary_term") for i in rows],
-                    [
-                        hits[i].get(SHARD) for i in rows
-                    ],  # where a table keyed by version looks (None: not known)
+                    [hits[i].get(SHARD) for i in rows],
                 )
             for i, n in zip(rows, found, strict=True):
                 out[i][name] = n

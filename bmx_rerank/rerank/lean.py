@@ -29,7 +29,7 @@ import orjson
 from cachetools import LRUCache
 
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.term_vector_cache import SHARD
+from bmx_rerank.rerank.term_vector_cache import SHARD, numbered_in
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -249,7 +249,7 @@ class PageCache:
         return [
             (
                 who,
-                f"{named[h['_index']]}/{h.get(SHARD, 0)}",
+                numbered_in(named[h["_index"]], h),
                 h["_index"],
                 h["_seq_no"],
                 h["_primary_term"],

@@ -97,9 +97,8 @@ def _total(totals: Sequence[Any], track: Any) -> Any:
 
 def _shards(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        k: sum(int(p.get(k, 0)) for p in parts) for k in ("total", "successful", "skipped")
+        k: sum(int(p.get(k, 0)) for p in parts) for k in ("total", "successful", "skipped", "failed")
     }
-    out["failed"] = sum(int(p.get("failed", 0)) for p in parts)
     failures = [f for p in parts for f in p.get("failures", [])]
     if failures:
         out["failures"] = failures

@@ -46,6 +46,12 @@ ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the do
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 
 
+def numbered_in(table: str, hit: Mapping[str, Any]) -> str:
+    """What a lean hit's `_seq_no` and `_primary_term` count within: its index's length table (an index
+    re-created under its name has another) and its shard (`SHARD`; 0 in an index of one)."""
+    return f"{table}/{hit.get(SHARD, 0)}"
+
+
 def cache_key(
     hit: Mapping[str, Any], field: str, who: str, *, tables: Mapping[str, str] | None = None
 ) -> CacheKey | None:
@@ -59,7 +65,7 @@ def cache_key(
     if tables is not None:
         table = tables.get(hit["_index"])
         return (
-            None if table is None else (who, hit["_index"], f"@{table}/{hit.get(SHARD, 0)}", seq, term, field)
+            None if table is None else (who, hit["_index"], f"@{numbered_in(table, hit)}", seq, term, field)
         )
     if "_id" not in hit:
         return None

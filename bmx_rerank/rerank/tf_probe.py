@@ -147,7 +147,7 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     table = np.zeros((len(hits), len(probe.pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]
     columns = {f: [j for j, (g, _) in enumerate(probe.pairs) if g == f] for f in probe.fields}
-    tokens = {f: [probe.pairs[j][1] for j in js] for f, js in columns.items()}
+    tokens = {f: probe.tokens(f) for f in probe.fields}  # in `columns`' order: the pairs'
     out: list[Frequencies | None] = []
     for h, row in enumerate(table.tolist()):  # one dict a field a hit, filled in C (`zip`)
         if h in blind or h in unreadable:

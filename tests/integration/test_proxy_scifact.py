@@ -33,7 +33,7 @@ async def _brute_force(base: str, index: str, ids: list[str], queries: list[str]
         for start in range(0, len(ids), 200):
             refs = [DocRef(index, i) for i in ids[start : start + 200]]
             docs += [d["body"] for d in await cluster.mtermvectors_fields(refs, ["body"])]
-        tokens = [await cluster.analyze(index, "body", q) for q in queries]
+        tokens = [[t for t, _ in await cluster.analyze(index, "body", q)] for q in queries]
         built = await stats_build.build(cluster, index, "body", {})
     return docs, tokens, built
 
