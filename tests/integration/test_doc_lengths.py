@@ -30,7 +30,7 @@ from bmx_rerank.upstream import Cluster
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
-from tests.support.reranked import TV
+from tests.support.reranked import body_lengths
 from tests.support.reranked import same as _same
 from tests.support.reranked import scores as _scores
 from tests.support.reranked import search as _answer
@@ -92,17 +92,6 @@ def _termvector_calls(url: str) -> float:
     return 0.0
 
 
-def _lengths_of(engine: EngineClient, index: str, ids: list[str]) -> dict[str, int]:
-    docs = [{"_index": index, "_id": i, "fields": ["body"], **TV} for i in ids]
-    answer = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
-    return {
-        d["_id"]: sum(
-            v["term_freq"] for v in d.get("term_vectors", {}).get("body", {}).get("terms", {}).values()
-        )
-        for d in answer
-    }
-
-
 def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus, monkeypatch) -> None:
     engine, index, _, texts, _ = corpus
     (result,) = _run(lambda s: stats_build.sweep_all(Cluster(s, engine.url), index, "body", {})).values()
@@ -111,7 +100,7 @@ def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus,
         "POST", f"/{index}/_search", {"size": 1000, "seq_no_primary_term": True, "_source": False}
     )["hits"]["hits"]
     assert len(hits) == len(texts)
-    want = _lengths_of(engine, index, [h["_id"] for h in hits])
+    want = body_lengths(engine, index, [h["_id"] for h in hits])
     got = result.lengths.lookup(
         [h["_id"] for h in hits],
         [None] * len(hits),

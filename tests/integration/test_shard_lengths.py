@@ -26,7 +26,7 @@ from bmx_rerank.stats.sweep import sweep_index
 from bmx_rerank.upstream import Cluster
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
-from tests.support.reranked import TV
+from tests.support.reranked import TV, body_lengths
 
 pytestmark = pytest.mark.integration
 
@@ -75,17 +75,6 @@ def _per_shard(engine: EngineClient, index: str) -> list[list[dict[str, Any]]]:
     ]
 
 
-def _lengths_of(engine: EngineClient, index: str, ids: list[str]) -> dict[str, int]:
-    docs = [{"_index": index, "_id": i, "fields": ["body"], **TV} for i in ids]
-    answer = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
-    return {
-        d["_id"]: sum(
-            v["term_freq"] for v in d.get("term_vectors", {}).get("body", {}).get("terms", {}).values()
-        )
-        for d in answer
-    }
-
-
 def _check(engine: EngineClient, index: str, store: str, info: SnapshotInfo, n: int) -> None:
     """The stored rows' shards, the snapshot's keying, and the mapped table's answers without `_id`."""
     assert info.length_docs == n and info.length_shards and keyed_by_version(info)
@@ -108,7 +97,7 @@ def _check(engine: EngineClient, index: str, store: str, info: SnapshotInfo, n: 
     assert tables is not None and index in tables
     table = tables[index]
     assert table.by_version and table.shards == SHARDS and len(table) == n
-    want = _lengths_of(engine, index, [h["_id"] for hits in shards for h in hits])
+    want = body_lengths(engine, index, [h["_id"] for hits in shards for h in hits])
     for i, hits in enumerate(shards):
         got = table.lookup(
             [""] * len(hits),  # no `_id`

@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from typing import Any
 
 # `_mtermvectors` options that ask for term frequencies only.
 TV = {"term_statistics": False, "field_statistics": False, "positions": False, "offsets": False}
+
+
+def body_lengths(engine: Any, index: str, ids: list[str]) -> dict[str, int]:
+    """Each document's length in `body`, from its term vectors (what a length table must hold)."""
+    docs = [{"_index": index, "_id": i, "fields": ["body"], **TV} for i in ids]
+    answer = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"]
+    return {
+        d["_id"]: sum(
+            v["term_freq"] for v in d.get("term_vectors", {}).get("body", {}).get("terms", {}).values()
+        )
+        for d in answer
+    }
 
 
 def search(url: str, index: str, text: str, extra: dict | None = None) -> dict:

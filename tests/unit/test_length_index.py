@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from benchmarks import length_table
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.length_files import file_lock
 from bmx_rerank.stats.length_files import ident as length_ident
-from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter, build
+from bmx_rerank.stats.length_index import HEADER, MAGIC, LengthIndex, LengthIndexWriter, build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.snapshot import SnapshotInfo
 
@@ -229,21 +231,11 @@ def test_the_writer_keys_rows_by_their_shard(tmp_path: Path) -> None:
 
 
 def test_a_file_from_before_the_shard_count_reads_as_one_shard(tmp_path: Path) -> None:
-    import json
-
-    from bmx_rerank.stats.length_index import HEADER, MAGIC
 
     _, _, seqs, terms, lengths = ROWS
     path = tmp_path / "v.bmxlen"
     LengthIndex.from_table(DocLengths.from_rows(*ROWS), path, by_version=True)
-    with open(path, "r+b") as fh:
-        head = fh.read(HEADER)
-        size = int.from_bytes(head[8:12], "little")
-        meta = json.loads(head[12 : 12 + size])
-        assert meta.pop("shard_count") == 1
-        raw = json.dumps(meta).encode()
-        fh.seek(0)
-        fh.write((MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(HEADER, b"\x00"))
+    assert _without_header_field(path, "shard_count") == 1
     old = LengthIndex.open(path)
     assert old.by_version and old.shards == 1
     assert old.lookup([""] * 5, [None] * 5, seqs, terms) == lengths
@@ -310,21 +302,11 @@ def test_a_hit_without_its_shard_is_found_where_its_id_routes(tmp_path: Path) ->
 
 
 def test_a_file_from_before_the_routing_reads_as_unknown(tmp_path: Path) -> None:
-    import json
-
-    from bmx_rerank.stats.length_index import HEADER, MAGIC
 
     table, (ids, routings, seqs, terms, lengths, shards) = _routed_table(100)
     path = tmp_path / "o.bmxlen"
     LengthIndex.from_table(table, path, by_version=True, shards=3, routing_shards=768)
-    with open(path, "r+b") as fh:
-        head = fh.read(HEADER)
-        size = int.from_bytes(head[8:12], "little")
-        meta = json.loads(head[12 : 12 + size])
-        assert meta.pop("routing_shards") == 768
-        raw = json.dumps(meta).encode()
-        fh.seek(0)
-        fh.write((MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(HEADER, b"\x00"))
+    assert _without_header_field(path, "routing_shards") == 768
     old = LengthIndex.open(path)
     assert old.routing_shards is None and old.lookup(ids, routings, seqs, terms) == [None] * len(ids)
     assert old.lookup(ids, routings, seqs, terms, shards) == lengths
@@ -344,3 +326,16 @@ def test_the_file_name_and_snapshot_carry_the_routing() -> None:
     old = {k: v for k, v in routed.to_json().items() if k != "length_routing_shards"}
     assert SnapshotInfo.from_json(old).length_routing_shards is None  # a snapshot from before it
     assert length_ident("http://a:9200", "s", base) != length_ident("http://a:9200", "s", routed)
+
+
+def _without_header_field(path: Path, name: str) -> Any:
+    """Rewrite the file's header without `name`, as a file written before it was (its value)."""
+    with open(path, "r+b") as fh:
+        head = fh.read(HEADER)
+        size = int.from_bytes(head[8:12], "little")
+        meta = json.loads(head[12 : 12 + size])
+        value = meta.pop(name)
+        raw = json.dumps(meta).encode()
+        fh.seek(0)
+        fh.write((MAGIC + len(raw).to_bytes(4, "little") + raw).ljust(HEADER, b"\x00"))
+    return value
