@@ -4,8 +4,9 @@
 
 A scan for the length table (`versions`) also tells each hit's shard number: a PIT's `_shard_doc` sort
 value holds it in its high 32 bits (the shard's index in the request, which for one index is its
-number: Elasticsearch 8.19 and 9.1, OpenSearch 3.3; checked once a shard during the scan); a scroll's hits do not say, so over an index of several shards it scrolls each shard on its
-own (`preference=_shards:i`), all at once and read in turn, so each context is used as often as one
+number: Elasticsearch 8.19 and 9.1, OpenSearch 3.3; checked once a shard during the scan); a scroll's
+hits do not say, so over an index of several shards it scrolls each shard on its own
+(`preference=_shards:i`), all at once and read in turn, so each context is used as often as one
 scroll's would be.
 
 PIT pages are retried on a dropped connection; scroll pages are not (a retried scroll call would skip
