@@ -6,7 +6,7 @@ pyinstrument profile of the proxy process (the measured requests alone), for war
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
 the proxy in a child process under pyinstrument, sends `--requests` reranks one at a time (warm: each
-query once before, unmeasured; first: every cache off) and prints, per request: the whole rerank as
+query `--repeats` times before, unmeasured; first: every cache off) and prints, per request: the whole rerank as
 the proxy timed it, each upstream call, and the proxy's own time (the rest); then the profile's top."""
 
 from __future__ import annotations
@@ -96,6 +96,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="warm: times each query goes before it is measured"
+    )
     parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt", help='"": no profiler')
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -128,8 +131,9 @@ def main() -> None:
             return rerank(q, args.window)
 
         if args.mode != "first":
-            for q in queries:
-                proxy.ok("POST", path, ask(q))
+            for _ in range(args.repeats):
+                for q in queries:
+                    proxy.ok("POST", path, ask(q))
         before = metric_sums(proxy.ok_text("GET", "/_bmx/metrics"))
         if args.profile_out:  # the profile covers the measured requests alone
             proc.send_signal(signal.SIGUSR1)

@@ -16,7 +16,14 @@ from typing import Any
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.term_vector_cache import SHARD, TermVectorCache, cache_key
+from bmx_rerank.rerank.term_vector_cache import (
+    SHARD,
+    SeenWindow,
+    TermVectorCache,
+    WindowKey,
+    cache_key,
+    versions_digest,
+)
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
@@ -49,6 +56,31 @@ class TermFrequencies:
         self.metrics = metrics
         self.cache = cache
         self.lengths = lengths
+
+    def seen_window(
+        self,
+        key: WindowKey,
+        hits: Sequence[Mapping[str, Any]],
+        names: Sequence[str],
+        tokens: Mapping[tuple[str, str], Sequence[str]],
+        tables: Mapping[str, str] | None = None,
+        *,
+        look: bool = True,
+    ) -> tuple[bytes | None, SeenWindow | None]:
+        """The hits' versions (`versions_digest`; None when one has none; `tables`: a lean window's, see
+        `cache_key`), and the window the cache kept under `key` for these versions and `tokens` (None:
+        not kept, or not `look`ed for)."""
+        keys = [cache_key(h, "", key[0], tables=tables) for h in hits]
+        if None in keys:
+            return None, None
+        versions = versions_digest(keys, tokens)  # type: ignore[arg-type]
+        seen = self.cache.window(key, versions) if look else None
+        if seen is not None:
+            self._count(len(hits) * len(names), len(hits) * len(names))
+        return versions, seen
+
+    def keep_window(self, key: WindowKey, seen: SeenWindow) -> None:
+        self.cache.keep_window(key, seen)
 
     async def from_term_vectors(
         self,

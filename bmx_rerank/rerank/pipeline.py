@@ -42,8 +42,8 @@ from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import fields
-from bmx_rerank.rerank.rescore import score_tree
-from bmx_rerank.rerank.term_vector_cache import TermVectorCache
+from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
+from bmx_rerank.rerank.term_vector_cache import Features, SeenWindow, TermVectorCache
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
@@ -412,8 +412,27 @@ class Reranker:
         if window.lean:
             lean.check_hits(window, hits)
         tokens = await self._tokens(window, hits, headers)
-        terms, source, views = await self._frequencies(window, hits, frequencies, names, tokens, who, headers)
-        alive = [i for i, t in enumerate(terms) if t is not None]
+        # A window is kept whole once this caller has had it before (as caches keep on a second hit:
+        # most windows are never asked for again); never with PRF, which reads every term of the
+        # window's documents.
+        prf = spec.augment.provider == "prf"
+        kept_as = (who, window.digest)
+        versions, seen = (None, None)
+        if not prf and self.prober.had(window, who):
+            tables = lean.tables(window) if window.lean else None
+            look = (
+                window.probe is None
+            )  # a probed window's probes are read (their guess checked) as they came
+            versions, seen = self.frequencies.seen_window(kept_as, hits, names, tokens, tables, look=look)
+        terms: list[HitTerms | None] | None = None
+        if seen is not None:
+            source, views = "window", await self._views(window, names, tokens)
+            alive = list(range(len(hits)))
+        else:
+            terms, source, views = await self._frequencies(
+                window, hits, frequencies, names, tokens, who, headers
+            )
+            alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
             self.prober.saw(window, who)
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
@@ -435,18 +454,23 @@ class Reranker:
         }
         if not alive:
             raise WindowDeclined("window_gone", marker)
-        docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
         corpus = {f: v.corpus for f, v in zip(names, views, strict=True)}
         augmented, weights = list(spec.augment.queries), [1.0, *spec.augment.weights]
-        if spec.augment.provider == "prf":
-            augmented, weights, tokens = await self._feedback(plan, views, corpus, docs, tokens)
-            marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
-        args = (tree, corpus, docs, tokens, augmented, weights, spec.scoring_request())
+        features: Features = seen.features() if seen is not None else {}
+        if terms is not None:
+            docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
+            if prf:
+                augmented, weights, tokens = await self._feedback(plan, views, corpus, docs, tokens)
+                marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
+        read = remembered(features, features_of(docs) if terms is not None else None)
+        args = (tree, corpus, read, len(alive), tokens, augmented, weights, spec.scoring_request())
         big = len(hits) >= THREAD_HITS  # a large window: scoring and packing must not hold the event loop
         folded = await asyncio.to_thread(score_tree, *args) if big else score_tree(*args)
         if not folded.matched.any() and combine == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
+        if seen is None and versions is not None and len(alive) == len(hits):
+            self.frequencies.keep_window(kept_as, SeenWindow.of(versions, features))
         kept = [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
@@ -502,9 +526,15 @@ class Reranker:
             else self.frequencies.from_term_vectors(
                 hits, names, who, headers, needs, self._nameless(window, headers) if window.lean else None
             ),
-            asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names)),
+            self._views(window, names, tokens),
         )
-        return terms, "probes" if probed else "termvectors" if fetched else "cache", list(views)
+        return terms, "probes" if probed else "termvectors" if fetched else "cache", views
+
+    async def _views(self, window: Window, names: Sequence[str], tokens: Tokens) -> list[StatsView]:
+        """Each field's statistics, completed for the window's tokens."""
+        return list(
+            await asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names))
+        )
 
     async def _feedback(self, plan: Plan, views, corpus, docs, tokens) -> tuple[list, list, dict]:
         """PRF: expansion terms from the window's best documents under the original query (see
@@ -513,7 +543,10 @@ class Reranker:
         the new terms in place (a no-op with exact statistics)."""
         spec = plan.spec
         assert spec is not None
-        first = score_tree(plan.scored, corpus, docs, tokens, [], [1.0], spec.scoring_request())
+        n = len(next(iter(docs.values()), []))
+        first = score_tree(
+            plan.scored, corpus, features_of(docs), n, tokens, [], [1.0], spec.scoring_request()
+        )
         original = {t for toks in tokens.values() for t in toks}
         found: dict[str, float] = {}
         for f, view in zip(list(corpus), views, strict=True):

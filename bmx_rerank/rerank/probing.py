@@ -65,6 +65,10 @@ class Prober:
         if self.remember_windows:
             self.seen[(who, window.digest)] = True
 
+    def had(self, window: Window, who: str) -> bool:
+        """Whether this caller had this window reranked lately (`saw`)."""
+        return self.remember_windows and (who, window.digest) in self.seen
+
     def drop(self, window: Window) -> bool:
         """After the cluster refused a first stage with probes: the request without them, to send
         instead (True), remembering the refusal; False when it had none (its answer is the caller's).
@@ -93,7 +97,7 @@ class Prober:
         if why := tf_probe.why_not(body, orjson.dumps(body), params):
             return why
         auto = self.mode == "auto"
-        if auto and self.remember_windows and (who, window.digest) in self.seen:
+        if auto and self.had(window, who):
             return "seen"
         tables = auto  # a length cache cannot say before the search whether it holds these hits
         timeout = self.cluster.timeout

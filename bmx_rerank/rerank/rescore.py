@@ -6,8 +6,9 @@ the query combines them (see `rerank.query`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 
 import numpy as np
@@ -16,6 +17,32 @@ from bmx_rerank.rerank.query import Node, Text
 from bmx_rerank.scoring import Candidates, Query, Request, score_terms
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocTerms
+
+# A window's candidate features in one field for one vocabulary: (field, vocabulary) -> tf and lengths
+FeaturesOf = Callable[[str, Sequence[str]], Candidates]
+
+
+def features_of(docs: Mapping[str, Sequence[DocTerms]]) -> FeaturesOf:
+    """The candidate features of the documents `docs` holds per field."""
+    return lambda field, vocabulary: candidate_features(docs[field], vocabulary)
+
+
+def remembered(memo: dict[tuple[str, tuple[str, ...]], Candidates], compute: FeaturesOf | None) -> FeaturesOf:
+    """`compute`, each answer kept in `memo` by (field, vocabulary) and read from it again (None:
+    `memo` holds every answer asked for: a window kept whole, see `rerank/term_vector_cache.py`)."""
+
+    def read(field: str, vocabulary: Sequence[str]) -> Candidates:
+        key = (field, tuple(vocabulary))
+        found = memo.get(key)
+        if found is None:
+            if compute is None:
+                raise KeyError(f"no candidate features kept for {key}")
+            found = compute(field, vocabulary)
+            found.tf.flags.writeable = found.length.flags.writeable = False  # read again, never changed
+            memo[key] = found
+        return found
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -36,12 +63,13 @@ class Scored:
 
 def rescore(
     corpus: CorpusStats,
-    docs: Sequence[DocTerms],
+    features: Callable[[Sequence[str]], Candidates],
     token_lists: Sequence[Sequence[str]],
     weights: Sequence[float],
     request: Request,
 ) -> Scored:
-    """Exact scores of `docs` for the original query (`token_lists[0]`) and its weighted augmentations."""
+    """Exact scores of the documents `features` reads (vocabulary -> their tf and lengths) for the
+    original query (`token_lists[0]`) and its weighted augmentations."""
     vocabulary = list(dict.fromkeys(t for tokens in token_lists for t in tokens))
     column = {t: j for j, t in enumerate(vocabulary)}
     stats = corpus.term_stats(vocabulary)
@@ -49,7 +77,7 @@ def rescore(
         Query(np.array([column[t] for t in tokens], dtype=np.int64), np.full(len(tokens), float(w)))
         for tokens, w in zip(token_lists, weights, strict=True)
     ]
-    parts = score_terms(stats, candidate_features(docs, vocabulary), queries, request)
+    parts = score_terms(stats, features(vocabulary), queries, request)
     labels = tuple(
         TokenLabel(t, qi, float(w))
         for qi, (tokens, w) in enumerate(zip(token_lists, weights, strict=True))
@@ -86,22 +114,22 @@ def leaf_queries(leaf: Text, augmented: Sequence[str]) -> list[tuple[str, str]]:
 def score_tree(
     node: Node,
     corpus: Mapping[str, CorpusStats],
-    docs: Mapping[str, Sequence[DocTerms]],
+    features: FeaturesOf,
+    n: int,
     tokens: Mapping[tuple[str, str], Sequence[str]],
     augmented: Sequence[str],
     weights: Sequence[float],
     request: Request,
 ) -> Folded:
-    """Score every leaf on its field (its analysed text and the augmentations, weighted) and fold the
-    leaves as the tree says: boosts multiply, `sum` adds, `max` takes the best plus `tie_breaker`
-    times the others (as Lucene's DisjunctionMaxQuery)."""
+    """Score every leaf of `n` documents on its field (its analysed text and the augmentations,
+    weighted) and fold the leaves as the tree says: boosts multiply, `sum` adds, `max` takes the best
+    plus `tie_breaker` times the others (as Lucene's DisjunctionMaxQuery)."""
     if isinstance(node, Text):
         lists = [list(tokens[pair]) for pair in leaf_queries(node, augmented)]
-        scored = rescore(corpus[node.field], docs[node.field], lists, weights, request)
+        scored = rescore(corpus[node.field], partial(features, node.field), lists, weights, request)
         matched = (scored.parts > 0).any(axis=1)
         return Folded(node, scored.scores * node.boost, matched, leaf=scored)
-    parts = tuple(score_tree(p, corpus, docs, tokens, augmented, weights, request) for p in node.parts)
-    n = len(next(iter(docs.values()))) if docs else 0
+    parts = tuple(score_tree(p, corpus, features, n, tokens, augmented, weights, request) for p in node.parts)
     stack = np.array([p.scores for p in parts]).reshape(len(parts), n)
     if node.how == "sum":
         total = stack.sum(axis=0)

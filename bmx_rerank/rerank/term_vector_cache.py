@@ -23,19 +23,28 @@ An entry is either a document's full term vectors (`_mtermvectors`) or a partial
 the frequencies of the tokens a first stage probed (rerank/tf_probe), 0 included, and the exact
 length. A partial entry answers only a window whose tokens in that field it all knows; partial entries
 of one key merge (the union of their tokens: both are exact for that document version), and a full
-entry always wins over a partial one."""
+entry always wins over a partial one.
+
+A window that comes back whole is kept whole too (`SeenWindow`, under the same bound): the same caller's
+same request (`Window.digest`) whose hits are the same document versions in the same order, analysed
+into the same tokens, has the same frequencies and lengths in every field, so the arrays the scoring
+core read last time (its candidate features) are read again, without a lookup per hit."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import orjson
 from cachetools import LRUCache
 
 from bmx_rerank import defaults
+from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocTerms
 
 # Where a hit of a lean window over several shards lives: its shard's number, set by the proxy (never
@@ -44,6 +53,8 @@ SHARD = "_bmx_shard"
 CacheKey = tuple[str, str, str, int, int, str]
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
+WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `CacheKey`
+Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
 def numbered_in(table: str, hit: Mapping[str, Any]) -> str:
@@ -86,9 +97,40 @@ class ProbedDoc(DocTerms):
         return self.doc_length
 
 
-def entry_bytes(terms: DocTerms) -> int:
-    """Estimated memory of one cached document's term frequencies (a partial entry's 0s included)."""
-    return ENTRY_OVERHEAD + TERM_BYTES * len(terms.tf) + sum(map(len, terms.tf))
+@dataclass(frozen=True)
+class SeenWindow:
+    """A window scored whole: its hits' versions and the tokens it was analysed into (`versions_digest`),
+    and the candidate features its scoring read."""
+
+    versions: bytes
+    # (field, vocabulary) -> tf and lengths as int32 (exact: Lucene counts both in ints), a third of the
+    # float64 arrays the scoring core reads
+    kept: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]]
+
+    @classmethod
+    def of(cls, versions: bytes, features: Features) -> SeenWindow:
+        kept = {k: (c.tf.astype(np.int32), c.length.astype(np.int32)) for k, c in features.items()}
+        return cls(versions, kept)
+
+    def features(self) -> Features:
+        """The candidate features, as the scoring core read them."""
+        return {k: Candidates(tf, length) for k, (tf, length) in self.kept.items()}
+
+
+def versions_digest(keys: Sequence[CacheKey], tokens: Mapping[tuple[str, str], Sequence[str]]) -> bytes:
+    """A window's hits' versions (their keys, in order) and its analysed tokens, as 16 bytes: BLAKE2b,
+    so two windows that differ never meet in practice (2^-64 odds even among 2^32 windows), where the
+    keys alone take ~200 bytes a hit."""
+    return hashlib.blake2b(orjson.dumps([keys, list(tokens.items())]), digest_size=16).digest()
+
+
+def entry_bytes(entry: DocTerms | SeenWindow) -> int:
+    """Estimated memory of one cached document's term frequencies (a partial entry's 0s included), or
+    of a kept window."""
+    if type(entry) is SeenWindow:
+        arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
+        return ENTRY_OVERHEAD + arrays
+    return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + sum(map(len, entry.tf))
 
 
 def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
@@ -103,7 +145,9 @@ class TermVectorCache:
 
     def __init__(self, max_bytes: int = defaults.CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._items: LRUCache[CacheKey, DocTerms] = LRUCache(max(1, max_bytes), getsizeof=entry_bytes)
+        self._items: LRUCache[CacheKey | WindowKey, DocTerms | SeenWindow] = LRUCache(
+            max(1, max_bytes), getsizeof=entry_bytes
+        )
 
     def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> DocTerms | None:
         """The entry, if it answers for every token in `needs` (None: every term, so full term
@@ -116,7 +160,7 @@ class TermVectorCache:
             return None
         if type(entry) is ProbedDoc and (needs is None or not entry.tf.keys() >= needs):
             return None
-        return entry
+        return entry  # type: ignore[return-value]  # a `CacheKey` names a document
 
     def put(self, key: CacheKey | None, terms: DocTerms) -> None:
         """Keep `terms` under `key`: a partial entry merges with a partial one already there and
@@ -128,9 +172,24 @@ class TermVectorCache:
             if old is not None and not isinstance(old, ProbedDoc):
                 return  # full term vectors know every token
             if old is not None:
-                terms = merged(old, terms)
+                terms = merged(old, terms)  # type: ignore[arg-type]
         with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
             self._items[key] = terms
+
+    def window(self, key: WindowKey, versions: bytes) -> SeenWindow | None:
+        """The window kept under `key`, if its hits and tokens were these (`versions_digest`)."""
+        if self.max_bytes <= 0:
+            return None
+        seen = self._items.get(key)
+        if type(seen) is SeenWindow and seen.versions == versions:
+            return seen
+        return None
+
+    def keep_window(self, key: WindowKey, seen: SeenWindow) -> None:
+        """Keep a window scored whole (replacing what `key` held: its hits or tokens changed)."""
+        if self.max_bytes > 0:
+            with contextlib.suppress(ValueError):  # a window bigger than the whole cache is not kept
+                self._items[key] = seen
 
     @property
     def bytes(self) -> int:

@@ -164,6 +164,13 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     engine, index, lean, full, texts = pair
     shards = int(engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"])
     _compare(engine, index, lean, full, texts, shards)
+    # The same windows again (from the term-vector cache), and a third time: each window kept whole
+    # (pages of one window share it: some went whole already)
+    _compare(engine, index, lean, full, texts, shards)
+    before = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
+    _compare(engine, index, lean, full, texts, shards)
+    whole = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
+    assert whole - before == len(texts) * len(_searches("")), "every window the third time"
 
     # Documents of the pages updated and deleted (refreshed) after the statistics' build: the lean
     # window names the updated and new ones by version for `_mtermvectors`; the deleted one is gone.
@@ -175,10 +182,13 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     engine.ok("POST", f"/{index}/_refresh")
     _compare(engine, index, lean, full, texts[:2], shards)
     assert _metric(lean.url, 'bmx_upstream_seconds_count{call="termvectors"}') > 0
+    # the windows of the new versions are kept whole in turn: the same answers again
+    _compare(engine, index, lean, full, texts[:2], shards)
+    assert _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}') > whole
 
     lean_shapes = sum(_lean(params, body, shards) for params, body in _searches(""))
     lean_windows = _metric(lean.url, 'bmx_lean_windows_total{outcome="lean"}')
-    assert lean_windows == (len(texts) + 2) * lean_shapes
+    assert lean_windows == (3 * len(texts) + 2 * 2) * lean_shapes
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0
 
 

@@ -226,9 +226,17 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
             assert not again.probed and again.fetched == []
             assert (again.marker["tf"], again.marker["tf_probes"]) == ("cache", "seen")
             same(again.scores, first.scores)
+            # a third time: the window kept whole, the same answer
+            thrice = _Traced(recorder, auto.url, index, text)
+            assert not thrice.probed and thrice.fetched == [] and thrice.marker["tf"] == "window"
+            assert thrice.scores == again.scores
         metrics = auto.app[STATE].metrics.render().decode()
         assert f'bmx_tf_windows_total{{probes="probed",source="probes"}} {len(texts)}.0' in metrics
         assert f'bmx_tf_windows_total{{probes="seen",source="cache"}} {len(texts)}.0' in metrics
+        assert f'bmx_tf_windows_total{{probes="seen",source="window"}} {len(texts)}.0' in metrics
+        # Another caller's same window is its own: never served from the first caller's kept window.
+        other = search(auto.url, index, texts[0], headers={"Authorization": "Basic b3RoZXI6cHc="})
+        assert other["_bmx"]["tf"] == "probes", other["_bmx"]
         # An unprobed search (highlight) over documents cached partially for other tokens: they miss.
         text = queries[12]
         highlight = _Traced(recorder, auto.url, index, text, {"highlight": {"fields": {"body": {}}}})
@@ -250,8 +258,10 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
         bulk(engine, index, {top: {"body": f"{text} {text}"}})
         after = _Traced(recorder, auto.url, index, text)
         assert not after.probed and top in after.fetched and after.marker["tf"] == "termvectors"
-        assert after.marker["tf_probes"] == "seen"
+        assert after.marker["tf_probes"] == "seen", "the window kept whole was of the version before"
         same(after.scores, scores(search(fetched.url, index, text)))
+        kept = _Traced(recorder, auto.url, index, text)  # the new versions' window, kept whole since
+        assert kept.marker["tf"] == "window" and kept.fetched == [] and kept.scores == after.scores
         # New documents enter a repeated query's window: they are fetched, the others come from the cache.
         text = texts[1]
         new = [f"new-{n}" for n in range(3)]

@@ -23,8 +23,11 @@ def body_lengths(engine: Any, index: str, ids: list[str]) -> dict[str, int]:
     }
 
 
-def search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
-    """A reranked `match` search of `body` (window and size 100) sent to `url`: its answer."""
+def search(
+    url: str, index: str, text: str, extra: dict | None = None, headers: dict[str, str] | None = None
+) -> dict:
+    """A reranked `match` search of `body` (window and size 100) sent to `url` (with `headers`): its
+    answer."""
     body = {
         "query": {"match": {"body": text}},
         "size": 100,
@@ -34,7 +37,7 @@ def search(url: str, index: str, text: str, extra: dict | None = None) -> dict:
     req = urllib.request.Request(
         f"{url}/{index}/_search",
         json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
+        {"Content-Type": "application/json", **(headers or {})},
         method="POST",
     )
     with urllib.request.urlopen(req, timeout=60) as resp:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from bmx_rerank.rerank.frequencies import doc_refs
 from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.query import Combine, Text
-from bmx_rerank.rerank.rescore import Folded, candidate_features, rescore, score_tree
+from bmx_rerank.rerank.rescore import Folded, candidate_features, features_of, rescore, score_tree
 from bmx_rerank.rerank.term_vector_cache import TermVectorCache, cache_key, entry_bytes
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import DocRef, DocTerms
@@ -48,7 +49,9 @@ def fold(ids, query: str) -> Folded:
     """A one-leaf tree (query on field f) scored over the documents `ids`."""
     tokens = {("f", query): query.split()}
     docs = {"f": [terms(i) for i in ids]}
-    return score_tree(Text("f", query), {"f": CORPUS}, docs, tokens, [], [1.0], scoring.Request())
+    return score_tree(
+        Text("f", query), {"f": CORPUS}, features_of(docs), len(ids), tokens, [], [1.0], scoring.Request()
+    )
 
 
 def hits_of(response):
@@ -65,7 +68,13 @@ def brute(ids, tokens, **kw):
 
 def test_rescore_equals_the_scoring_core():
     ids = list(DOCS)
-    scored = rescore(CORPUS, [terms(i) for i in ids], [["t0", "t3", "nope"]], [1.0], scoring.Request())
+    scored = rescore(
+        CORPUS,
+        partial(candidate_features, [terms(i) for i in ids]),
+        [["t0", "t3", "nope"]],
+        [1.0],
+        scoring.Request(),
+    )
     np.testing.assert_allclose(scored.scores, brute(ids, ["t0", "t3", "nope"]), rtol=1e-12)
     assert [lab.token for lab in scored.labels] == ["t0", "t3"], "df=0 tokens are dropped"
     np.testing.assert_allclose(scored.parts.sum(axis=1), scored.scores)
@@ -137,7 +146,7 @@ def test_wqa_sum_and_merged_through_rescore():
     weights = [1.0, 0.6, 0.3]
     for wqa in ("merged", "sum"):
         req = scoring.Request(wqa_mode=wqa, normalize="paper")
-        scored = rescore(CORPUS, [terms(i) for i in ids], tokens, weights, req)
+        scored = rescore(CORPUS, partial(candidate_features, [terms(i) for i in ids]), tokens, weights, req)
         vocab = sorted({t for q in tokens for t in q})
         queries = [
             scoring.Query(np.array([vocab.index(t) for t in q]), np.full(len(q), w))
@@ -204,8 +213,9 @@ def test_several_fields_fold_as_the_tree_says():
     docs = {"f": [terms(i) for i in ids], "g": [terms(i) for i in reversed(ids)]}
     tokens = {("f", "t0"): ["t0"], ("g", "t3"): ["t3"]}
     req = scoring.Request()
+    of = features_of(docs)
     one = {
-        f: score_tree(Text(f, q), {"f": CORPUS, "g": CORPUS}, docs, tokens, [], [1.0], req).scores
+        f: score_tree(Text(f, q), {"f": CORPUS, "g": CORPUS}, of, len(ids), tokens, [], [1.0], req).scores
         for f, q in (("f", "t0"), ("g", "t3"))
     }
     parts = (Text("f", "t0", 2.0), Text("g", "t3"))
@@ -214,7 +224,7 @@ def test_several_fields_fold_as_the_tree_says():
         ("max", 0.5, np.maximum(2 * one["f"], one["g"]) + 0.5 * np.minimum(2 * one["f"], one["g"])),
     ):
         tree = Combine(how, parts, tie_breaker=tie, boost=3.0)
-        folded = score_tree(tree, {"f": CORPUS, "g": CORPUS}, docs, tokens, [], [1.0], req)
+        folded = score_tree(tree, {"f": CORPUS, "g": CORPUS}, of, len(ids), tokens, [], [1.0], req)
         np.testing.assert_allclose(folded.scores, 3 * want, rtol=1e-12)
         np.testing.assert_array_equal(folded.matched, (one["f"] > 0) | (one["g"] > 0))
 

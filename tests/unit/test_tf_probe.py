@@ -1,12 +1,23 @@
-"""tf_probe's pure parts: where probes may go, how they are placed, and how hits are read back."""
+"""tf_probe's pure parts: where probes may go, how they are placed, and how hits are read back; the
+term-vector cache's entries."""
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
-from bmx_rerank.rerank.term_vector_cache import ProbedDoc, TermVectorCache, entry_bytes
+from bmx_rerank.rerank.term_vector_cache import (
+    ENTRY_OVERHEAD,
+    ProbedDoc,
+    SeenWindow,
+    TermVectorCache,
+    cache_key,
+    entry_bytes,
+    versions_digest,
+)
+from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 
@@ -188,3 +199,38 @@ def caller_of(r, headers) -> str:
     from bmx_rerank.identity import caller
 
     return caller(headers, r.identity_headers)
+
+
+def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
+    """`SeenWindow`: found again only under its caller and window, for the same document versions in
+    the same order and the same tokens; its features read back as kept; it counts against the bound."""
+    hits = [{"_index": "i", "_id": str(n), "_seq_no": n, "_primary_term": 1} for n in range(3)]
+    tokens = {("body", "a b"): ["a", "b"]}
+    keys = [cache_key(h, "", "alice") for h in hits]
+    versions = versions_digest(keys, tokens)
+    tf = np.array([[1, 0], [0, 2], [3, 1]], dtype=np.float64)
+    features = {("body", ("a", "b")): Candidates(tf, np.array([9.0, 4.0, 7.0]))}
+    cache = TermVectorCache()
+    cache.keep_window(("alice", "w"), SeenWindow.of(versions, features))
+    seen = cache.window(("alice", "w"), versions)
+    assert seen is not None
+    got = seen.features()[("body", ("a", "b"))]
+    np.testing.assert_array_equal(got.tf, tf)
+    np.testing.assert_array_equal(got.length, [9.0, 4.0, 7.0])
+    assert cache.window(("bob", "w"), versions) is None, "never shared across callers"
+    assert cache.window(("alice", "other"), versions) is None, "another window request"
+    updated = [{**hits[0], "_seq_no": 7}, *hits[1:]]
+    assert (
+        cache.window(("alice", "w"), versions_digest([cache_key(h, "", "alice") for h in updated], tokens))
+        is None
+    )
+    assert cache.window(("alice", "w"), versions_digest(keys[::-1], tokens)) is None, "reordered"
+    assert cache.window(("alice", "w"), versions_digest(keys, {("body", "a b"): ["a"]})) is None, (
+        "other tokens"
+    )
+    kept = SeenWindow.of(versions, features)
+    assert cache.bytes == entry_bytes(kept) and entry_bytes(kept) < ENTRY_OVERHEAD + 100
+    assert TermVectorCache(0).window(("alice", "w"), versions) is None
+    small = TermVectorCache(max_bytes=entry_bytes(kept) - 1)
+    small.keep_window(("alice", "w"), kept)
+    assert small.window(("alice", "w"), versions) is None and small.bytes == 0, "bigger than the cache"
