@@ -420,9 +420,8 @@ class Reranker:
         versions, seen = (None, None)
         if not prf and self.prober.had(window, who):
             tables = lean.tables(window) if window.lean else None
-            look = (
-                window.probe is None
-            )  # a probed window's probes are read (their guess checked) as they came
+            # a probed window's probes are read (their guess checked) as they came: kept, not looked up
+            look = window.probe is None
             versions, seen = self.frequencies.seen_window(kept_as, hits, names, tokens, tables, look=look)
         terms: list[HitTerms | None] | None = None
         if seen is not None:
