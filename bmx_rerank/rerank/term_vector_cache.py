@@ -54,6 +54,9 @@ CacheKey = tuple[str, str, str, int, int, str]
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `CacheKey`
+# A kept window's key, digest and dicts, and per (field, vocabulary) its key and two array objects,
+# beyond the arrays' data (tracemalloc: 2,730 bytes a window of 100 hits, one field, 3 tokens)
+WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
@@ -129,7 +132,7 @@ def entry_bytes(entry: DocTerms | SeenWindow) -> int:
     of a kept window."""
     if type(entry) is SeenWindow:
         arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
-        return ENTRY_OVERHEAD + arrays
+        return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays
     return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + sum(map(len, entry.tf))
 
 

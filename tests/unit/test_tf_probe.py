@@ -9,7 +9,8 @@ import pytest
 
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.term_vector_cache import (
-    ENTRY_OVERHEAD,
+    FEATURE_OVERHEAD,
+    WINDOW_OVERHEAD,
     ProbedDoc,
     SeenWindow,
     TermVectorCache,
@@ -229,7 +230,7 @@ def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
         "other tokens"
     )
     kept = SeenWindow.of(versions, features)
-    assert cache.bytes == entry_bytes(kept) and entry_bytes(kept) < ENTRY_OVERHEAD + 100
+    assert cache.bytes == entry_bytes(kept) == WINDOW_OVERHEAD + FEATURE_OVERHEAD + 3 * 2 * 4 + 3 * 4
     assert TermVectorCache(0).window(("alice", "w"), versions) is None
     small = TermVectorCache(max_bytes=entry_bytes(kept) - 1)
     small.keep_window(("alice", "w"), kept)
