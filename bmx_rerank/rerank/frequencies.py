@@ -79,8 +79,8 @@ class TermFrequencies:
             self._count(len(hits) * len(names), len(hits) * len(names))
         return versions, seen
 
-    def keep_window(self, key: WindowKey, seen: SeenWindow) -> None:
-        self.cache.keep_window(key, seen)
+    def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:
+        self.cache.keep_window(key, seen, again=again)
 
     async def from_term_vectors(
         self,

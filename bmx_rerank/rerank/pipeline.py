@@ -412,13 +412,13 @@ class Reranker:
         if window.lean:
             lean.check_hits(window, hits)
         tokens = await self._tokens(window, hits, headers)
-        # A window is kept whole once this caller has had it before (as caches keep on a second hit:
-        # most windows are never asked for again); never with PRF, which reads every term of the
-        # window's documents.
+        # A window is kept whole (rerank/term_vector_cache.py: in a small LRU of its own the first
+        # time); never with PRF, which reads every term of the window's documents.
         prf = spec.augment.provider == "prf"
         kept_as = (who, window.digest)
+        again = self.prober.had(window, who)
         versions, seen = (None, None)
-        if not prf and self.prober.had(window, who):
+        if not prf:
             tables = lean.tables(window) if window.lean else None
             # a probed window's probes are read (their guess checked) as they came: kept, not looked up
             look = window.probe is None
@@ -469,7 +469,7 @@ class Reranker:
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
         if seen is None and versions is not None and len(alive) == len(hits):
-            self.frequencies.keep_window(kept_as, SeenWindow.of(versions, features))
+            self.frequencies.keep_window(kept_as, SeenWindow.of(versions, features), again=again)
         kept = [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:

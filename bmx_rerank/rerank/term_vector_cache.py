@@ -28,7 +28,10 @@ entry always wins over a partial one.
 A window that comes back whole is kept whole too (`SeenWindow`, under the same bound): the same caller's
 same request (`Window.digest`) whose hits are the same document versions in the same order, analysed
 into the same tokens, has the same frequencies and lengths in every field, so the arrays the scoring
-core read last time (its candidate features) are read again, without a lookup per hit."""
+core read last time (its candidate features) are read again, without a lookup per hit. Most windows
+are never asked for again, so a window seen once is kept in a small LRU of its own (bounded by
+1/`RECENT_SHARE` of the bound, beside it: one-off windows never push documents out) and moves to the
+main one when it comes back, as W-TinyLFU's admission window does."""
 
 from __future__ import annotations
 
@@ -57,6 +60,9 @@ WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `C
 # A kept window's key, digest and dicts, and per (field, vocabulary) its key and two array objects,
 # beyond the arrays' data (tracemalloc: 2,730 bytes a window of 100 hits, one field, 3 tokens)
 WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
+# Windows seen once get 1/128 of the bound beside it (2 MiB beside the default 256, ~750 windows of
+# 100 hits): a repeat or the next page soon after finds its window there
+RECENT_SHARE = 128
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
@@ -151,6 +157,9 @@ class TermVectorCache:
         self._items: LRUCache[CacheKey | WindowKey, DocTerms | SeenWindow] = LRUCache(
             max(1, max_bytes), getsizeof=entry_bytes
         )
+        self._recent: LRUCache[WindowKey, SeenWindow] = LRUCache(
+            max(1, max_bytes // RECENT_SHARE), getsizeof=entry_bytes
+        )
 
     def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> DocTerms | None:
         """The entry, if it answers for every token in `needs` (None: every term, so full term
@@ -180,23 +189,31 @@ class TermVectorCache:
             self._items[key] = terms
 
     def window(self, key: WindowKey, versions: bytes) -> SeenWindow | None:
-        """The window kept under `key`, if its hits and tokens were these (`versions_digest`)."""
+        """The window kept under `key`, if its hits and tokens were these (`versions_digest`); one seen
+        once moves to the main LRU."""
         if self.max_bytes <= 0:
             return None
         seen = self._items.get(key)
+        if seen is None and (seen := self._recent.pop(key, None)) is not None:
+            self._keep(self._items, key, seen)
         if type(seen) is SeenWindow and seen.versions == versions:
             return seen
         return None
 
-    def keep_window(self, key: WindowKey, seen: SeenWindow) -> None:
-        """Keep a window scored whole (replacing what `key` held: its hits or tokens changed)."""
+    def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:
+        """Keep a window scored whole (replacing what `key` held: its hits or tokens changed); `again`:
+        its caller had it before (else it goes to the LRU of windows seen once)."""
         if self.max_bytes > 0:
-            with contextlib.suppress(ValueError):  # a window bigger than the whole cache is not kept
-                self._items[key] = seen
+            self._keep(self._items if again or key in self._items else self._recent, key, seen)
+
+    @staticmethod
+    def _keep(lru: LRUCache[Any, Any], key: WindowKey, seen: SeenWindow) -> None:
+        with contextlib.suppress(ValueError):  # a window bigger than its LRU is not kept
+            lru[key] = seen
 
     @property
     def bytes(self) -> int:
-        return int(self._items.currsize)
+        return int(self._items.currsize + self._recent.currsize)
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._recent)

@@ -113,8 +113,8 @@ def test_calling_style_is_the_wrapped_clients_own(engine: EngineClient, corpus: 
 
 def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient, corpus: str):
     """One pipeline for every front end: a new window's first stage carries term-frequency probes
-    (`auto`, the statistics hold a length table), the same window again comes from the term-vector cache,
-    both exact; the server's bounds apply to the wrapper too."""
+    (`auto`, the statistics hold a length table), the same window again comes from the cache (kept
+    whole), both exact; the server's bounds apply to the wrapper too."""
     client = official_client(engine.kind, engine.url, asynchronous=False)
     with BMXClient(client) as bmx:
         first = bmx.search(index=corpus, body=_search_body())
@@ -122,7 +122,7 @@ def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient,
         assert first["_bmx"]["tf_probes"] is None and first["_bmx"]["tf"] == "probes", first["_bmx"]
         again = bmx.search(index=corpus, body=_search_body())
         _check_expected(again)
-        assert again["_bmx"]["tf_probes"] == "seen" and again["_bmx"]["tf"] == "cache", again["_bmx"]
+        assert again["_bmx"]["tf_probes"] == "seen" and again["_bmx"]["tf"] == "window", again["_bmx"]
         metrics = bmx.bmx_metrics.render().decode()  # measured as the proxy measures its reranks
         assert "bmx_rerank_seconds_count 2.0" in metrics, metrics
         assert 'bmx_reranks_total{outcome="reranked"} 2.0' in metrics

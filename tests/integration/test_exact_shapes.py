@@ -158,7 +158,7 @@ def test_multi_match_most_fields_with_boosts_and_field_weights(exact):
 def test_a_new_window_is_probed_and_the_same_window_again_comes_from_the_cache(exact):
     """The snapshots carry length tables (`stats build` keeps them), so `auto` reads a new window's
     frequencies over both fields from the first stage's probes (no `_mtermvectors`), and the same window
-    again from the term-vector cache's partial entries: both exact."""
+    again from the cache (kept whole): both exact."""
     engine, index, proxy, corpus = exact
     text = "zeta theta lambda kappa"
     mm = {"query": text, "fields": ["title^2", "text"], "type": "most_fields"}
@@ -171,7 +171,7 @@ def test_a_new_window_is_probed_and_the_same_window_again_comes_from_the_cache(e
         markers.append((resp.body["_bmx"]["tf"], resp.body["_bmx"]["tf_probes"]))
         want = {i: 2.0 * corpus.bmx("title", i, text) + corpus.bmx("text", i, text) for i in got}
         assert len(got) > 3 and got == pytest.approx(want, abs=TOLERANCE)
-    assert markers == [("probes", None), ("cache", "seen")]
+    assert markers == [("probes", None), ("window", "seen")]
 
 
 def test_match_phrase_is_scored_on_its_terms(exact):

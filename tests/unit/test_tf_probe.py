@@ -10,6 +10,7 @@ import pytest
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.term_vector_cache import (
     FEATURE_OVERHEAD,
+    RECENT_SHARE,
     WINDOW_OVERHEAD,
     ProbedDoc,
     SeenWindow,
@@ -212,7 +213,7 @@ def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
     tf = np.array([[1, 0], [0, 2], [3, 1]], dtype=np.float64)
     features = {("body", ("a", "b")): Candidates(tf, np.array([9.0, 4.0, 7.0]))}
     cache = TermVectorCache()
-    cache.keep_window(("alice", "w"), SeenWindow.of(versions, features))
+    cache.keep_window(("alice", "w"), SeenWindow.of(versions, features), again=True)
     seen = cache.window(("alice", "w"), versions)
     assert seen is not None
     got = seen.features()[("body", ("a", "b"))]
@@ -233,5 +234,28 @@ def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
     assert cache.bytes == entry_bytes(kept) == WINDOW_OVERHEAD + FEATURE_OVERHEAD + 3 * 2 * 4 + 3 * 4
     assert TermVectorCache(0).window(("alice", "w"), versions) is None
     small = TermVectorCache(max_bytes=entry_bytes(kept) - 1)
-    small.keep_window(("alice", "w"), kept)
+    small.keep_window(("alice", "w"), kept, again=True)
     assert small.window(("alice", "w"), versions) is None and small.bytes == 0, "bigger than the cache"
+
+
+def test_windows_seen_once_stay_in_their_own_share_of_the_bound():
+    """A window kept the first time its caller had it goes to a small LRU (1/`RECENT_SHARE` of the bound,
+    beside it): one-off windows evict one another there, never documents; one found again moves to the
+    main LRU."""
+    tokens = {("body", "a"): ["a"]}
+    features = {("body", ("a",)): Candidates(np.ones((100, 1)), np.ones(100))}
+    one = SeenWindow.of(versions_digest([("u", "i", str(n), n, 1, "") for n in range(100)], tokens), features)
+    cache = TermVectorCache(max_bytes=RECENT_SHARE * 3 * entry_bytes(one))  # room for 3 seen once
+    doc = ("u", "i", "d", 1, 1, "body")
+    cache.put(doc, _full({"a": 1}))
+    for n in range(10):
+        cache.keep_window(("u", f"w{n}"), one, again=False)
+    assert cache.get(doc) is not None, "one-off windows never push documents out"
+    assert [n for n in range(10) if cache.window(("u", f"w{n}"), one.versions)] == [7, 8, 9]
+    assert cache.bytes <= cache.max_bytes * (1 + 1 / RECENT_SHARE)
+    # found again, w7..w9 moved to the main LRU: ten more one-off windows leave them there
+    for n in range(10, 20):
+        cache.keep_window(("u", f"w{n}"), one, again=False)
+    assert all(cache.window(("u", f"w{n}"), one.versions) for n in (7, 8, 9))
+    cache.keep_window(("u", "w30"), one, again=True)
+    assert cache.window(("u", "w30"), one.versions) is not None, "a window had before goes to the main LRU"
