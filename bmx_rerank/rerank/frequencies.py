@@ -67,9 +67,11 @@ class TermFrequencies:
         *,
         look: bool = True,
     ) -> tuple[bytes | None, SeenWindow | None]:
-        """The hits' versions (`versions_digest`; None when one has none; `tables`: a lean window's, see
-        `cache_key`), and the window the cache kept under `key` for these versions and `tokens` (None:
-        not kept, or not `look`ed for)."""
+        """The hits' versions (`versions_digest`; None when one has none or the cache is off; `tables`: a
+        lean window's, see `cache_key`), and the window the cache kept under `key` for these versions
+        and `tokens` (None: not kept, or not `look`ed for)."""
+        if self.cache.max_bytes <= 0:
+            return None, None  # nothing is kept: no digest to compute
         keys = [cache_key(h, "", key[0], tables=tables) for h in hits]
         if None in keys:
             return None, None
