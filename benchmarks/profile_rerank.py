@@ -2,7 +2,8 @@
 pyinstrument profile of the proxy process (the measured requests alone), for warm or first-sight reranks of one window size, or for searches passed through.
 
     .venv/bin/python -m benchmarks.profile_rerank --upstream http://127.0.0.1:9200 --window 100 \
-        --mode warm|first|passthrough [--requests 200] [--profile-out /tmp/profile.txt]
+        --mode warm|first|passthrough [--requests 200] [--repeats 1] [--shards 1]
+        [--profile-out /tmp/profile.txt]
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
 the proxy in a child process under pyinstrument, sends `--requests` reranks one at a time (warm: each
@@ -38,8 +39,9 @@ from tests.support.data import scifact_records
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-# counters printed as they are: how windows went lean, and first stages probed from guessed tokens
-COUNTED = ("bmx_lean_windows_total", "bmx_token_guesses_total")
+# counters printed as they are: how windows went lean, first stages probed from guessed tokens, and
+# where frequencies came from
+COUNTED = ("bmx_lean_windows_total", "bmx_token_guesses_total", "bmx_tf_windows_total")
 
 
 def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
@@ -94,6 +96,7 @@ def main() -> None:
     )
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
     parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument(
@@ -108,7 +111,7 @@ def main() -> None:
         return
     engine = Http(args.upstream)
     index = f"bmxtest-proxy-prof-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, scifact_records("corpus.jsonl", 0))
+    index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
     queries = [q["text"] for q in scifact_records("queries.jsonl", 0)][: args.requests]
     port = free_port()
     caches = "1" if args.mode == "warm" else "0"
