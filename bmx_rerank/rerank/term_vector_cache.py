@@ -25,7 +25,7 @@ length. A partial entry answers only a window whose tokens in that field it all 
 of one key merge (the union of their tokens: both are exact for that document version), and a full
 entry always wins over a partial one.
 
-A window that comes back whole is kept whole too (`SeenWindow`, under the same bound): the same caller's
+A window that comes back whole is kept whole too (`SeenWindow`): the same caller's
 same request (`Window.digest`) whose hits are the same document versions in the same order, analysed
 into the same tokens, has the same frequencies and lengths in every field, so the arrays the scoring
 core read last time (its candidate features) are read again, without a lookup per hit. Most windows
@@ -112,18 +112,25 @@ class SeenWindow:
     and the candidate features its scoring read."""
 
     versions: bytes
-    # (field, vocabulary) -> tf and lengths as int32 (exact: Lucene counts both in ints), a third of the
-    # float64 arrays the scoring core reads
+    # (field, vocabulary) -> tf and lengths, as int32 where that is exact (Lucene counts both in ints):
+    # half the float64 arrays the scoring core reads
     kept: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]]
 
     @classmethod
     def of(cls, versions: bytes, features: Features) -> SeenWindow:
-        kept = {k: (c.tf.astype(np.int32), c.length.astype(np.int32)) for k, c in features.items()}
-        return cls(versions, kept)
+        return cls(versions, {k: (_compact(c.tf), _compact(c.length)) for k, c in features.items()})
 
     def features(self) -> Features:
         """The candidate features, as the scoring core read them."""
         return {k: Candidates(tf, length) for k, (tf, length) in self.kept.items()}
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """`values` as int32 where that keeps every value, else as they are."""
+    if values.size and not (values.min() >= 0 and values.max() < 2**31):
+        return values
+    small = values.astype(np.int32)
+    return small if np.array_equal(small, values) else values
 
 
 def versions_digest(keys: Sequence[CacheKey], tokens: Mapping[tuple[str, str], Sequence[str]]) -> bytes:

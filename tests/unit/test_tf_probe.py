@@ -233,6 +233,9 @@ def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
     kept = SeenWindow.of(versions, features)
     assert cache.bytes == entry_bytes(kept) == WINDOW_OVERHEAD + FEATURE_OVERHEAD + 3 * 2 * 4 + 3 * 4
     assert TermVectorCache(0).window(("alice", "w"), versions) is None
+    odd = SeenWindow.of(versions, {("body", ("a",)): Candidates(np.array([[0.5]]), np.array([3e9]))})
+    tf, length = odd.features()[("body", ("a",))].tf, odd.features()[("body", ("a",))].length
+    assert tf.tolist() == [[0.5]] and length.tolist() == [3e9], "kept as they are where int32 would not"
     small = TermVectorCache(max_bytes=entry_bytes(kept) - 1)
     small.keep_window(("alice", "w"), kept, again=True)
     assert small.window(("alice", "w"), versions) is None and small.bytes == 0, "bigger than the cache"
