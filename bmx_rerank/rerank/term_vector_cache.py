@@ -157,7 +157,8 @@ def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
 
 
 class TermVectorCache:
-    """An LRU map from `CacheKey` to a document's term frequencies, bounded in (estimated) bytes."""
+    """An LRU map from `CacheKey` to a document's term frequencies, and from `WindowKey` to a window
+    kept whole (one seen once in a small LRU beside it), bounded in (estimated) bytes."""
 
     def __init__(self, max_bytes: int = defaults.CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
