@@ -23,6 +23,7 @@ from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens
 from bmx_rerank.upstream import Cluster
 
 AnalysisKey = tuple[str, str, str, str]
+_UNREAD = object()  # a field whose mapping was not read (its search analyzer may be None: not set)
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
 
@@ -94,9 +95,8 @@ class Analysis:
         out: Tokens = {}
         for leaf in leaves(plan.scored):
             for f, text in leaf_queries(leaf, plan.spec.augment.queries):
-                if (index, f) not in self._analyzers:
-                    return None
-                guessed = self.words.guess(_analyzer(index, f, self._analyzers[(index, f)]), text)
+                analyzer = self._known_analyzer(index, f)
+                guessed = None if analyzer is None else self.words.guess(analyzer, text)
                 if guessed is None:
                     return None
                 out[(f, text)] = guessed
@@ -105,8 +105,13 @@ class Analysis:
     def missed(self, index: str, fields: Sequence[str]) -> None:
         """A guess on these fields left a real token unprobed (see `WordTokens`)."""
         for f in fields:
-            if (index, f) in self._analyzers:
-                self.words.missed(_analyzer(index, f, self._analyzers[(index, f)]))
+            if (analyzer := self._known_analyzer(index, f)) is not None:
+                self.words.missed(analyzer)
+
+    def _known_analyzer(self, index: str, field: str) -> AnalyzerKey | None:
+        """What analyses the field's texts, if its mapping was read already (None: not yet)."""
+        name = self._analyzers.get((index, field), _UNREAD)
+        return None if name is _UNREAD else _analyzer(index, field, name)  # type: ignore[arg-type]
 
     async def search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
         """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
@@ -117,8 +122,9 @@ class Analysis:
         remembered: one caller without view_index_metadata (or a missing index) must not decide the
         analyzer of the others, nor fill the memory with names of indices that do not exist."""
         key = (index, field)
-        if key in self._analyzers:
-            return self._analyzers[key]
+        known = self._analyzers.get(key, _UNREAD)
+        if known is not _UNREAD:
+            return known  # type: ignore[return-value]
         try:
             name = await self.metrics.timed("mapping", self.cluster.search_analyzer(index, field, headers))
         except UpstreamError as exc:

@@ -38,9 +38,8 @@ class WordTokens:
         self.capacity = capacity
         self._words: LRUCache[tuple[str, str, str], tuple[str, ...]] = LRUCache(maxsize=max(1, capacity))
         self._distrusted: TTLCache[AnalyzerKey, bool] = TTLCache(maxsize=1024, ttl=DISTRUST_SECONDS)
-        self._ruled: LRUCache[AnalyzerKey, int] = LRUCache(
-            maxsize=1024
-        )  # plain words as the rule; -1: one not
+        # per analyzer, the plain words it made one lowercased token of (-1: one it did not)
+        self._ruled: LRUCache[AnalyzerKey, int] = LRUCache(maxsize=1024)
 
     def learn(self, analyzer: AnalyzerKey, text: str, tokens: Sequence[tuple[str, int]]) -> None:
         """Remember the words of `text` with their tokens (`tokens`: each with its `start_offset`, in
