@@ -11,9 +11,9 @@ update is a new key. A table keyed by version (`by_version`) puts the shard numb
 `doc_key`: (shard, `_seq_no`, `_primary_term`) names one live version, so a hit is found without its
 `_id` given its shard (0 in an index of one shard); a hit without its shard, of a table that records
 its index's routing (`routing_shards`), is given the shard its `_id` or `_routing` routes to. The top
-`k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8 records a bucket on average. A bucket's records are contiguous; the directory holds each bucket's start
-as a uint16 offset from a uint64 anchor every 4096 buckets (2 bytes a bucket: at most 0.5 byte a
-document). A record is 7 bytes, a 56-bit word: the top `r = 56 - L` bits of `b` (the fingerprint) above
+`k` bits of `a` pick a bucket, `k = floor(log2(n / 4))`, i.e. 4 to 8 records a bucket on average. A
+bucket's records are contiguous; the directory holds each bucket's start as a uint16 offset from a
+uint64 anchor every 4096 buckets (2 bytes a bucket: at most 0.5 byte a document). A record is 7 bytes, a 56-bit word: the top `r = 56 - L` bits of `b` (the fingerprint) above
 an `L`-bit length, `L` the fewest bits that hold every length of the table below the escape code
 `2^L - 1`, at most 16; a document of 65,535 tokens or more is an escape whose length sits, under its
 full 128-bit key, in a small side table. So a document costs 7 bytes plus at most 0.5 of directory
@@ -288,8 +288,8 @@ class LengthIndex:
         (`routing_shards`; a hit with an empty `_id` has none), else no answer. That shard is exact:
         the build found every document in the shard the same rule names, a later document of the index
         is routed by the same rule, and an index routed otherwise failed that check and has no
-        `routing_shards`. A shard outside [0,
-        `self.shards`) is no answer. A table keyed by `_id` ignores `shards`."""
+        `routing_shards`. A shard outside [0, `self.shards`) is no answer. A table keyed by `_id`
+        ignores `shards`."""
         out: list[int | None] = [None] * len(ids)
         lay = self.layout
         if self.routing_shards is not None:
