@@ -20,8 +20,9 @@ from bmx_rerank.rerank.term_vector_cache import (
     SHARD,
     SeenWindow,
     TermVectorCache,
+    VersionKey,
     WindowKey,
-    cache_key,
+    field_keys,
     versions_digest,
 )
 from bmx_rerank.stats.cache import StatsView
@@ -60,26 +61,22 @@ class TermFrequencies:
     def seen_window(
         self,
         key: WindowKey,
-        hits: Sequence[Mapping[str, Any]],
+        versions: Sequence[VersionKey | None],
         names: Sequence[str],
         tokens: Mapping[tuple[str, str], Sequence[str]],
-        tables: Mapping[str, str] | None = None,
         *,
         look: bool = True,
     ) -> tuple[bytes | None, SeenWindow | None]:
-        """The hits' versions (`versions_digest`; None when one has none or the cache is off; `tables`: a
-        lean window's, see `cache_key`), and the window the cache kept under `key` for these versions
-        and `tokens` (None: not kept, or not `look`ed for)."""
-        if self.cache.max_bytes <= 0:
-            return None, None  # nothing is kept: no digest to compute
-        keys = [cache_key(h, "", key[0], tables=tables) for h in hits]
-        if None in keys:
-            return None, None
-        versions = versions_digest(keys, tokens)  # type: ignore[arg-type]
-        seen = self.cache.window(key, versions) if look else None
+        """The digest of the hits' `versions` and `tokens` (`versions_digest`; None when a hit has no
+        version or the cache is off), and the window the cache kept under `key` for that digest (None:
+        not kept, or not `look`ed for)."""
+        if self.cache.max_bytes <= 0 or None in versions:
+            return None, None  # nothing is kept, or a hit cannot be named: no digest to compute
+        digest = versions_digest(versions, tokens)
+        seen = self.cache.window(key, digest) if look else None
         if seen is not None:
-            self._count(len(hits) * len(names), len(hits) * len(names))
-        return versions, seen
+            self._count(len(versions) * len(names), len(versions) * len(names))
+        return digest, seen
 
     def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:
         self.cache.keep_window(key, seen, again=again)
@@ -88,19 +85,19 @@ class TermFrequencies:
         self,
         hits: Sequence[Mapping[str, Any]],
         names: Sequence[str],
-        who: str,
+        versions: Sequence[VersionKey | None],
         headers: Mapping[str, str],
         needs: Mapping[str, AbstractSet[str]] | None = None,
         nameless: Nameless | None = None,
     ) -> tuple[list[HitTerms | None], int]:
-        """Each hit's terms in every field (None: dropped), cached per field; the misses in ONE
-        `_mtermvectors` for all fields; and how many hits that fetched. A cached partial entry serves
-        only if it knows every token of `needs[field]` (None: full term vectors only). `nameless`: the
-        hits are a lean window's (see `from_probes`)."""
+        """Each hit's terms in every field (None: dropped), cached per field under its version
+        (`versions`: each hit's `version_key`, the caller's); the misses in ONE `_mtermvectors` for all
+        fields; and how many hits that fetched. A cached partial entry serves only if it knows every
+        token of `needs[field]` (None: full term vectors only). `nameless`: the hits are a lean
+        window's (see `from_probes`)."""
         found: list[HitTerms] = []
         get = self.cache.get
-        tables = nameless.tables if nameless is not None else None
-        keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
+        keys = field_keys(versions, names)
         wanted = [(f, None if needs is None else needs[f]) for f in names]
         for key in keys:
             got: HitTerms = {}
@@ -132,39 +129,46 @@ class TermFrequencies:
         hits: Sequence[Mapping[str, Any]],
         frequencies: Sequence[tf_probe.Frequencies | None],
         names: Sequence[str],
-        who: str,
+        versions: Sequence[VersionKey | None],
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
         nameless: Nameless | None = None,
     ) -> tuple[list[HitTerms | None], int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
-        stage reported them, its lengths from the length cache, else from the statistics snapshot's
-        length table (`StatsView.lengths`, exact document versions only); `_mtermvectors` only for the
-        hits both miss (their lengths are then remembered), dropped as `from_term_vectors` drops them.
-        What it finds goes into the term-vector cache, as fetched term vectors do.
+        stage reported them, its lengths from the statistics snapshot's length table
+        (`StatsView.lengths`, exact document versions only), else from the length cache (`versions`:
+        each hit's `version_key`); `_mtermvectors` only for the hits both miss (their lengths are then
+        remembered), dropped as `from_term_vectors` drops them. What it finds goes into the term-vector
+        cache, as fetched term vectors do.
+
+        The table first: it answers a window's hits in one vectorised lookup, where the cache takes one
+        a hit and field (both are exact, so which answers does not change a length).
 
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
         Hits of a lean first stage carry no `_id` (`nameless`): those `_mtermvectors` needs are named
         first (one that cannot be named any more is dropped)."""
         refs = doc_refs(hits, nameless=nameless is not None)
-        tables = nameless.tables if nameless is not None else None
-        keys = [{f: cache_key(h, f, who, tables=tables) for f in names} for h in hits]
-        get = self.lengths.get
-        lengths = [
-            {f: get(k) for f, k in key.items()} if tf is not None else {}
-            for key, tf in zip(keys, frequencies, strict=True)
-        ]
-        missing = _unknown(lengths, names)
-        self._count((len(hits) - len(missing)) * len(names), len(hits) * len(names))
-        probed = [i for i in missing if frequencies[i] is not None]
+        keys = field_keys(versions, names)
+        probed = [i for i, tf in enumerate(frequencies) if tf is not None]
+        lengths: list[dict[str, int | None]] = [{} for _ in hits]  # unprobed: unknown, fetched below
         if probed:
             views = await asyncio.gather(*(stats[f] for f in names))
-            tabled = table_lengths([hits[i] for i in probed], names, views)
-            for i, found_lengths in zip(probed, tabled, strict=True):
-                lengths[i] = {f: n if n is not None else found_lengths[f] for f, n in lengths[i].items()}
-            missing = _unknown(lengths, names)
+            for i, found_lengths in zip(
+                probed, table_lengths([hits[i] for i in probed], names, views), strict=True
+            ):
+                lengths[i] = found_lengths
+        get, looked_up, known = self.lengths.get, 0, 0
+        for i in _unknown(lengths, names):
+            if frequencies[i] is not None:
+                for f in names:
+                    if lengths[i].get(f) is None:
+                        n = lengths[i][f] = get(keys[i][f])
+                        looked_up, known = looked_up + 1, known + (n is not None)
+        self._count(known, looked_up)
+        missing = _unknown(lengths, names)
+        unknown = set(missing)
         found: list[HitTerms | None] = [
-            None if i in missing or tf is None else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
+            None if tf is None or i in unknown else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
             for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
         ]
         missing = await _named(hits, missing, nameless)  # the others stay dropped
@@ -182,9 +186,10 @@ class TermFrequencies:
                 found[i] = {
                     f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
                 }
+        put = self.cache.put
         for key, by_field in zip(keys, found, strict=True):  # for next time (probed: partial entries)
             for f, doc in (by_field or {}).items():
-                self.cache.put(key[f], doc)
+                put(key[f], doc)
         return found, len(missing)
 
     async def _fetch(

@@ -43,7 +43,13 @@ from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import fields
 from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
-from bmx_rerank.rerank.term_vector_cache import Features, SeenWindow, TermVectorCache
+from bmx_rerank.rerank.term_vector_cache import (
+    Features,
+    SeenWindow,
+    TermVectorCache,
+    VersionKey,
+    version_keys,
+)
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
@@ -417,19 +423,21 @@ class Reranker:
         prf = spec.augment.provider == "prf"
         kept_as = (who, window.digest)
         again = self.prober.had(window, who)
-        versions, seen = (None, None)
+        # each hit's version, named once for the window's digest and every cache
+        tables = lean.tables(window) if window.lean else None
+        hit_versions = version_keys(hits, who, tables=tables)
+        digest, seen = (None, None)
         if not prf:
-            tables = lean.tables(window) if window.lean else None
             # a probed window's probes are read (their guess checked) as they came: kept, not looked up
             look = window.probe is None
-            versions, seen = self.frequencies.seen_window(kept_as, hits, names, tokens, tables, look=look)
+            digest, seen = self.frequencies.seen_window(kept_as, hit_versions, names, tokens, look=look)
         terms: list[HitTerms | None] | None = None
         if seen is not None:
             source, views = "window", await self._views(window, names, tokens)
             alive = list(range(len(hits)))
         else:
             terms, source, views = await self._frequencies(
-                window, hits, frequencies, names, tokens, who, headers
+                window, hits, frequencies, names, tokens, hit_versions, headers, prf=prf
             )
             alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
@@ -468,8 +476,8 @@ class Reranker:
         if not folded.matched.any() and combine == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
-        if seen is None and versions is not None and len(alive) == len(hits):
-            self.frequencies.keep_window(kept_as, SeenWindow.of(versions, features), again=again)
+        if seen is None and digest is not None and len(alive) == len(hits):
+            self.frequencies.keep_window(kept_as, SeenWindow.of(digest, features), again=again)
         kept = [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
@@ -496,11 +504,14 @@ class Reranker:
         frequencies: list[tf_probe.Frequencies | None] | None,
         names: Sequence[str],
         tokens: Tokens,
-        who: str,
+        versions: Sequence[VersionKey | None],
         headers: Mapping[str, str],
+        *,
+        prf: bool,
     ) -> tuple[list[HitTerms | None], str, list[StatsView]]:
         """Each hit's terms (from the probes when they cover the query, else the term-vector cache and
-        `_mtermvectors`), where they came from, and each field's statistics completed for the tokens."""
+        `_mtermvectors`; `versions`: each hit's `version_key`), where they came from, and each field's
+        statistics completed for the tokens."""
         probe = window.probe
         covered = probe is not None and probe.covers(tokens)
         if window.probes_guessed:  # probes made of a guess: did it hold? (`rerank/word_tokens.py`)
@@ -509,21 +520,25 @@ class Reranker:
                 self.analysis.missed(window.index_expr, names)
         probed = covered and probe is not None and frequencies is not None and set(names) <= set(probe.fields)
         # what a cached entry must know per field: the window's tokens; PRF reads every term
-        prf = window.plan.spec is not None and window.plan.spec.augment.provider == "prf"
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}
         (terms, fetched), views = await asyncio.gather(
             self.frequencies.from_probes(
                 hits,
                 frequencies,  # type: ignore[arg-type]
                 names,
-                who,
+                versions,
                 headers,
                 window.stats,
                 self._nameless(window, headers) if window.lean else None,
             )
             if probed
             else self.frequencies.from_term_vectors(
-                hits, names, who, headers, needs, self._nameless(window, headers) if window.lean else None
+                hits,
+                names,
+                versions,
+                headers,
+                needs,
+                self._nameless(window, headers) if window.lean else None,
             ),
             self._views(window, names, tokens),
         )

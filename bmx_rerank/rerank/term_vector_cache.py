@@ -54,6 +54,7 @@ from bmx_rerank.upstream import DocTerms
 # shown: the page's hits are replaced by their documents), since `_seq_no` is unique only in a shard
 SHARD = "_bmx_shard"
 CacheKey = tuple[str, str, str, int, int, str]
+VersionKey = tuple[str, str, str, int, int]  # a `CacheKey` less its field: one document version
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
 TERM_BYTES = 120  # per distinct term: a dict slot, a str object and an int, beyond the term's own text
 WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `CacheKey`
@@ -72,24 +73,61 @@ def numbered_in(table: str, hit: Mapping[str, Any]) -> str:
     return f"{table}/{hit.get(SHARD, 0)}"
 
 
-def cache_key(
-    hit: Mapping[str, Any], field: str, who: str, *, tables: Mapping[str, str] | None = None
-) -> CacheKey | None:
-    """The cache key of a hit for caller `who`, or None when the cluster did not return its sequence
-    number (or, as `doc_refs` says, where it lives). `tables`: the hit is a lean window's (`rerank/lean.py`),
-    named by its index, the index's length table (index -> the table's identity: a re-created index
-    has another), its shard (`SHARD`) and its version, with or without its `_id`."""
+def version_key(
+    hit: Mapping[str, Any], who: str, *, tables: Mapping[str, str] | None = None
+) -> VersionKey | None:
+    """What names a hit's document version for caller `who`: its cache key less the field (None when
+    the cluster did not return its sequence number or, as `doc_refs` says, where it lives). `tables`: the
+    hit is a lean window's (`rerank/lean.py`), named by its index, the index's length table (index ->
+    the table's identity: a re-created index has another), its shard (`SHARD`) and its version, with or
+    without its `_id`."""
     seq, term = hit.get("_seq_no"), hit.get("_primary_term")
     if not isinstance(seq, int) or not isinstance(term, int) or seq < 0 or "_index" not in hit:
         return None
     if tables is not None:
         table = tables.get(hit["_index"])
-        return (
-            None if table is None else (who, hit["_index"], f"@{numbered_in(table, hit)}", seq, term, field)
-        )
+        return None if table is None else (who, hit["_index"], f"@{numbered_in(table, hit)}", seq, term)
     if "_id" not in hit:
         return None
-    return (who, hit["_index"], str(hit["_id"]), seq, term, field)
+    return (who, hit["_index"], str(hit["_id"]), seq, term)
+
+
+def version_keys(
+    hits: Sequence[Mapping[str, Any]], who: str, *, tables: Mapping[str, str] | None = None
+) -> list[VersionKey | None]:
+    """Each hit's `version_key`, a lean window's (`tables`) named once per index and shard: the
+    window's digest needs them all, for every repeated window."""
+    if tables is None:
+        return [version_key(h, who) for h in hits]
+    named: dict[tuple[Any, Any], str] = {}
+    out: list[VersionKey | None] = []
+    for hit in hits:
+        seq, term = hit.get("_seq_no"), hit.get("_primary_term")
+        if type(seq) is not int or type(term) is not int:  # none, or a subclass: as `version_key` says
+            out.append(version_key(hit, who, tables=tables))
+            continue
+        place = (hit.get("_index"), hit.get(SHARD, 0))
+        name = named.get(place)
+        if name is None:
+            table = tables.get(place[0]) if place[0] is not None else None
+            name = named[place] = "" if table is None else f"@{numbered_in(table, hit)}"
+        out.append((who, place[0], name, seq, term) if name and seq >= 0 else None)
+    return out
+
+
+def cache_key(
+    hit: Mapping[str, Any], field: str, who: str, *, tables: Mapping[str, str] | None = None
+) -> CacheKey | None:
+    """The cache key of a hit's `field` for caller `who` (`version_key` and the field)."""
+    version = version_key(hit, who, tables=tables)
+    return None if version is None else (*version, field)
+
+
+def field_keys(
+    versions: Sequence[VersionKey | None], names: Sequence[str]
+) -> list[dict[str, CacheKey | None]]:
+    """Each hit's cache key per field, from its `version_key`."""
+    return [{f: None if v is None else (*v, f) for f in names} for v in versions]
 
 
 @dataclass(frozen=True)
@@ -133,7 +171,9 @@ def _compact(values: np.ndarray) -> np.ndarray:
     return small if np.array_equal(small, values) else values
 
 
-def versions_digest(keys: Sequence[CacheKey], tokens: Mapping[tuple[str, str], Sequence[str]]) -> bytes:
+def versions_digest(
+    keys: Sequence[tuple[Any, ...]], tokens: Mapping[tuple[str, str], Sequence[str]]
+) -> bytes:
     """A window's hits' versions (their keys, in order) and its analysed tokens, as 16 bytes: BLAKE2b,
     so two windows that differ never meet in practice (2^-64 odds even among 2^32 windows), where the
     keys alone take ~200 bytes a hit."""

@@ -121,21 +121,23 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     score that is no number) or that lacks the `CANARY` (its probes were not evaluated).
     The window's (hit, probe, score) triples are gathered with C-level loops and converted at once
     (float32 as the engine computed them, then tf): a window is ~100 hits x ~15 probes."""
-    number = {f"{PREFIX}{i}": i for i in range(len(probe.pairs))}  # a probe's name -> its pair
+    pairs = probe.pairs
+    number = {f"{PREFIX}{i}": i for i in range(len(pairs))}  # a probe's name -> its pair
     hit_of: list[int] = []
     pair_of: list[int] = []
     scores: list[Any] = []
     blind: set[int] = set()
     for h, hit in enumerate(hits):
         named = hit.pop("matched_queries", None)
-        if not isinstance(named, Mapping) or CANARY not in named:
+        # `type() is dict` first: an `isinstance` of an abstract class costs more, once a hit
+        if (type(named) is not dict and not isinstance(named, Mapping)) or CANARY not in named:
             blind.add(h)
             continue
-        pair_of.extend(map(number.get, named, repeat(-1)))  # -1: the canary, or no probe of ours
-        scores.extend(named.values())
-        hit_of.extend(repeat(h, len(named)))
+        pair_of += map(number.get, named, repeat(-1))  # -1: the canary, or no probe of ours
+        scores += named.values()
+        hit_of += repeat(h, len(named))
     if not set(map(type, scores)) <= {float, int}:
-        scores = [x if isinstance(x, (int, float)) else float("nan") for x in scores]
+        scores = [x if type(x) in (float, int) else float("nan") for x in scores]
     pair = np.array(pair_of, dtype=np.int64)
     ours = pair >= 0
     s = np.array(scores, dtype=np.float32).astype(np.float64)[ours]
@@ -143,20 +145,24 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
     rows = np.array(hit_of, dtype=np.int64)[ours]
-    unreadable = set(rows[~readable].tolist())
-    table = np.zeros((len(hits), len(probe.pairs)), dtype=np.int64)  # a probe not reported: tf 0
+    unusable = blind.union(rows[~readable].tolist())
+    table = np.zeros((len(hits), len(pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]
-    columns = {f: [j for j, (g, _) in enumerate(probe.pairs) if g == f] for f in probe.fields}
-    tokens = {f: probe.tokens(f) for f in probe.fields}  # in `columns`' order: the pairs'
-    out: list[Frequencies | None] = []
-    for h, row in enumerate(table.tolist()):  # one dict a field a hit, filled in C (`zip`)
-        if h in blind or h in unreadable:
-            out.append(None)
-        else:
-            out.append(
-                {f: dict(zip(tokens[f], [row[j] for j in js], strict=True)) for f, js in columns.items()}
-            )
-    return out
+    names = probe.fields
+    if len(names) == 1:  # one field (most queries): each row is that field's tokens in order
+        only, tokens = names[0], [t for _, t in pairs]
+        return [
+            None if h in unusable else {only: dict(zip(tokens, row, strict=True))}
+            for h, row in enumerate(table.tolist())
+        ]
+    columns = {f: [j for j, (g, _) in enumerate(pairs) if g == f] for f in names}
+    by_field = {f: probe.tokens(f) for f in names}  # in `columns`' order: the pairs'
+    return [
+        None
+        if h in unusable
+        else {f: dict(zip(by_field[f], [row[j] for j in js], strict=True)) for f, js in columns.items()}
+        for h, row in enumerate(table.tolist())
+    ]
 
 
 def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:

@@ -11,12 +11,15 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.term_vector_cache import (
     FEATURE_OVERHEAD,
     RECENT_SHARE,
+    SHARD,
     WINDOW_OVERHEAD,
     ProbedDoc,
     SeenWindow,
     TermVectorCache,
     cache_key,
     entry_bytes,
+    version_key,
+    version_keys,
     versions_digest,
 )
 from bmx_rerank.scoring import Candidates
@@ -70,6 +73,39 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
     got = tf_probe.take_frequencies(hits, probe)
     assert got == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
     assert all("matched_queries" not in h for h in hits)
+
+
+def test_take_frequencies_reads_each_field_of_interleaved_probes():
+    probe = tf_probe.Probe((("title", "a"), ("body", "a"), ("title", "b"), ("body", "c")))
+    ok = tf_probe.CANARY
+    hits = [
+        {"matched_queries": {"_bmx_tf_3": 0.5, ok: 1.0, "_bmx_tf_0": 0.8, "_bmx_tf_2": 0.5}},
+        {"matched_queries": {"_bmx_tf_1": True, ok: 1.0}},  # a boolean is no score: not read
+        {"matched_queries": {"_bmx_tf_1": 0.5, "someone_elses": 0.9, ok: 1.0}},
+    ]
+    got = tf_probe.take_frequencies(hits, probe)
+    assert got == [
+        {"title": {"a": 4, "b": 1}, "body": {"a": 0, "c": 1}},
+        None,
+        {"title": {"a": 0, "b": 0}, "body": {"a": 1, "c": 0}},
+    ]
+
+
+def test_version_keys_name_a_window_as_version_key_names_each_hit():
+    hits = [
+        {"_index": ix, "_seq_no": seq, "_primary_term": term, SHARD: shard}
+        for ix in ("a", "b", "gone")
+        for seq in (-1, 0, 7, True)
+        for term in (1, 2, None)
+        for shard in (0, 2)
+    ] + [{"_seq_no": 1, "_primary_term": 1}, {"_index": "a", "_id": "x", "_seq_no": 1, "_primary_term": 1}]
+    for tables in (None, {"a": "T1", "b": "T2"}):
+        assert version_keys(hits, "alice", tables=tables) == [
+            version_key(h, "alice", tables=tables) for h in hits
+        ]
+    assert version_keys(hits[:1], "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
+    lean = {"_index": "a", "_seq_no": 7, "_primary_term": 1, SHARD: 2}
+    assert version_keys([lean], "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
