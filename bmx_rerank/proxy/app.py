@@ -5,6 +5,7 @@ through."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -38,6 +39,12 @@ log = logging.getLogger("bmx_rerank.proxy")
 READY_TIMEOUT = 5.0  # seconds each readiness check may take, at most
 # Connections per node: client traffic (passthrough and first stages), and the sidecar's own calls.
 CLIENT_CONNECTIONS = 256
+# Python collects its youngest generation every 700 net container allocations by default: a decoded
+# window of 100 hits alone holds more, so nearly every rerank ran a collection that walked its live
+# objects and aged them into older generations, walked again later (0.1-0.2 ms a rerank, measured:
+# benchmarks/RESULTS.md). At 10,000 a request's objects are freed by their reference counts first;
+# cyclic garbage waits for at most that many allocations (~1-2 MB).
+GC_YOUNG_THRESHOLD = 10_000
 SIDECAR_CONNECTIONS = 64
 
 
@@ -105,11 +112,19 @@ def make_app(
         await sidecar.close()
 
     app.cleanup_ctx.append(lifecycle)
+    app.on_startup.append(_collect_less_often)
     app.router.add_get("/_bmx/health", _health)
     app.router.add_get("/_bmx/ready", _ready)
     app.router.add_get("/_bmx/metrics", _metrics)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
+
+
+async def _collect_less_often(_app: web.Application) -> None:
+    """The serving process's youngest-generation threshold raised to GC_YOUNG_THRESHOLD (never lowered)."""
+    young, *older = gc.get_threshold()
+    if 0 < young < GC_YOUNG_THRESHOLD:
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
 def search_route(method: str, path: str) -> tuple[str, str | None] | None:

@@ -569,3 +569,22 @@ def test_split_upstream_and_routes():
     assert search_route("PUT", "/idx/_search") is None
     assert search_route("POST", "/idx/_search/template") is None
     assert search_route("GET", "/idx/_doc/1") is None
+
+
+async def test_the_serving_process_collects_its_youngest_generation_less_often() -> None:
+    import gc
+
+    from bmx_rerank.proxy.app import GC_YOUNG_THRESHOLD
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)  # Python's default
+        runner, _ = await run_proxy("http://127.0.0.1:9")  # starting calls no upstream
+        await runner.cleanup()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10), "raised, the older generations kept"
+        gc.set_threshold(GC_YOUNG_THRESHOLD * 3, 5, 5)  # an operator's own, higher: never lowered
+        runner, _ = await run_proxy("http://127.0.0.1:9")
+        await runner.cleanup()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD * 3, 5, 5)
+    finally:
+        gc.set_threshold(*before)
