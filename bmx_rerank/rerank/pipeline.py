@@ -45,6 +45,7 @@ from bmx_rerank.rerank.query import fields
 from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     Features,
+    KeptScores,
     SeenWindow,
     TermVectorCache,
     VersionKey,
@@ -463,21 +464,38 @@ class Reranker:
             raise WindowDeclined("window_gone", marker)
         corpus = {f: v.corpus for f, v in zip(names, views, strict=True)}
         augmented, weights = list(spec.augment.queries), [1.0, *spec.augment.weights]
-        features: Features = seen.features() if seen is not None else {}
-        if terms is not None:
-            docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
-            if prf:
-                augmented, weights, tokens = await self._feedback(plan, views, corpus, docs, tokens)
-                marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
-        read = remembered(features, features_of(docs) if terms is not None else None)
-        args = (tree, corpus, read, len(alive), tokens, augmented, weights, spec.scoring_request())
+        # what the scores are made of besides the features: a kept window's scores answer only for it
+        how = (tree, tuple(augmented), tuple(weights), spec.scoring_request())
+        corpora = tuple(corpus.values())
+        kept_scores = seen.scores if seen is not None else None
+        folded = kept_scores.answer(how, corpora) if kept_scores is not None else None
         big = len(hits) >= THREAD_HITS  # a large window: scoring and packing must not hold the event loop
-        folded = await asyncio.to_thread(score_tree, *args) if big else score_tree(*args)
+        if folded is None:
+            features: Features = seen.features() if seen is not None else {}
+            if terms is not None:
+                docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
+                if prf:
+                    augmented, weights, tokens = await self._feedback(plan, views, corpus, docs, tokens)
+                    marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
+            read = remembered(features, features_of(docs) if terms is not None else None)
+            args = (tree, corpus, read, len(alive), tokens, augmented, weights, spec.scoring_request())
+            folded = await asyncio.to_thread(score_tree, *args) if big else score_tree(*args)
         if not folded.matched.any() and combine == "replace":
             # Every score would be 0.0: the cluster matched these hits by something BMX cannot see.
             raise WindowDeclined("no_text_match", {**marker, "unmatched": len(alive)})
-        if seen is None and digest is not None and len(alive) == len(hits):
-            self.frequencies.keep_window(kept_as, SeenWindow.of(digest, features), again=again)
+        if (
+            digest is not None
+            and len(alive) == len(hits)
+            and (kept_scores is None or kept_scores.folded is not folded)
+        ):
+            # A window seen once keeps its features alone (~2.7 KB a window of 100 hits: the small LRU
+            # of those holds ~750); one come back keeps its scores too (~6.5 KB more), for every repeat.
+            if seen is not None:
+                window_kept = seen.scored(KeptScores.of(how, corpora, folded))
+            else:
+                scores = KeptScores.of(how, corpora, folded) if again else None
+                window_kept = SeenWindow.of(digest, features, scores)
+            self.frequencies.keep_window(kept_as, window_kept, again=again or seen is not None)
         kept = [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:

@@ -31,15 +31,22 @@ into the same tokens, has the same frequencies and lengths in every field, so th
 core read last time (its candidate features) are read again, without a lookup per hit. Most windows
 are never asked for again, so a window seen once is kept in a small LRU of its own (bounded by
 1/`RECENT_SHARE` of the bound, beside it: one-off windows never push documents out) and moves to the
-main one when it comes back, as W-TinyLFU's admission window does."""
+main one when it comes back, as W-TinyLFU's admission window does.
+
+A kept window keeps its scores too (`KeptScores`), with what made them: the scoring tree, the
+augmentations and their weights, the scoring request, and each field's statistics (by identity, held
+weakly: a refreshed snapshot is another object, and an old one is never kept alive by a window). The
+same window scored the same way on the same statistics is not scored again; anything else is, and the
+window then keeps its new scores."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +54,7 @@ import orjson
 from cachetools import LRUCache
 
 from bmx_rerank import defaults
+from bmx_rerank.rerank.rescore import Folded
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocTerms
 
@@ -61,6 +69,10 @@ WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `C
 # A kept window's key, digest and dicts, and per (field, vocabulary) its key and two array objects,
 # beyond the arrays' data (tracemalloc: 2,730 bytes a window of 100 hits, one field, 3 tokens)
 WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
+# A kept window's scores beyond their arrays: each node of the folded tree, each leaf's scores and
+# each of its token labels (tracemalloc: 6,081-6,576 bytes for one leaf of 100 hits and 3 tokens,
+# counted 6,550; 12,434 for a `dis_max` of two, counted 14,600)
+FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 600, 1400, 150
 # Windows seen once get 1/128 of the bound beside it (2 MiB beside the default 256, ~750 windows of
 # 100 hits): a repeat or the next page soon after finds its window there
 RECENT_SHARE = 128
@@ -145,18 +157,73 @@ class ProbedDoc(DocTerms):
 
 
 @dataclass(frozen=True)
+class KeptScores:
+    """A window's scores (`folded`, read-only) and what made them: `how` (the scoring tree, the
+    augmentations, their weights, the scoring request) and each field's statistics (`corpora`, held
+    weakly and compared by identity)."""
+
+    how: Hashable
+    corpora: tuple[weakref.ref[Any], ...]
+    folded: Folded
+
+    @classmethod
+    def of(cls, how: Hashable, corpora: Sequence[Any], folded: Folded) -> KeptScores:
+        for node in _nodes(folded):
+            for array in (
+                node.scores,
+                node.matched,
+                *((node.leaf.scores, node.leaf.parts) if node.leaf else ()),
+            ):
+                array.flags.writeable = False  # read again by every repeat: never changed
+        return cls(how, tuple(weakref.ref(c) for c in corpora), folded)
+
+    def answer(self, how: Hashable, corpora: Sequence[Any]) -> Folded | None:
+        """The scores, if these are what made them (the same statistics objects, still alive)."""
+        if self.how != how or len(corpora) != len(self.corpora):
+            return None
+        same = all(ref() is corpus for ref, corpus in zip(self.corpora, corpora, strict=True))
+        return self.folded if same else None
+
+    @property
+    def nbytes(self) -> int:
+        """Its arrays, labels and objects (estimated)."""
+        total = 0
+        for node in _nodes(self.folded):
+            total += FOLDED_NODE_BYTES + node.scores.nbytes + node.matched.nbytes
+            if node.leaf is not None:
+                leaf = node.leaf
+                total += LEAF_BYTES + leaf.scores.nbytes + leaf.parts.nbytes + LABEL_BYTES * len(leaf.labels)
+        return total
+
+
+def _nodes(folded: Folded) -> list[Folded]:
+    """The folded tree's nodes, depth first."""
+    out, todo = [], [folded]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo.extend(node.children)
+    return out
+
+
+@dataclass(frozen=True)
 class SeenWindow:
     """A window scored whole: its hits' versions and the tokens it was analysed into (`versions_digest`),
-    and the candidate features its scoring read."""
+    the candidate features its scoring read, and its last scores."""
 
     versions: bytes
     # (field, vocabulary) -> tf and lengths, as int32 where that is exact (Lucene counts both in ints):
     # half the float64 arrays the scoring core reads
     kept: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]]
+    scores: KeptScores | None = None
 
     @classmethod
-    def of(cls, versions: bytes, features: Features) -> SeenWindow:
-        return cls(versions, {k: (_compact(c.tf), _compact(c.length)) for k, c in features.items()})
+    def of(cls, versions: bytes, features: Features, scores: KeptScores | None = None) -> SeenWindow:
+        return cls(versions, {k: (_compact(c.tf), _compact(c.length)) for k, c in features.items()}, scores)
+
+    def scored(self, scores: KeptScores) -> SeenWindow:
+        """This window with other scores."""
+        return replace(self, scores=scores)
 
     def features(self) -> Features:
         """The candidate features, as the scoring core read them."""
@@ -185,7 +252,8 @@ def entry_bytes(entry: DocTerms | SeenWindow) -> int:
     of a kept window."""
     if type(entry) is SeenWindow:
         arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
-        return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays
+        scores = entry.scores.nbytes if entry.scores is not None else 0
+        return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays + scores
     return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + sum(map(len, entry.tf))
 
 

@@ -3,6 +3,7 @@ proxy using them answers exactly as one fetching `_mtermvectors`, also after doc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 
 from bmx_rerank.proxy import STATE
-from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank import pipeline, tf_probe
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.source import FixedStats
@@ -277,6 +278,54 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
         auto.close()
         fetched.close()
         recorder.close()
+
+
+def test_a_kept_window_keeps_its_scores_only_for_the_same_scoring_on_the_same_statistics(
+    corpus, monkeypatch
+) -> None:
+    """A window that came back keeps its scores (`KeptScores`): the third time it is not scored again.
+    Only while nothing that made them changed: the same window scored with other parameters, another
+    mode or on refreshed statistics is scored again, and answers exactly as the `_mtermvectors` path
+    does with the same statistics."""
+    scored: list[int] = []
+    score_tree = pipeline.score_tree
+    monkeypatch.setattr(pipeline, "score_tree", lambda *a: scored.append(1) or score_tree(*a))
+    engine, index, queries = corpus
+    stats = FixedStats({})
+    auto = ProxyThread(engine.url, stats)
+    fetched = ProxyThread(engine.url, stats, tf_probes="off")
+    text = queries[20]
+    try:
+        stats.table[(index, "body")], stats.lengths[(index, "body")] = auto.run(
+            _build(engine.url, index, stats_build.build_with_lengths)
+        )
+        first = search(auto.url, index, text)
+        assert first["_bmx"]["tf"] == "probes"
+        again = search(auto.url, index, text)
+        assert again["_bmx"]["tf"] == "window" and again["hits"] == first["hits"]
+        before_third = len(scored)
+        third = search(auto.url, index, text)
+        assert third["hits"] == first["hits"] and len(scored) == before_third, "the kept scores answer"
+        # the same window (its digest leaves ext.bmx out) scored otherwise: never the kept scores
+        for spec in ({"mode": "bm25"}, {"alpha": 0.9, "beta": 0.2}, {"normalize": "paper"}):
+            extra = {"ext": {"bmx": {"field": "body", "window_size": 100, **spec}}}
+            other = search(auto.url, index, text, extra)
+            assert other["_bmx"]["tf"] == "window", other["_bmx"]
+            assert scores(other) != scores(first), spec
+            same(scores(other), scores(search(fetched.url, index, text, extra)))
+        # refreshed statistics (another object, other numbers) for the same window: scored again
+        before = stats.table[(index, "body")]
+        stats.table[(index, "body")] = dataclasses.replace(
+            before, n_docs=before.n_docs * 2, total_length=before.total_length * 2
+        )
+        refreshed = search(auto.url, index, text)
+        assert refreshed["_bmx"]["tf"] == "window" and scores(refreshed) != scores(first)
+        same(scores(refreshed), scores(search(fetched.url, index, text)))
+        stats.table[(index, "body")] = before  # the statistics before again: scored as at first
+        same(scores(search(auto.url, index, text)), scores(first))
+    finally:
+        auto.close()
+        fetched.close()
 
 
 def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corpus) -> None:

@@ -3,16 +3,23 @@ term-vector cache's entries."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import tracemalloc
+
 import numpy as np
 import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.query import Text
+from bmx_rerank.rerank.rescore import score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     FEATURE_OVERHEAD,
     RECENT_SHARE,
     SHARD,
     WINDOW_OVERHEAD,
+    KeptScores,
     ProbedDoc,
     SeenWindow,
     TermVectorCache,
@@ -22,7 +29,8 @@ from bmx_rerank.rerank.term_vector_cache import (
     version_keys,
     versions_digest,
 )
-from bmx_rerank.scoring import Candidates
+from bmx_rerank.scoring import Candidates, Request
+from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 
@@ -275,6 +283,44 @@ def test_a_window_is_kept_whole_for_its_versions_and_tokens_only():
     small = TermVectorCache(max_bytes=entry_bytes(kept) - 1)
     small.keep_window(("alice", "w"), kept, again=True)
     assert small.window(("alice", "w"), versions) is None and small.bytes == 0, "bigger than the cache"
+
+
+def _scored(leaf: Text, corpus: CorpusStats, tf: np.ndarray, length: np.ndarray):
+    tokens = {(leaf.field, leaf.text): leaf.text.split()}
+    features = lambda f, v: Candidates(tf, length)  # noqa: E731
+    return score_tree(leaf, {leaf.field: corpus}, features, len(length), tokens, [], [1.0], Request())
+
+
+def test_kept_scores_answer_only_what_made_them_and_count_against_the_bound():
+    """`KeptScores`: read again only for the same scoring (`how`) on the same statistics objects (held
+    weakly: a snapshot gone answers nothing), never written again, and counted in the window's bytes."""
+    corpus = CorpusStats(1000, 50_000, np.array(["a", "b", "c"]), np.array([10, 20, 30]), np.ones(3))
+    rng = np.random.default_rng(0)
+    tf, length = rng.integers(0, 3, (100, 3)).astype(float), rng.integers(10, 90, 100).astype(float)
+    leaf = Text("body", "a b c")
+    folded = _scored(leaf, corpus, tf, length)
+    how = (leaf, (), (1.0,), Request())
+    kept = KeptScores.of(how, [corpus], folded)
+    assert kept.answer((Text("body", "a b c"), (), (1.0,), Request()), [corpus]) is folded, "an equal `how`"
+    assert kept.answer((leaf, (), (1.0,), Request(mode="bm25")), [corpus]) is None, "another scoring"
+    assert kept.answer(how, [dataclasses.replace(corpus)]) is None, "equal numbers, another snapshot"
+    assert kept.answer(how, [corpus, corpus]) is None
+    assert folded.leaf is not None
+    with pytest.raises(ValueError):
+        folded.leaf.parts[0, 0] = 1.0  # read-only: a repeat reads what the first answer read
+    window = SeenWindow.of(b"v" * 16, {("body", ("a", "b", "c")): Candidates(tf, length)})
+    assert entry_bytes(window.scored(kept)) == entry_bytes(window) + kept.nbytes
+    # the estimate against tracemalloc (one leaf of 100 hits, 3 tokens: ~6,100-6,600 bytes measured)
+    gc.collect()
+    tracemalloc.start()
+    many = [KeptScores.of(how, [corpus], _scored(leaf, corpus, tf, length)) for _ in range(20)]
+    held = tracemalloc.get_traced_memory()[0] / len(many)
+    tracemalloc.stop()
+    assert 0.95 * held <= kept.nbytes <= 1.25 * held, (held, kept.nbytes)
+    # a snapshot no longer referenced anywhere: its scores answer nothing (the weak reference is dead)
+    gone = KeptScores.of(how, [dataclasses.replace(corpus)], folded)
+    gc.collect()
+    assert gone.corpora[0]() is None and gone.answer(how, [corpus]) is None
 
 
 def test_windows_seen_once_stay_in_their_own_share_of_the_bound():
