@@ -468,7 +468,8 @@ class Reranker:
         how = (tree, tuple(augmented), tuple(weights), spec.scoring_request())
         corpora = tuple(corpus.values())
         kept_scores = seen.scores if seen is not None else None
-        folded = kept_scores.answer(how, corpora) if kept_scores is not None else None
+        explain = bool(spec.explain)
+        folded = kept_scores.answer(how, corpora, explain=explain) if kept_scores is not None else None
         big = len(hits) >= THREAD_HITS  # a large window: scoring and packing must not hold the event loop
         if folded is None:
             features: Features = seen.features() if seen is not None else {}
@@ -488,14 +489,9 @@ class Reranker:
             and len(alive) == len(hits)
             and (kept_scores is None or kept_scores.folded is not folded)
         ):
-            # A window seen once keeps its features alone (~2.7 KB a window of 100 hits: the small LRU
-            # of those holds ~750); one come back keeps its scores too (~6.5 KB more), for every repeat.
-            if seen is not None:
-                window_kept = seen.scored(KeptScores.of(how, corpora, folded))
-            else:
-                scores = KeptScores.of(how, corpora, folded) if again else None
-                window_kept = SeenWindow.of(digest, features, scores)
-            self.frequencies.keep_window(kept_as, window_kept, again=again or seen is not None)
+            scores = KeptScores.of(how, corpora, folded, whole=explain)
+            window_kept = seen.scored(scores) if seen is not None else SeenWindow.of(digest, features, scores)
+            self.frequencies.keep_window(kept_as, window_kept, again=again)
         kept = [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:

@@ -37,7 +37,8 @@ A kept window keeps its scores too (`KeptScores`), with what made them: the scor
 augmentations and their weights, the scoring request, and each field's statistics (by identity, held
 weakly: a refreshed snapshot is another object, and an old one is never kept alive by a window). The
 same window scored the same way on the same statistics is not scored again; anything else is, and the
-window then keeps its new scores."""
+window then keeps its new scores. Only the final scores are kept (~2.2 KB for 100 hits), unless the
+search asked for an explanation, which reads every node's parts."""
 
 from __future__ import annotations
 
@@ -69,12 +70,13 @@ WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `C
 # A kept window's key, digest and dicts, and per (field, vocabulary) its key and two array objects,
 # beyond the arrays' data (tracemalloc: 2,730 bytes a window of 100 hits, one field, 3 tokens)
 WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
-# A kept window's scores beyond their arrays: each node of the folded tree, each leaf's scores and
-# each of its token labels (tracemalloc: 6,081-6,576 bytes for one leaf of 100 hits and 3 tokens,
-# counted 6,550; 12,434 for a `dis_max` of two, counted 14,600)
-FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 600, 1400, 150
-# Windows seen once get 1/128 of the bound beside it (2 MiB beside the default 256, ~750 windows of
-# 100 hits): a repeat or the next page soon after finds its window there
+# A kept window's scores beyond their arrays: the scores' own objects and weak references, each node
+# of the folded tree, each leaf's scores and each of its token labels (tracemalloc, 100 hits and 3
+# tokens: one leaf 6,081-6,576 bytes, counted 7,250; a `dis_max` of two 12,434, counted 15,300; a
+# root alone 2,189, counted 2,200)
+KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 700, 600, 1400, 150
+# Windows seen once get 1/128 of the bound beside it (2 MiB beside the default 256, ~430 windows of
+# 100 hits with their scores): a repeat or the next page soon after finds its window there
 RECENT_SHARE = 128
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
@@ -160,14 +162,18 @@ class ProbedDoc(DocTerms):
 class KeptScores:
     """A window's scores (`folded`, read-only) and what made them: `how` (the scoring tree, the
     augmentations, their weights, the scoring request) and each field's statistics (`corpora`, held
-    weakly and compared by identity)."""
+    weakly and compared by identity). `whole`: the folded tree with every node's parts, which an
+    explanation reads; else its root alone (the final scores and what matched), all a page needs."""
 
     how: Hashable
     corpora: tuple[weakref.ref[Any], ...]
     folded: Folded
+    whole: bool
 
     @classmethod
-    def of(cls, how: Hashable, corpora: Sequence[Any], folded: Folded) -> KeptScores:
+    def of(cls, how: Hashable, corpora: Sequence[Any], folded: Folded, *, whole: bool) -> KeptScores:
+        if not whole:
+            folded = Folded(folded.node, folded.scores, folded.matched)
         for node in _nodes(folded):
             for array in (
                 node.scores,
@@ -175,11 +181,12 @@ class KeptScores:
                 *((node.leaf.scores, node.leaf.parts) if node.leaf else ()),
             ):
                 array.flags.writeable = False  # read again by every repeat: never changed
-        return cls(how, tuple(weakref.ref(c) for c in corpora), folded)
+        return cls(how, tuple(weakref.ref(c) for c in corpora), folded, whole)
 
-    def answer(self, how: Hashable, corpora: Sequence[Any]) -> Folded | None:
-        """The scores, if these are what made them (the same statistics objects, still alive)."""
-        if self.how != how or len(corpora) != len(self.corpora):
+    def answer(self, how: Hashable, corpora: Sequence[Any], *, explain: bool = False) -> Folded | None:
+        """The scores, if these are what made them (the same statistics objects, still alive) and they
+        hold what is asked (`explain`: every node's parts)."""
+        if self.how != how or len(corpora) != len(self.corpora) or (explain and not self.whole):
             return None
         same = all(ref() is corpus for ref, corpus in zip(self.corpora, corpora, strict=True))
         return self.folded if same else None
@@ -187,7 +194,7 @@ class KeptScores:
     @property
     def nbytes(self) -> int:
         """Its arrays, labels and objects (estimated)."""
-        total = 0
+        total = KEPT_BYTES
         for node in _nodes(self.folded):
             total += FOLDED_NODE_BYTES + node.scores.nbytes + node.matched.nbytes
             if node.leaf is not None:

@@ -293,32 +293,45 @@ def _scored(leaf: Text, corpus: CorpusStats, tf: np.ndarray, length: np.ndarray)
 
 def test_kept_scores_answer_only_what_made_them_and_count_against_the_bound():
     """`KeptScores`: read again only for the same scoring (`how`) on the same statistics objects (held
-    weakly: a snapshot gone answers nothing), never written again, and counted in the window's bytes."""
+    weakly: a snapshot gone answers nothing), an explanation only from the whole tree, never written
+    again, and counted in the window's bytes."""
     corpus = CorpusStats(1000, 50_000, np.array(["a", "b", "c"]), np.array([10, 20, 30]), np.ones(3))
     rng = np.random.default_rng(0)
     tf, length = rng.integers(0, 3, (100, 3)).astype(float), rng.integers(10, 90, 100).astype(float)
     leaf = Text("body", "a b c")
     folded = _scored(leaf, corpus, tf, length)
     how = (leaf, (), (1.0,), Request())
-    kept = KeptScores.of(how, [corpus], folded)
+    kept = KeptScores.of(how, [corpus], folded, whole=True)
     assert kept.answer((Text("body", "a b c"), (), (1.0,), Request()), [corpus]) is folded, "an equal `how`"
+    assert kept.answer(how, [corpus], explain=True) is folded
     assert kept.answer((leaf, (), (1.0,), Request(mode="bm25")), [corpus]) is None, "another scoring"
     assert kept.answer(how, [dataclasses.replace(corpus)]) is None, "equal numbers, another snapshot"
     assert kept.answer(how, [corpus, corpus]) is None
     assert folded.leaf is not None
     with pytest.raises(ValueError):
         folded.leaf.parts[0, 0] = 1.0  # read-only: a repeat reads what the first answer read
+    root = KeptScores.of(how, [corpus], _scored(leaf, corpus, tf, length), whole=False)
+    assert root.answer(how, [corpus], explain=True) is None, "an explanation reads every node's parts"
+    page = root.answer(how, [corpus])
+    assert page is not None and page.leaf is None and page.children == ()
+    np.testing.assert_array_equal(page.scores, folded.scores)
+    np.testing.assert_array_equal(page.matched, folded.matched)
     window = SeenWindow.of(b"v" * 16, {("body", ("a", "b", "c")): Candidates(tf, length)})
     assert entry_bytes(window.scored(kept)) == entry_bytes(window) + kept.nbytes
-    # the estimate against tracemalloc (one leaf of 100 hits, 3 tokens: ~6,100-6,600 bytes measured)
-    gc.collect()
-    tracemalloc.start()
-    many = [KeptScores.of(how, [corpus], _scored(leaf, corpus, tf, length)) for _ in range(20)]
-    held = tracemalloc.get_traced_memory()[0] / len(many)
-    tracemalloc.stop()
-    assert 0.95 * held <= kept.nbytes <= 1.25 * held, (held, kept.nbytes)
+    # the estimates against tracemalloc (100 hits, 3 tokens: the whole leaf ~6,100-6,600 bytes, the
+    # root alone ~1,500)
+    for whole, estimate in ((True, kept.nbytes), (False, root.nbytes)):
+        gc.collect()
+        tracemalloc.start()
+        many = [
+            KeptScores.of(how, [corpus], _scored(leaf, corpus, tf, length), whole=whole) for _ in range(20)
+        ]
+        held = tracemalloc.get_traced_memory()[0] / len(many)
+        tracemalloc.stop()
+        assert 0.95 * held <= estimate <= 1.25 * held, (whole, held, estimate)
+        del many
     # a snapshot no longer referenced anywhere: its scores answer nothing (the weak reference is dead)
-    gone = KeptScores.of(how, [dataclasses.replace(corpus)], folded)
+    gone = KeptScores.of(how, [dataclasses.replace(corpus)], folded, whole=True)
     gc.collect()
     assert gone.corpora[0]() is None and gone.answer(how, [corpus]) is None
 
