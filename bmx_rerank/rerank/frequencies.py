@@ -258,9 +258,11 @@ def doc_refs(hits: Sequence[Mapping[str, Any]], *, nameless: bool = False) -> li
     """Where each hit lives; `_index` and `_id` come back even with `_source: false`, not with
     `stored_fields: _none_` (a lean first stage: `nameless` names them "")."""
     refs = []
+    unnamed: dict[str, DocRef] = {}  # a lean window's hits of one index share theirs (it is frozen)
     for hit in hits:
         if nameless and "_index" in hit and "_id" not in hit:
-            refs.append(DocRef(hit["_index"], ""))
+            index = hit["_index"]
+            refs.append(unnamed.get(index) or unnamed.setdefault(index, DocRef(index, "")))
             continue
         if "_id" not in hit or "_index" not in hit:
             raise ValueError("a hit without _index/_id cannot be reranked (stored_fields: _none_?)")

@@ -56,18 +56,23 @@ def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict
     if any(not set(a) <= MERGED or not isinstance(a.get("hits"), Mapping) for a in answers):
         return None
     size = int(body.get("size", 10))
-    ranked: list[tuple[float, int, dict[str, Any]]] = []
-    for shard, answer in enumerate(answers):
-        for hit in answer["hits"].get("hits", []):
-            ranked.append((-float(hit.get("_score") or 0.0), shard, {**hit, SHARD: shard}))
-    ranked.sort(key=lambda r: (r[0], r[1]))  # stable: a shard's own order stays between equal scores
+    # (score, shard, place in the shard's answer): a shard's own order stays between equal scores; only
+    # the hits that make the window are copied (each shard sent a whole window of its own)
+    ranked = [
+        (-float(hit.get("_score") or 0.0), shard, place)
+        for shard, answer in enumerate(answers)
+        for place, hit in enumerate(answer["hits"].get("hits", []))
+    ]
+    ranked.sort()
     hits: dict[str, Any] = {}
     total = _total([a["hits"].get("total") for a in answers], body.get("track_total_hits"))
     if total is not None:
         hits["total"] = total
     scores = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
     hits["max_score"] = max(scores) if scores else None
-    hits["hits"] = [r[2] for r in ranked[:size]]
+    hits["hits"] = [
+        {**answers[shard]["hits"]["hits"][place], SHARD: shard} for _, shard, place in ranked[:size]
+    ]
     merged: dict[str, Any] = {
         "took": max(int(a.get("took", 0)) for a in answers),
         "timed_out": any(a.get("timed_out") for a in answers),

@@ -29,6 +29,7 @@ def test_hits_merge_by_score_then_shard_keeping_each_shards_order() -> None:
     got = [(h[SHARD], h["_seq_no"], h["_score"]) for h in merged["hits"]["hits"]]
     # equal scores: the lower shard first, and within a shard the order it answered in
     assert got == [(0, 0, 3.0), (1, 0, 2.5), (0, 1, 2.0), (0, 2, 2.0), (1, 1, 2.0)]
+    assert all(SHARD not in h for a in answers for h in a["hits"]["hits"]), "the shards' answers unchanged"
     assert merged["hits"]["max_score"] == 3.0
     assert SHARD not in answers[0]["hits"]["hits"][0], "the shards' own answers are left as they are"
 
