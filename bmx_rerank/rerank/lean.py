@@ -357,6 +357,8 @@ async def _by_version(window: Window) -> bool:
     if not tasks:
         return False
     if not all(t.done() for t in tasks):
+        await asyncio.sleep(0)  # a lookup of statistics in memory is done in its task's first step
+    if not all(t.done() for t in tasks):
         await asyncio.wait(tasks, timeout=STATS_WAIT)
     if not all(t.done() and not t.cancelled() and t.exception() is None for t in tasks):
         return False
