@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import re
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -23,6 +24,9 @@ from bmx_rerank.proxy.bodies import BAD_ENCODING
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import SKIP_AUTO, client_headers, end_to_end_headers, json_headers
 from bmx_rerank.proxy.memory import charge
+
+# "json" in a content type (`application/json`, `application/vnd.elasticsearch+json; compatible-with=8`)
+NDJSON = re.compile(r"(?<=[/+])json\b")
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -75,20 +79,24 @@ async def forward(
 
 
 async def call(
-    request: web.Request, params: Mapping[str, str], body: bytes, name: str
+    request: web.Request, params: Mapping[str, str], body: bytes, name: str, *, msearch: bool = False
 ) -> tuple[int, CIMultiDict[str], bytes]:
-    """One buffered call to the request's own path with `params`, the client's headers (identity
-    encoding) and a body the proxy wrote; the answer inflated when the cluster compressed it."""
+    """One buffered call to the request's own path (`msearch`: a POST to `/_msearch`, its body NDJSON)
+    with `params`, the client's headers (identity encoding) and a body the proxy wrote; the answer
+    inflated when the cluster compressed it."""
     state = request.app[STATE]
-    url = URL(state.base + request.path, encoded=False).with_query(params)
+    url = URL(state.base + ("/_msearch" if msearch else request.path), encoded=False).with_query(params)
+    headers = json_headers(request)
+    if msearch:  # the client's JSON type as its NDJSON twin (a versioned type keeps its version)
+        headers["Content-Type"] = NDJSON.sub("x-ndjson", headers["Content-Type"], count=1)
     start = time.perf_counter()
     try:
         with upstream_failures(request):
             async with state.upstream.request(
-                request.method,
+                "POST" if msearch else request.method,
                 url,
                 data=body,
-                headers=json_headers(request),
+                headers=headers,
                 skip_auto_headers=SKIP_AUTO,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(total=budget(state.config.timeout)),

@@ -104,8 +104,13 @@ async def rerank(
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))
 
+    async def msearch(body: bytes) -> Answer:  # a lean window's shards: one request
+        status, answer_headers, payload = await call(request, {}, body, "msearch", msearch=True)
+        data = await parse(payload, request) if status < 300 else Unparsable
+        return Answer(status, data if isinstance(data, dict) else None, (answer_headers, payload))
+
     with state.admission.slot(), within(deadline):
-        outcome = await state.rerank.rerank(index, plan, headers, first_stage)
+        outcome = await state.rerank.rerank(index, plan, headers, first_stage, msearch)
     answer_headers, payload = outcome.answer.raw
     if outcome.body is None or outcome.marker is None:
         return raw_response(outcome.answer.status, answer_headers, payload)

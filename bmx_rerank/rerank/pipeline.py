@@ -85,6 +85,13 @@ class FirstStage(Protocol):
     def __call__(self, body: dict[str, Any] | None, params: Mapping[str, str]) -> Awaitable[Answer]: ...
 
 
+class MultiSearch(Protocol):
+    """Sends one `_msearch` (its NDJSON body) the way the front end sends searches: a lean window's
+    search of each of its shards in one request."""
+
+    def __call__(self, body: bytes) -> Awaitable[Answer]: ...
+
+
 class BatchFirstStage(Protocol):
     """Sends several windows' first stages in one request; the answer's data holds `responses`."""
 
@@ -163,11 +170,17 @@ class Reranker:
         self.shard_form: int | None = None  # which of `shards.FORMS` the cluster takes, once learned
 
     async def rerank(
-        self, index_expr: str, plan: Plan, headers: Mapping[str, str], first_stage: FirstStage
+        self,
+        index_expr: str,
+        plan: Plan,
+        headers: Mapping[str, str],
+        first_stage: FirstStage,
+        msearch: MultiSearch | None = None,
     ) -> Outcome:
         """Rerank one search: `plan` (with a spec) on `index_expr`, with the caller's `headers` on
-        every call, the first stage sent through `first_stage`. Raises only what the front end must
-        answer as an error: its own first stage's failures, and a failed rerank under `on_error=fail`."""
+        every call, the first stage sent through `first_stage` (a lean window's shards in one
+        `msearch`, where the front end offers one). Raises only what the front end must answer as an
+        error: its own first stage's failures, and a failed rerank under `on_error=fail`."""
         start = time.perf_counter()
         who = caller(headers, self.identity_headers)
         deadline = deadlines.current()
@@ -184,7 +197,7 @@ class Reranker:
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
                     try:
-                        answer = await self._search(window, first_stage)
+                        answer = await self._search(window, first_stage, msearch)
                     except lean.Miss:
                         self.metrics.first_stage.labels("lean_missed").inc()
                         continue
@@ -216,19 +229,29 @@ class Reranker:
             if window is not None:
                 window.close()
 
-    async def _search(self, window: Window, first_stage: FirstStage) -> Answer:
+    async def _search(self, window: Window, first_stage: FirstStage, msearch: MultiSearch | None) -> Answer:
         """The window's first stage: one search, or a lean window's search of each shard merged
-        (`shards`), `lean.Miss` when a shard's answer is no success or does not merge."""
+        (`shards`; in one `msearch` where it can go so), `lean.Miss` when a shard's answer is no
+        success or does not merge."""
         if window.shards == 1:
             return await first_stage(window.body, window.params)
         assert self.shard_form is not None and window.body is not None
-        answers = await shards.search_each(first_stage, window, self.shard_form)
-        if any(a.status >= 300 or a.data is None for a in answers):
-            raise lean.Miss
-        merged = shards.merge([a.data for a in answers], window.body)
+        body = shards.msearch_body(window, self.shard_form) if msearch is not None else None
+        if msearch is not None and body is not None:
+            answer = await msearch(body)
+            found = shards.items(answer.data, window.shards) if answer.status < 300 else None
+            if found is None:
+                raise lean.Miss
+            status, raw = answer.status, answer.raw
+        else:
+            answers = await shards.search_each(first_stage, window, self.shard_form)
+            if any(a.status >= 300 or a.data is None for a in answers):
+                raise lean.Miss
+            found, status, raw = [a.data for a in answers], answers[0].status, answers[0].raw  # type: ignore[misc]
+        merged = shards.merge(found, window.body)
         if merged is None:
             raise lean.Miss
-        return Answer(answers[0].status, merged, answers[0].raw)
+        return Answer(status, merged, raw)
 
     async def _fans_out(self, window: Window, headers: Mapping[str, str]) -> bool:
         """Whether the cluster takes a preference for one shard in a form of `shards.FORMS`: asked

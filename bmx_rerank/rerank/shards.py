@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from bmx_rerank.rerank.term_vector_cache import SHARD
 from bmx_rerank.rerank.window import Window
 
@@ -26,6 +28,9 @@ FORMS = ("_shards:{shard}|{custom}", "_shards:{shard}|_primary")
 # profiles, remote clusters) is not merged here, and the window goes again in full
 MERGED = frozenset({"took", "timed_out", "_shards", "hits", "terminated_early"})
 DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when it names none
+# A window's parameters an `_msearch` header line takes as they are (strings, as in a URL); any other
+# but `preference` sends one search a shard (OpenSearch 2.19's `_msearch` refuses the probes' own)
+MSEARCH_HEADER = frozenset({"request_cache", "allow_no_indices", "ignore_unavailable", "expand_wildcards"})
 
 
 def preference(form: int, shard: int, custom: str | None) -> str:
@@ -47,6 +52,37 @@ async def search_each(
             )
         )
     )
+
+
+def msearch_body(window: Window, form: int) -> bytes | None:
+    """The window's search of each of its shards as one `_msearch` body (NDJSON), None when one of its
+    parameters has no place in an `_msearch` header line (`MSEARCH_HEADER`)."""
+    params = {k: v for k, v in window.params.items() if k != "preference"}
+    if not set(params) <= MSEARCH_HEADER or window.body is None:
+        return None
+    custom = window.params.get("preference")
+    search = orjson.dumps(window.body)
+    return b"".join(
+        orjson.dumps({"index": window.index_expr, **params, "preference": preference(form, i, custom)})
+        + b"\n"
+        + search
+        + b"\n"
+        for i in range(window.shards)
+    )
+
+
+def items(answer: Mapping[str, Any] | None, shards: int) -> list[dict[str, Any]] | None:
+    """An `_msearch` answer's items as the shards' search answers (in shard order), None unless each
+    is a success."""
+    found = (answer or {}).get("responses")
+    if not isinstance(found, list) or len(found) != shards:
+        return None
+    out = []
+    for item in found:
+        if not isinstance(item, dict) or "error" in item or int(item.get("status", 200)) >= 300:
+            return None
+        out.append({k: v for k, v in item.items() if k != "status"})
+    return out
 
 
 def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -170,6 +170,9 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     _compare(engine, index, lean, full, texts, shards)
     whole = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
     assert whole - before == len(texts) * len(_searches("")), "every window the second time"
+    # a repeated window (no probes) over several shards: its shards' searches in one `_msearch`
+    msearches = _metric(lean.url, 'bmx_upstream_seconds_count{call="msearch"}')
+    assert msearches > 0 if shards > 1 else msearches == 0, msearches
 
     # Documents of the pages updated and deleted (refreshed) after the statistics' build: the lean
     # window names the updated and new ones by version for `_mtermvectors`; the deleted one is gone.

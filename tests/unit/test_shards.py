@@ -3,10 +3,14 @@ all; on real engines, tests/integration/test_lean_first_stage.py compares the an
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from bmx_rerank.rerank.shards import FORMS, merge, preference
+from bmx_rerank.rerank.plan import Plan
+from bmx_rerank.rerank.shards import FORMS, items, merge, msearch_body, preference
 from bmx_rerank.rerank.term_vector_cache import SHARD
+from bmx_rerank.rerank.tf_probe import PARAM
+from bmx_rerank.rerank.window import Window
 
 
 def _answer(scores: list[float], total: Any = None, **top: Any) -> dict[str, Any]:
@@ -81,3 +85,25 @@ def test_shard_preferences_keep_the_callers_copy_choice() -> None:
     assert preference(0, 2, "bmx-abc") == "_shards:2|bmx-abc"  # Elasticsearch
     assert preference(1, 2, "bmx-abc") == "_shards:2|_primary"  # OpenSearch takes named ones only
     assert len(FORMS) == 2
+
+
+def _window(params: dict[str, str]) -> Window:
+    body = {"query": {"match": {"body": "a"}}, "size": 100, "stored_fields": "_none_"}
+    return Window("docs", Plan(body, params), "d", body, params, None, {}, shards=3)
+
+
+def test_a_windows_shards_go_in_one_msearch_where_its_parameters_fit_there() -> None:
+    window = _window({"preference": "bmx-1", "ignore_unavailable": "true"})
+    lines = (msearch_body(window, 0) or b"").decode().splitlines()
+    assert [json.loads(line) for line in lines[0::2]] == [
+        {"index": "docs", "ignore_unavailable": "true", "preference": f"_shards:{i}|bmx-1"} for i in range(3)
+    ]
+    assert [json.loads(line) for line in lines[1::2]] == [window.body] * 3
+    assert msearch_body(_window({"preference": "bmx-1", PARAM: "true"}), 0) is None, "the probes' own"
+    assert msearch_body(_window({"preference": "bmx-1", "timeout": "1s"}), 0) is None
+    # the answer's items are the shards' answers; any failed item: none
+    ok = [{**_answer([1.0]), "status": 200} for _ in range(3)]
+    assert items({"responses": ok}, 3) == [_answer([1.0])] * 3
+    failed = [*ok[:2], {"error": {"type": "x"}, "status": 500}]
+    assert items({"responses": failed}, 3) is None
+    assert items({"responses": ok[:2]}, 3) is None and items(None, 3) is None
