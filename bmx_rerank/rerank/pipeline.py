@@ -236,8 +236,7 @@ class Reranker:
         if window.shards == 1:
             return await first_stage(window.body, window.params)
         assert self.shard_form is not None and window.body is not None
-        body = shards.msearch_body(window, self.shard_form) if msearch is not None else None
-        if msearch is not None and body is not None:
+        if msearch is not None and (body := shards.msearch_body(window, self.shard_form)) is not None:
             answer = await msearch(body)
             found = shards.items(answer.data, window.shards) if answer.status < 300 else None
             if found is None:

@@ -109,24 +109,8 @@ def version_key(
 def version_keys(
     hits: Sequence[Mapping[str, Any]], who: str, *, tables: Mapping[str, str] | None = None
 ) -> list[VersionKey | None]:
-    """Each hit's `version_key`, a lean window's (`tables`) named once per index and shard: the
-    window's digest needs them all, for every repeated window."""
-    if tables is None:
-        return [version_key(h, who) for h in hits]
-    named: dict[tuple[Any, Any], str] = {}
-    out: list[VersionKey | None] = []
-    for hit in hits:
-        seq, term = hit.get("_seq_no"), hit.get("_primary_term")
-        if type(seq) is not int or type(term) is not int:  # none, or a subclass: as `version_key` says
-            out.append(version_key(hit, who, tables=tables))
-            continue
-        place = (hit.get("_index"), hit.get(SHARD, 0))
-        name = named.get(place)
-        if name is None:
-            table = tables.get(place[0]) if place[0] is not None else None
-            name = named[place] = "" if table is None else f"@{numbered_in(table, hit)}"
-        out.append((who, place[0], name, seq, term) if name and seq >= 0 else None)
-    return out
+    """Each hit's `version_key`: what the window's digest and every cache name it by."""
+    return [version_key(h, who, tables=tables) for h in hits]
 
 
 def cache_key(
