@@ -75,9 +75,11 @@ WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
 # tokens: one leaf 6,081-6,576 bytes, counted 7,250; a `dis_max` of two 12,434, counted 15,300; a
 # root alone 2,189, counted 2,200)
 KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 700, 600, 1400, 150
-# Windows seen once get 1/128 of the bound beside it (2 MiB beside the default 256, ~430 windows of
-# 100 hits with their scores): a repeat or the next page soon after finds its window there
-RECENT_SHARE = 128
+# Windows seen once get 1/32 of the bound beside it (8 MiB beside the default 256: 1,000-1,700 windows
+# of 100 hits with their scores for queries of 12 to 3 tokens, 130-220 of 1,000; at 1/128 a window of
+# 1,000 was gone before its repeat among 60 other queries): a repeat or the next page soon after finds
+# its window there
+RECENT_SHARE = 32
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
