@@ -48,6 +48,7 @@ import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,20 @@ class ProbedDoc(DocTerms):
     @property
     def length(self) -> int:  # type: ignore[override]
         return self.doc_length
+
+    @cached_property
+    def text_bytes(self) -> int:
+        """Its tokens' own text, which `entry_bytes` counts: summed once, then kept by `learn`."""
+        return sum(map(len, self.tf))
+
+    def learn(self, added: Mapping[str, int]) -> None:
+        """Know `added` too: tokens it lacked, exact for this same document version. In place, so that a
+        merge costs what it adds, not what the entry knows already (a popular document's entry grows
+        with every query that probed it: 9 µs a merge at 400 tokens, where a copy took them all). A
+        window reading this entry meanwhile sees more tokens, never another count of one."""
+        text = self.text_bytes + sum(map(len, added))
+        self.tf.update(added)
+        self.__dict__["text_bytes"] = text  # the cached property, kept exact
 
 
 @dataclass(frozen=True)
@@ -247,14 +262,8 @@ def entry_bytes(entry: DocTerms | SeenWindow) -> int:
         arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
         scores = entry.scores.nbytes if entry.scores is not None else 0
         return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays + scores
-    return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + sum(map(len, entry.tf))
-
-
-def merged(old: ProbedDoc, new: ProbedDoc) -> ProbedDoc:
-    """Two partial entries of one document version: the union of the tokens they know."""
-    return ProbedDoc(
-        new.ref, True, {**old.tf, **new.tf}, new.version, new.seq_no, new.primary_term, new.doc_length
-    )
+    text = entry.text_bytes if type(entry) is ProbedDoc else sum(map(len, entry.tf))
+    return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + text
 
 
 class TermVectorCache:
@@ -292,8 +301,13 @@ class TermVectorCache:
             old = self._items.get(key)
             if old is not None and not isinstance(old, ProbedDoc):
                 return  # full term vectors know every token
-            if old is not None:
-                terms = merged(old, terms)  # type: ignore[arg-type]
+            if old is not None:  # the union of what both know (each exact for this document version)
+                added = {t: n for t, n in terms.tf.items() if t not in old.tf}
+                grown = entry_bytes(old) + TERM_BYTES * len(added) + sum(map(len, added))
+                if not added or grown > self.max_bytes:
+                    return  # nothing new, or a merge that outgrows the whole cache: the entry stays
+                old.learn(added)
+                terms = old  # counted again at its new size
         with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
             self._items[key] = terms
 

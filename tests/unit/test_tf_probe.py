@@ -152,6 +152,22 @@ def test_partial_entries_merge_and_a_full_entry_always_wins():
     assert cache.bytes == entry_bytes(full) and len(cache) == 1
 
 
+def test_a_merge_grows_the_entry_in_place_and_counts_it_exactly():
+    """A merge adds to the entry a window may be reading: only tokens it lacked, so a reader sees more
+    tokens, never another count; its weight is what a fresh entry of the union would weigh."""
+    cache = TermVectorCache()
+    first = _probed({"a": 2, "b": 0})
+    cache.put(KEY, first)
+    read = cache.get(KEY, {"a"})
+    cache.put(KEY, _probed({"b": 0, "longer-token": 3}))
+    assert cache.get(KEY, {"longer-token"}) is read is first
+    assert read.tf == {"a": 2, "b": 0, "longer-token": 3}
+    assert cache.bytes == entry_bytes(_probed({"a": 2, "b": 0, "longer-token": 3}))
+    before = cache.bytes
+    cache.put(KEY, _probed({"a": 2}))  # nothing new: the entry as it was
+    assert cache.bytes == before and cache.get(KEY, {"a", "b", "longer-token"}) is first
+
+
 def test_partial_entries_count_against_the_byte_bound():
     one = _probed({f"t{n}": n for n in range(10)})
     cache = TermVectorCache(max_bytes=2 * entry_bytes(one) + 10)
