@@ -138,8 +138,8 @@ class TermFrequencies:
         stage reported them, its lengths from the statistics snapshot's length table
         (`StatsView.lengths`, exact document versions only), else from the length cache (`versions`:
         each hit's `version_key`); `_mtermvectors` only for the hits both miss (their lengths are then
-        remembered), dropped as `from_term_vectors` drops them. What it finds goes into the term-vector
-        cache, as fetched term vectors do.
+        remembered), dropped as `from_term_vectors` drops them. What it finds is for the term-vector
+        cache too (`remember`), as fetched term vectors are.
 
         The table first: it answers a window's hits in one vectorised lookup, where the cache takes one
         a hit and field (both are exact, so which answers does not change a length).
@@ -186,11 +186,17 @@ class TermFrequencies:
                 found[i] = {
                     f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
                 }
+        return found, len(missing)
+
+    def remember(
+        self, versions: Sequence[VersionKey | None], names: Sequence[str], found: Sequence[HitTerms | None]
+    ) -> None:
+        """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
+        from it, so that the pipeline does it while the cluster answers the page's fetch."""
         put = self.cache.put
-        for key, by_field in zip(keys, found, strict=True):  # for next time (probed: partial entries)
+        for key, by_field in zip(field_keys(versions, names), found, strict=True):
             for f, doc in (by_field or {}).items():
                 put(key[f], doc)
-        return found, len(missing)
 
     async def _fetch(
         self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]

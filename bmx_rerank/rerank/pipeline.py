@@ -465,6 +465,12 @@ class Reranker:
             alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
             self.prober.saw(window, who)
+        # a probed window's entries, kept for next time once its answer is out (see below)
+        remember = (
+            partial(self.frequencies.remember, hit_versions, names, terms)
+            if source == "probes" and terms is not None
+            else None
+        )
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
         marker = {
             "reranked": True,
@@ -531,6 +537,10 @@ class Reranker:
                 cache=self.pages,
                 who=who,
             )
+        if remember is not None:
+            # Kept once the answer is out: the event loop's next turn runs it before it reads what came
+            # in meanwhile (a repeat of this search finds them), and the answer waits for no ~100 puts
+            asyncio.get_running_loop().call_soon(remember)
         return body
 
     async def _frequencies(
