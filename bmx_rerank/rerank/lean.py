@@ -28,7 +28,8 @@ from urllib.parse import urlencode
 import orjson
 from cachetools import LRUCache
 
-from bmx_rerank.rerank import tf_probe
+from bmx_rerank.errors import UpstreamError
+from bmx_rerank.rerank import shards, tf_probe
 from bmx_rerank.rerank.term_vector_cache import SHARD, numbered_in
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
@@ -163,7 +164,8 @@ async def fetch(
 ) -> list[dict[str, Any] | None]:
     """The documents of `hits` (lean hits) by version, each as a hit of the index expression, None where
     that version is gone. `page`: showing what the caller asked each hit to show; else only its `_id`.
-    One search: per index, a `terms` on `_seq_no` (unique in a one-shard index)."""
+    One search a shard: per index, a `terms` on `_seq_no` (unique in a shard); those of several shards
+    in one `_msearch` where its header lines can carry the parameters."""
     if not hits:
         return []
     assert window.page_fetch is not None
@@ -177,31 +179,49 @@ async def fetch(
             int(hit["_seq_no"])
         )
 
-    async def search(shard: int, by_index: dict[str, list[int]]) -> list[dict[str, Any]]:
+    def body_of(by_index: dict[str, list[int]]) -> dict[str, Any]:
         which = [
             {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": seqs}}]}}
             for ix, seqs in by_index.items()
         ]
-        body = {
+        return {
             "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
             "size": sum(map(len, by_index.values())),
             "track_total_hits": False,
             **shown,
             "seq_no_primary_term": True,
         }
-        # a shard's documents from that shard alone (any copy holds the same versions)
-        query = {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else params
-        path = f"/{window.index_expr}/_search" + ("?" + urlencode(query) if query else "")
-        answer = await cluster.request("POST", path, body, headers)
-        return [{**h, SHARD: shard} for h in answer.get("hits", {}).get("hits", [])]
 
-    parts = await asyncio.gather(*(search(shard, by_index) for shard, by_index in by_shard.items()))
-    found = {(h.get("_index"), h[SHARD], h.get("_seq_no")): h for part in parts for h in part}
+    def query(shard: int) -> dict[str, str]:
+        # a shard's documents from that shard alone (any copy holds the same versions)
+        return {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else dict(params)
+
+    async def search(shard: int, body: dict[str, Any]) -> dict[str, Any]:
+        path = f"/{window.index_expr}/_search" + ("?" + urlencode(q) if (q := query(shard)) else "")
+        return await cluster.request("POST", path, body, headers)  # type: ignore[no-any-return]
+
+    searches = {shard: body_of(by_index) for shard, by_index in by_shard.items()}
+    answers = None
+    if len(searches) > 1 and set(params) - {"preference"} <= shards.MSEARCH_HEADER:
+        lines = [
+            line
+            for shard, body in searches.items()
+            for line in (orjson.dumps({"index": window.index_expr, **query(shard)}), orjson.dumps(body))
+        ]
+        # an item that failed, or an `_msearch` refused: each shard on its own, failing as it fails
+        with contextlib.suppress(UpstreamError):
+            answered = await cluster.post_ndjson("/_msearch", lines, headers, "bmx_page_exception")
+            answers = shards.items(answered, len(searches))
+    if answers is None:
+        answers = await asyncio.gather(*(search(shard, body) for shard, body in searches.items()))
+    found = {
+        (h.get("_index"), shard, h.get("_seq_no")): h
+        for shard, answer in zip(searches, answers, strict=True)
+        for h in answer.get("hits", {}).get("hits", [])
+    }
     out: list[dict[str, Any] | None] = []
     for hit in hits:
         got = found.pop((hit["_index"], hit.get(SHARD, 0), hit["_seq_no"]), None)
-        if got is not None:
-            del got[SHARD]
         out.append(got if got is not None and got.get("_primary_term") == hit["_primary_term"] else None)
     return out
 

@@ -160,10 +160,22 @@ def _compare(engine, index, lean: ProxyThread, full: ProxyThread, texts: list[st
             assert a["hits"]["hits"], "a page to compare"
 
 
-def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair) -> None:
+def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair, monkeypatch) -> None:
     engine, index, lean, full, texts = pair
     shards = int(engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"])
+    real, page_msearches = Cluster.post_ndjson, []
+
+    async def counting(self, path, lines, headers, error_type):
+        answer = await real(self, path, lines, headers, error_type)
+        if error_type == "bmx_page_exception":  # each item a success: no shard went again on its own
+            page_msearches.append([item.get("status") for item in answer["responses"]])
+        return answer
+
+    monkeypatch.setattr(Cluster, "post_ndjson", counting)
     _compare(engine, index, lean, full, texts, shards)
+    # a page of documents from several shards: fetched in one `_msearch` (one search on one shard)
+    assert len(page_msearches) > 0 if shards > 1 else page_msearches == [], page_msearches
+    assert all(status == 200 for statuses in page_msearches for status in statuses), page_msearches
     # (pages of one window share it: some went whole already)
     before = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
     # The same windows again: each kept whole
