@@ -104,8 +104,8 @@ async def rerank(
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))
 
-    async def msearch(body: bytes) -> Answer:  # a lean window's shards: one request
-        status, answer_headers, payload = await call(request, {}, body, "msearch", msearch=True)
+    async def msearch(body: bytes, params: Mapping[str, str]) -> Answer:  # a lean window's shards
+        status, answer_headers, payload = await call(request, params, body, "msearch", msearch=True)
         data = await parse(payload, request) if status < 300 else Unparsable
         return Answer(status, data if isinstance(data, dict) else None, (answer_headers, payload))
 

@@ -29,6 +29,8 @@ from functools import partial
 from typing import Any, Protocol
 from urllib.parse import quote
 
+import orjson
+
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
@@ -86,10 +88,10 @@ class FirstStage(Protocol):
 
 
 class MultiSearch(Protocol):
-    """Sends one `_msearch` (its NDJSON body) the way the front end sends searches: a lean window's
-    search of each of its shards in one request."""
+    """Sends one `_msearch` (its NDJSON body, query parameters) the way the front end sends searches: a
+    lean window's search of each of its shards in one request."""
 
-    def __call__(self, body: bytes) -> Awaitable[Answer]: ...
+    def __call__(self, body: bytes, params: Mapping[str, str]) -> Awaitable[Answer]: ...
 
 
 class BatchFirstStage(Protocol):
@@ -168,6 +170,9 @@ class Reranker:
         self.frequencies = TermFrequencies(cluster, metrics, cache=cache, lengths=lengths)
         self.pages = pages if pages is not None else lean.PageCache(defaults.PAGE_CACHE_BYTES)
         self.shard_form: int | None = None  # which of `shards.FORMS` the cluster takes, once learned
+        # whether the cluster's `_msearch` takes the probes' parameter (OpenSearch 2.19's refuses it),
+        # once learned
+        self.msearch_probes: bool | None = None
 
     async def rerank(
         self,
@@ -197,7 +202,7 @@ class Reranker:
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
                     try:
-                        answer = await self._search(window, first_stage, msearch)
+                        answer = await self._search(window, first_stage, msearch, headers)
                     except lean.Miss:
                         self.metrics.first_stage.labels("lean_missed").inc()
                         continue
@@ -229,19 +234,22 @@ class Reranker:
             if window is not None:
                 window.close()
 
-    async def _search(self, window: Window, first_stage: FirstStage, msearch: MultiSearch | None) -> Answer:
+    async def _search(
+        self,
+        window: Window,
+        first_stage: FirstStage,
+        msearch: MultiSearch | None,
+        headers: Mapping[str, str],
+    ) -> Answer:
         """The window's first stage: one search, or a lean window's search of each shard merged
         (`shards`; in one `msearch` where it can go so), `lean.Miss` when a shard's answer is no
         success or does not merge."""
         if window.shards == 1:
             return await first_stage(window.body, window.params)
         assert self.shard_form is not None and window.body is not None
-        if msearch is not None and (body := shards.msearch_body(window, self.shard_form)) is not None:
-            answer = await msearch(body)
-            found = shards.items(answer.data, window.shards) if answer.status < 300 else None
-            if found is None:
-                raise lean.Miss
-            status, raw = answer.status, answer.raw
+        together = await self._msearch(window, msearch, headers) if msearch is not None else None
+        if together is not None:
+            found, status, raw = together
         else:
             answers = await shards.search_each(first_stage, window, self.shard_form)
             if any(a.status >= 300 or a.data is None for a in answers):
@@ -252,16 +260,53 @@ class Reranker:
             raise lean.Miss
         return Answer(status, merged, raw)
 
+    async def _msearch(
+        self, window: Window, msearch: MultiSearch, headers: Mapping[str, str]
+    ) -> tuple[list[Any], int, Any] | None:
+        """The window's shards' answers from one `_msearch`, its status and raw answer; None where it
+        cannot go so: a parameter no header line carries, or probes the cluster's `_msearch` refuses
+        (`_msearch_takes_probes`). `lean.Miss` if an item failed."""
+        assert self.shard_form is not None
+        on_url = {k: v for k, v in window.params.items() if k == tf_probe.PARAM}
+        body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys())
+        if body is None or (on_url and not await self._msearch_takes_probes(window, headers)):
+            return None
+        answer = await msearch(body, on_url)
+        found = shards.items(answer.data, window.shards) if answer.status < 300 else None
+        if found is None:
+            raise lean.Miss
+        return found, answer.status, answer.raw
+
+    async def _msearch_takes_probes(self, window: Window, headers: Mapping[str, str]) -> bool:
+        """Whether the cluster's `_msearch` takes the probes' parameter: asked once, with a search that
+        matches nothing (not learned when it fails otherwise)."""
+        if self.msearch_probes is None:
+            lines = [orjson.dumps({"index": window.index_expr}), orjson.dumps(tf_probe.MATCH_NONE)]
+            try:
+                await self.cluster.post_ndjson(
+                    f"/_msearch?{tf_probe.PARAM}=true", lines, headers, "bmx_probe_exception"
+                )
+            except UpstreamError as exc:
+                if exc.status == 400 and tf_probe.PARAM in exc.reason:
+                    self.msearch_probes = False
+                return False
+            except SearchError:  # unreachable or slow: one search a shard, this time
+                return False
+            self.msearch_probes = True
+        return self.msearch_probes
+
     async def _fans_out(self, window: Window, headers: Mapping[str, str]) -> bool:
         """Whether the cluster takes a preference for one shard in a form of `shards.FORMS`: asked
         once, with a search that matches nothing (not learned when it fails otherwise)."""
         if self.shard_form is None:
             for form in range(len(shards.FORMS)):
                 pref = quote(shards.preference(form, 0, "bmx"), safe="")
-                body = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
                 try:
                     await self.cluster.request(
-                        "POST", f"/{window.index_expr}/_search?preference={pref}", body, headers
+                        "POST",
+                        f"/{window.index_expr}/_search?preference={pref}",
+                        tf_probe.MATCH_NONE,
+                        headers,
                     )
                 except UpstreamError as exc:
                     if exc.status == 400 and exc.reason.startswith("no Preference for"):

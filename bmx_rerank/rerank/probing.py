@@ -147,10 +147,10 @@ class Prober:
         refusal of the parameter is remembered; any other failure means no probes for this search."""
         if self._named_scores is None:
             path = f"/{index}/_search?{tf_probe.PARAM}=true"
-            body = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
             try:
                 await self.metrics.timed(
-                    "probe_check", self.cluster.request("POST", path, body, headers, retried=True)
+                    "probe_check",
+                    self.cluster.request("POST", path, tf_probe.MATCH_NONE, headers, retried=True),
                 )
                 self._named_scores = True
             except UpstreamError as exc:

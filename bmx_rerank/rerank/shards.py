@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import orjson
@@ -29,7 +30,8 @@ FORMS = ("_shards:{shard}|{custom}", "_shards:{shard}|_primary")
 MERGED = frozenset({"took", "timed_out", "_shards", "hits", "terminated_early"})
 DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when it names none
 # A window's parameters an `_msearch` header line takes as they are (strings, as in a URL); any other
-# but `preference` sends one search a shard (OpenSearch 2.19's `_msearch` refuses the probes' own)
+# but `preference` (and the probes' own, on the `_msearch` URL where the cluster takes it: Elasticsearch
+# does, OpenSearch 2.19 does not) sends one search a shard
 MSEARCH_HEADER = frozenset({"request_cache", "allow_no_indices", "ignore_unavailable", "expand_wildcards"})
 
 
@@ -54,10 +56,11 @@ async def search_each(
     )
 
 
-def msearch_body(window: Window, form: int) -> bytes | None:
+def msearch_body(window: Window, form: int, *, on_url: AbstractSet[str] = frozenset()) -> bytes | None:
     """The window's search of each of its shards as one `_msearch` body (NDJSON), None when one of its
-    parameters has no place in an `_msearch` header line (`MSEARCH_HEADER`)."""
-    params = {k: v for k, v in window.params.items() if k != "preference"}
+    parameters has no place in an `_msearch` header line (`MSEARCH_HEADER`), but those `on_url` (sent
+    as the `_msearch`'s own)."""
+    params = {k: v for k, v in window.params.items() if k != "preference" and k not in on_url}
     if not set(params) <= MSEARCH_HEADER or window.body is None:
         return None
     custom = window.params.get("preference")

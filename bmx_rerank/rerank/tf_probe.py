@@ -31,6 +31,8 @@ from bmx_rerank.rerank.term_vector_cache import CacheKey, ProbedDoc
 from bmx_rerank.upstream import DocRef
 
 PARAM = "include_named_queries_score"
+# what asks the cluster whether it takes a parameter (or a preference): a search that matches nothing
+MATCH_NONE = {"size": 0, "track_total_hits": False, "query": {"match_none": {}}}
 PREFIX = "_bmx_tf_"
 MAX_PROBES = 64  # distinct tokens probed at most; longer (augmented) queries use `_mtermvectors`
 # float32 scores s = tf/(tf+1) for tf and tf+1 differ by ~1/tf^2, i.e. many float32 steps of ~6e-8

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bmx_rerank.proxy.config import STATE
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import Cluster
@@ -173,6 +174,10 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
 
     monkeypatch.setattr(Cluster, "post_ndjson", counting)
     _compare(engine, index, lean, full, texts, shards)
+    # first sights over several shards: in one `_msearch` where it takes the probes' parameter
+    # (Elasticsearch's does, OpenSearch's does not: one search a shard there)
+    takes = lean.app[STATE].rerank.msearch_probes
+    assert takes is (engine.kind == "elasticsearch") if shards > 1 else takes is None, takes
     # a page of documents from several shards: fetched in one `_msearch` (one search on one shard)
     assert len(page_msearches) > 0 if shards > 1 else page_msearches == [], page_msearches
     assert all(status == 200 for statuses in page_msearches for status in statuses), page_msearches

@@ -100,6 +100,11 @@ def test_a_windows_shards_go_in_one_msearch_where_its_parameters_fit_there() -> 
     ]
     assert [json.loads(line) for line in lines[1::2]] == [window.body] * 3
     assert msearch_body(_window({"preference": "bmx-1", PARAM: "true"}), 0) is None, "the probes' own"
+    # ... unless it goes on the `_msearch`'s own URL (where the cluster takes it): no header line has it
+    probed = (
+        msearch_body(_window({"preference": "bmx-1", PARAM: "true"}), 0, on_url={PARAM}) or b""
+    ).decode()
+    assert probed == (msearch_body(_window({"preference": "bmx-1"}), 0) or b"").decode() and probed
     assert msearch_body(_window({"preference": "bmx-1", "timeout": "1s"}), 0) is None
     # the answer's items are the shards' answers; any failed item: none
     ok = [{**_answer([1.0]), "status": 200} for _ in range(3)]
