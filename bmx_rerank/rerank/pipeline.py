@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
@@ -510,7 +510,7 @@ class Reranker:
             alive = [i for i, t in enumerate(terms) if t is not None]
         if alive:
             self.prober.saw(window, who)
-        # a probed window's entries, kept for next time once its answer is out (see below)
+        # a probed window's entries, kept for next time while its page is fetched (see below)
         remember = (
             partial(self.frequencies.remember, hit_versions, names, terms)
             if source == "probes" and terms is not None
@@ -572,7 +572,7 @@ class Reranker:
         else:
             body = pack(response, kept, folded, packed, marker)
         if window.lean:
-            await lean.fill_page(
+            page = lean.fill_page(
                 self.cluster,
                 window,
                 headers,
@@ -582,10 +582,10 @@ class Reranker:
                 cache=self.pages,
                 who=who,
             )
-        if remember is not None:
-            # Kept once the answer is out: the event loop's next turn runs it before it reads what came
-            # in meanwhile (a repeat of this search finds them), and the answer waits for no ~100 puts
-            asyncio.get_running_loop().call_soon(remember)
+            # the page's fetch goes out first; the entries are kept while the cluster answers it
+            await (page if remember is None else asyncio.gather(page, _once_sent(remember)))
+        elif remember is not None:
+            remember()
         return body
 
     async def _frequencies(
@@ -687,6 +687,15 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+async def _once_sent(work: Callable[[], None]) -> None:
+    """`work`, once the call started just before it is on the wire, so that it runs while the cluster
+    answers: a turn of the event loop for that call's task to write its request's head, one for the
+    task aiohttp writes the body in (started lazily before Python 3.12)."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    work()
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:
