@@ -119,3 +119,23 @@ async def test_connections_younger_than_min_idle_are_not_closed_for_a_new_one(up
         assert 'bmx_client_connections_closed_total{reason="cap_refused"} 1.0' in await metrics(addr)
     finally:
         await runner.cleanup()
+
+
+async def test_a_burst_of_connections_waits_for_the_proxy_to_accept_it(upstream):
+    """400 connections opened at once while the proxy's event loop is busy (this test holds it) all
+    reach the proxy once it runs: with a backlog of 128 the kernel drops the rest into SYN cookies, and
+    their clients hold connections the proxy never sees, so that its cap can neither count nor close
+    them (`server.BACKLOG`)."""
+    runner, addr = await proxy(upstream, idle_timeout=60, header_timeout=0, max_connections=1000)
+    socks = []
+    try:
+        for _ in range(400):  # blocking: the proxy accepts none meanwhile
+            socks.append(socket.create_connection(addr, timeout=5))
+        await asyncio.sleep(0.5)
+        text = await metrics(addr)  # one more connection: this request's
+        open_now = next(line for line in text.splitlines() if line.startswith("bmx_client_connections "))
+        assert float(open_now.split()[-1]) == 401, open_now
+    finally:
+        for sock in socks:
+            sock.close()
+        await runner.cleanup()
