@@ -170,7 +170,7 @@ class Reranker:
         self.frequencies = TermFrequencies(cluster, metrics, cache=cache, lengths=lengths)
         self.pages = pages if pages is not None else lean.PageCache(defaults.PAGE_CACHE_BYTES)
         self.shard_form: int | None = None  # which of `shards.FORMS` the cluster takes, once learned
-        # whether the cluster's `_msearch` takes the probes' parameter (OpenSearch 2.19's refuses it),
+        # whether the cluster's `_msearch` takes the probes' parameter (OpenSearch's refuses it),
         # once learned
         self.msearch_probes: bool | None = None
 

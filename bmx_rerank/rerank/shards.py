@@ -31,7 +31,7 @@ MERGED = frozenset({"took", "timed_out", "_shards", "hits", "terminated_early"})
 DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when it names none
 # A window's parameters an `_msearch` header line takes as they are (strings, as in a URL); any other
 # but `preference` (and the probes' own, on the `_msearch` URL where the cluster takes it: Elasticsearch
-# does, OpenSearch 2.19 does not) sends one search a shard
+# does, OpenSearch 2.19 and 3.3 do not) sends one search a shard
 MSEARCH_HEADER = frozenset({"request_cache", "allow_no_indices", "ignore_unavailable", "expand_wildcards"})
 
 
