@@ -145,18 +145,19 @@ class ProbedDoc(DocTerms):
         return self.doc_length
 
     @cached_property
-    def text_bytes(self) -> int:
-        """Its tokens' own text, which `entry_bytes` counts: summed once, then kept by `learn`."""
-        return sum(map(len, self.tf))
+    def held(self) -> int:
+        """Its tokens' `token_bytes`: counted once, then kept by `learn`."""
+        return token_bytes(self.tf)
 
-    def learn(self, added: Mapping[str, int]) -> None:
-        """Know `added` too: tokens it lacked, exact for this same document version. In place, so that a
-        merge costs what it adds, not what the entry knows already (a popular document's entry grows
-        with every query that probed it: 9 µs a merge at 400 tokens, where a copy took them all). A
-        window reading this entry meanwhile sees more tokens, never another count of one."""
-        text = self.text_bytes + sum(map(len, added))
+    def learn(self, added: Mapping[str, int], held: int) -> None:
+        """Know `added` too (whose `token_bytes` are `held`): tokens it lacked, exact for this same
+        document version. In place, so that a merge costs what it adds, not what the entry knows already
+        (a popular document's entry grows with every query that probed it: 9 µs a merge at 400 tokens,
+        where a copy took them all). A window reading this entry meanwhile sees more tokens, never
+        another count of one."""
+        before = self.held
         self.tf.update(added)
-        self.__dict__["text_bytes"] = text  # the cached property, kept exact
+        self.__dict__["held"] = before + held  # the cached property, kept exact
 
 
 @dataclass(frozen=True)
@@ -262,8 +263,12 @@ def entry_bytes(entry: DocTerms | SeenWindow) -> int:
         arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
         scores = entry.scores.nbytes if entry.scores is not None else 0
         return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays + scores
-    text = entry.text_bytes if type(entry) is ProbedDoc else sum(map(len, entry.tf))
-    return ENTRY_OVERHEAD + TERM_BYTES * len(entry.tf) + text
+    return ENTRY_OVERHEAD + (entry.held if type(entry) is ProbedDoc else token_bytes(entry.tf))
+
+
+def token_bytes(tf: Mapping[str, int]) -> int:
+    """Estimated memory of an entry's tokens: a slot, a str object and an int each, and their text."""
+    return TERM_BYTES * len(tf) + sum(map(len, tf))
 
 
 class TermVectorCache:
@@ -303,10 +308,10 @@ class TermVectorCache:
                 return  # full term vectors know every token
             if old is not None:  # the union of what both know (each exact for this document version)
                 added = {t: n for t, n in terms.tf.items() if t not in old.tf}
-                grown = entry_bytes(old) + TERM_BYTES * len(added) + sum(map(len, added))
-                if not added or grown > self.max_bytes:
+                held = token_bytes(added)
+                if not added or entry_bytes(old) + held > self.max_bytes:
                     return  # nothing new, or a merge that outgrows the whole cache: the entry stays
-                old.learn(added)
+                old.learn(added, held)
                 terms = old  # counted again at its new size
         with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
             self._items[key] = terms
