@@ -202,12 +202,10 @@ async def fetch(
 
     searches = {shard: body_of(by_index) for shard, by_index in by_shard.items()}
     answers = None
-    if len(searches) > 1 and set(params) - {"preference"} <= shards.MSEARCH_HEADER:
-        lines = [
-            line
-            for shard, body in searches.items()
-            for line in (orjson.dumps({"index": window.index_expr, **query(shard)}), orjson.dumps(body))
-        ]
+    if len(searches) > 1 and shards.in_header(params):
+        lines = shards.msearch_lines(
+            window.index_expr, ((query(shard), orjson.dumps(body)) for shard, body in searches.items())
+        )
         # an item that failed, or an `_msearch` refused: each shard on its own, failing as it fails
         with contextlib.suppress(UpstreamError):
             answered = await cluster.post_ndjson("/_msearch", lines, headers, "bmx_page_exception")

@@ -12,7 +12,7 @@ caller's own `preference`) keeps the window from being searched so (`lean.narrow
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -58,20 +58,32 @@ async def search_each(
 
 def msearch_body(window: Window, form: int, *, on_url: AbstractSet[str] = frozenset()) -> bytes | None:
     """The window's search of each of its shards as one `_msearch` body (NDJSON), None when one of its
-    parameters has no place in an `_msearch` header line (`MSEARCH_HEADER`), but those `on_url` (sent
-    as the `_msearch`'s own)."""
-    params = {k: v for k, v in window.params.items() if k != "preference" and k not in on_url}
-    if not set(params) <= MSEARCH_HEADER or window.body is None:
+    parameters has no place in an `_msearch` header line (`in_header`), but those `on_url` (sent as the
+    `_msearch`'s own)."""
+    params = {k: v for k, v in window.params.items() if k not in on_url}
+    if not in_header(params) or window.body is None:
         return None
-    custom = window.params.get("preference")
+    custom = params.pop("preference", None)
     search = orjson.dumps(window.body)
-    return b"".join(
-        orjson.dumps({"index": window.index_expr, **params, "preference": preference(form, i, custom)})
-        + b"\n"
-        + search
-        + b"\n"
-        for i in range(window.shards)
+    lines = msearch_lines(
+        window.index_expr,
+        ((params | {"preference": preference(form, i, custom)}, search) for i in range(window.shards)),
     )
+    return b"\n".join(lines) + b"\n"
+
+
+def in_header(params: Mapping[str, str]) -> bool:
+    """Whether an `_msearch` header line can carry these search parameters (`MSEARCH_HEADER`, and the
+    shard's own `preference`)."""
+    return set(params) - {"preference"} <= MSEARCH_HEADER
+
+
+def msearch_lines(index_expr: str, searches: Iterable[tuple[Mapping[str, str], bytes]]) -> list[bytes]:
+    """An `_msearch`'s NDJSON lines: for each search (its header parameters, its JSON body) a header
+    line naming `index_expr`, then the body."""
+    return [
+        line for params, body in searches for line in (orjson.dumps({"index": index_expr, **params}), body)
+    ]
 
 
 def items(answer: Mapping[str, Any] | None, shards: int) -> list[dict[str, Any]] | None:
