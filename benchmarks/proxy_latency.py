@@ -10,7 +10,9 @@ Ways of asking, per window N (10, 100, 1000):
   plain size-N    the same with size N (what a user re-sorting the top N would ask)
   rescore N       size 10 with the engine's own `rescore` (window N, a `match` rescore query)
   passthrough     the plain size-10 request through the proxy, no ext.bmx
-  bare relay      the same through a bare aiohttp relay (the floor of any Python proxy hop)
+  bare relay      the same through a bare aiohttp relay (the floor of an aiohttp proxy hop)
+  protocol relay  the same through an HTTP/1.1 relay on asyncio.Protocol (the floor of a lower-level
+                  Python server's hop: requests and answers framed, bytes forwarded)
   rerank warm N   ext.bmx window N, size 10, after the same search once (caches warm: the window
                   read whole from the LRU of windows seen once)
   rerank again N  the same a third time (the window moved to the main LRU; at 8 and 32 clients every
@@ -36,6 +38,7 @@ import asyncio
 import http.client
 import json
 import os
+import re
 import signal
 import statistics as pystats
 import subprocess
@@ -252,7 +255,7 @@ async def _no_analysis_cache(app) -> None:
 
 
 def relay_child(upstream: str, port: int, loop: str) -> None:
-    """The floor of a Python proxy hop: a bare aiohttp relay (read the request, send it upstream on a
+    """The floor of an aiohttp proxy hop: a bare aiohttp relay (read the request, send it upstream on a
     pooled connection, answer the bytes), nothing else. Passthrough is compared with it."""
     import aiohttp
     from aiohttp import web
@@ -282,6 +285,220 @@ def relay_child(upstream: str, port: int, loop: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+def _serve(factory: Callable[[], asyncio.Protocol], port: int, loop: str) -> None:
+    """Serve `factory`'s protocol on 127.0.0.1:port, on uvloop when `loop` says so, as relay_child."""
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", port)
+        print("ready", flush=True)
+        await server.serve_forever()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(serve())
+
+
+CHUNKED, TO_CLOSE = -1, -2  # a body's framing besides a length (_Framer.left)
+CLOSES = re.compile(rb"\r\nconnection:[ \t]*close\b", re.IGNORECASE)  # in an answer's head
+
+
+def _body_length(head: bytes, method: bytes) -> int:
+    """A body's length, CHUNKED, or (an answer with neither header) TO_CLOSE, from its message's head;
+    `method`: the request's, for an answer (b"" for a request)."""
+    lines = head.split(b"\r\n")
+    if method:
+        status = int(lines[0].split(None, 2)[1])
+        if method == b"HEAD" or status in (204, 304) or status < 200:
+            return 0
+    length = TO_CLOSE if method else 0
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding" and b"chunked" in value.lower():
+            return CHUNKED
+        if name == b"content-length":
+            length = int(value)
+    return length
+
+
+def _whole_chunks(buf: bytearray) -> tuple[int, bool]:
+    """How many bytes at the start of a chunked body are whole chunks, and whether the last chunk (and
+    the trailers) ended it."""
+    pos = 0
+    while (eol := buf.find(b"\r\n", pos)) >= 0:
+        size = int(bytes(buf[pos:eol]).split(b";")[0], 16)
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", eol)
+            return (end + 4, True) if end >= 0 else (pos, False)
+        if len(buf) < eol + size + 4:
+            break
+        pos = eol + size + 4
+    return pos, False
+
+
+class _Framer:
+    """HTTP/1.1 messages one after another out of a byte stream, as they come: a head, then a body of
+    Content-Length bytes, or chunks (passed on as they are), or (an answer) up to the stream's end."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.left: int | None = None  # what is left of the body; None: between messages
+        self.head = b""
+
+    def take(self, method: bytes = b"") -> tuple[bytes, bool]:
+        """The current message's bytes here (taken off `buf`), and whether they end it."""
+        buf, out = self.buf, b""
+        if self.left is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > 1 << 16:
+                    raise ValueError("no end of a head in 64 KiB")
+                return out, False
+            self.head = out = bytes(buf[: end + 4])
+            del buf[: end + 4]
+            self.left = _body_length(self.head, method)
+        if self.left == CHUNKED:
+            n, whole = _whole_chunks(buf)
+        elif self.left == TO_CLOSE:
+            n, whole = len(buf), False
+        else:
+            n = min(self.left, len(buf))
+            self.left -= n
+            whole = self.left == 0
+        if n:
+            out += buf[:n]
+            del buf[:n]
+        if whole:
+            self.left = None
+        return out, whole
+
+
+def protocol_relay_child(upstream: str, port: int, loop: str) -> None:
+    """The floor of a lower-level Python HTTP server's hop: an HTTP/1.1 keep-alive relay on
+    asyncio.Protocol, one upstream connection per client connection (opened at its first request). It
+    parses what a proxy must to see requests one by one (request line, end of the head, Content-Length;
+    an answer's length or chunks), rewrites nothing, forwards the bytes; pipelined requests wait for
+    the answer before them. Anything else (a bad head, upstream gone mid-answer) closes both, loudly."""
+    parts = urlsplit(upstream)
+
+    class Relay(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.request, self.answer = _Framer(), _Framer()
+            self.up: asyncio.Transport | None = None
+            self.method, self.awaiting, self.connecting = b"", False, None  # awaiting: an answer
+
+        def connection_made(self, transport) -> None:
+            self.client = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.request.buf += data
+            self.forward()
+
+        def forward(self) -> None:  # client -> upstream: the request under way, or the next once answered
+            try:
+                while self.request.buf and (self.request.left is not None or not self.awaiting):
+                    if self.up is None:
+                        if not self.connecting:
+                            self.connecting = asyncio.ensure_future(self.connect())  # kept: a task
+                        return
+                    starting = self.request.left is None
+                    data, whole = self.request.take()
+                    if starting and data:
+                        self.method, self.awaiting = self.request.head.split(b" ", 1)[0], True
+                    self.up.write(data)
+                    if not whole:
+                        return
+            except ValueError as exc:
+                self.fail(f"request: {exc!r}")
+
+        async def connect(self) -> None:
+            try:
+                up = Upstream(self)
+                await asyncio.get_running_loop().create_connection(lambda: up, parts.hostname, parts.port)
+            except OSError as exc:
+                return self.fail(f"upstream: {exc!r}")
+            finally:
+                self.connecting = None
+            self.up = up.transport
+            if self.client.is_closing():
+                self.up.close()
+            else:
+                self.forward()
+
+        def answered(self, data: bytes) -> None:  # upstream -> client, as it comes
+            self.answer.buf += data
+            try:
+                while self.answer.buf:
+                    if not self.awaiting:
+                        raise ValueError("bytes from upstream with no request under way")
+                    data, whole = self.answer.take(self.method)
+                    self.client.write(data)
+                    if not whole:
+                        return
+                    if self.answer.head[9:10] != b"1":  # not an interim (1xx) answer
+                        self.awaiting = False
+                        if CLOSES.search(self.answer.head):  # the next request on another connection
+                            self.up.close()
+                            self.up = None
+                        self.forward()
+            except ValueError as exc:
+                self.fail(f"answer: {exc!r}")
+
+        def upstream_lost(self, transport: asyncio.BaseTransport) -> None:
+            if transport is not self.up:  # one closed after a `Connection: close`
+                return
+            self.up = None
+            if self.answer.left == TO_CLOSE:  # the end of that answer
+                self.client.close()
+            elif (self.awaiting or self.answer.buf) and not self.client.is_closing():
+                self.fail("upstream closed mid-exchange")
+            self.answer = _Framer()
+
+        def fail(self, reason: str) -> None:
+            print(f"protocol relay: {reason}; closing the client's connection", file=sys.stderr, flush=True)
+            self.client.abort()
+            if self.up is not None:
+                self.up.abort()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.up is not None:
+                self.up.close()
+
+        def pause_writing(self) -> None:  # the client reads slower than upstream answers
+            if self.up is not None:
+                self.up.pause_reading()
+
+        def resume_writing(self) -> None:
+            if self.up is not None:
+                self.up.resume_reading()
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self, relay: Relay) -> None:
+            self.relay = relay
+
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.relay.answered(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.relay.upstream_lost(self.transport)
+
+        def pause_writing(self) -> None:
+            self.relay.client.pause_reading()
+
+        def resume_writing(self) -> None:
+            self.relay.client.resume_reading()
+
+    _serve(Relay, port, loop)
+
+
+RELAYS = {"bare relay": "aiohttp", "protocol relay": "protocol"}  # row: kind
+
+
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of a process and all its descendants (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -306,8 +523,8 @@ def engine_cpu(url: str) -> float:
 
 
 class Proxy:
-    """A proxy (or the bare relay) in a child process; `checkout`: another checkout's code and venv
-    (benchmarks/ab_proxies.py), else this one's."""
+    """A proxy (or, `relay`: True or a kind of RELAYS, a relay) in a child process; `checkout`: another
+    checkout's code and venv (benchmarks/ab_proxies.py), else this one's."""
 
     def __init__(
         self,
@@ -317,12 +534,13 @@ class Proxy:
         caches: bool,
         workers: int,
         loop: str,
-        relay: bool = False,
+        relay: bool | str = False,
         checkout: Path | None = None,
     ) -> None:
         self.port = free_port()
         if relay:
-            argv = ["--relay-child", upstream, str(self.port), loop]
+            kind = "aiohttp" if relay is True else relay
+            argv = ["--relay-child", upstream, str(self.port), loop, *([kind] if kind != "aiohttp" else [])]
         else:
             argv = [
                 "--serve-child",
@@ -388,7 +606,13 @@ Row = tuple[str, str, int, int]  # (engine, request, window, clients)
 
 
 def sequential(
-    engine: Http, warm: Http, first: Http, relay: Http, index: str, queries: list[str], windows: list[int]
+    engine: Http,
+    warm: Http,
+    first: Http,
+    relays: dict[str, Http],
+    index: str,
+    queries: list[str],
+    windows: list[int],
 ) -> dict[tuple[str, int], list[float]]:
     """One client: every way of asking per query, interleaved."""
     times: dict[tuple[str, int], list[float]] = {}
@@ -403,7 +627,8 @@ def sequential(
     for q in queries:
         timed("plain size-10", 0, engine, plain(q, 10))
         timed("passthrough", 0, warm, plain(q, 10))
-        timed("bare relay", 0, relay, plain(q, 10))
+        for row, conn in relays.items():
+            timed(row, 0, conn, plain(q, 10))
         for n in windows:
             answer = timed("plain size-N", n, engine, plain(q, n))
             # What a window without `_source` and then the page's hits by id would cost upstream.
@@ -463,19 +688,20 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
     proxies = {
         ("warm", 1): Proxy(url, index, caches=True, workers=1, loop=args.loop),
         ("first", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop),
-        ("relay", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop, relay=True),
     }
+    for row, kind in RELAYS.items():
+        proxies[row, 1] = Proxy(url, index, caches=False, workers=1, loop=args.loop, relay=kind)
     by_url = {p.url: p for p in proxies.values()}
     rows: list[dict] = []
     try:
         warm, first = Http(proxies["warm", 1].url), Http(proxies["first", 1].url)
-        relay = Http(proxies["relay", 1].url)
+        relays = {row: Http(proxies[row, 1].url) for row in RELAYS}
         for q in queries[:WARMUP]:  # JIT, caches, connections; other queries than the measured ones
             for conn in (engine, warm, first):
                 conn.ok("POST", f"/{index}/_search", rerank(q, 100) if conn is not engine else plain(q, 100))
         measured = queries[WARMUP:]
         start = time.perf_counter()
-        times = sequential(engine, warm, first, relay, index, measured, windows)
+        times = sequential(engine, warm, first, relays, index, measured, windows)
         for (kind, window), samples in times.items():
             s = summary(samples)
             rows.append(
@@ -498,7 +724,7 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
             cells: list[tuple[str, int, str, Callable[[str], dict], int]] = [
                 ("plain size-10", 0, url, lambda q: plain(q, 10), 1),
                 ("passthrough", 0, proxies["warm", 1].url, lambda q: plain(q, 10), 1),
-                ("bare relay", 0, proxies["relay", 1].url, lambda q: plain(q, 10), 1),
+                *((row, 0, proxies[row, 1].url, lambda q: plain(q, 10), 1) for row in RELAYS),
             ]
             if ("warm", 2) in proxies:
                 cells.append(("passthrough", 0, proxies["warm", 2].url, lambda q: plain(q, 10), 2))
@@ -562,7 +788,7 @@ def find(
 
 
 def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
-    """Issue 18's target rows, computed from one run: (measure, value, target)."""
+    """Issue 18's target rows, computed from one run, then the relays' floors: (measure, value, target)."""
 
     def ratio(a: dict, b: dict, key: str = "p50") -> str:
         return f"{a[key] / b[key]:.2f}x" if a and b else "n/a"
@@ -576,6 +802,9 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
 
     rescore100 = find(rows, engine, "rescore N", 100)
     p, d = find(rows, engine, "passthrough", 0), find(rows, engine, "plain size-10", 0)
+    relays = " / ".join(row.removesuffix(" relay") for row in RELAYS) + " relay"
+    floors = [find(rows, engine, row, 0) for row in RELAYS]
+    direct8 = find(rows, engine, "plain size-10", 0, 8)
     return [
         (
             "warm rerank w100 / engine rescore w100 (p50)",
@@ -617,6 +846,18 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
             "the same again (a third time) w1000 / engine rescore w1000 (p50)",
             ratio(find(rows, engine, "rerank again", 1000), find(rows, engine, "rescore N", 1000)),
             "<= 2.0x",
+        ),
+        (
+            f"one client: p50 - direct p50, {relays}",
+            " / ".join(f"{f['p50'] - d['p50']:+.2f}" if f and d else "n/a" for f in floors) + " ms",
+            "(the floors)",
+        ),
+        (
+            f"8 clients: qps / direct; proxy CPU per request, {relays}",
+            " / ".join(share(find(rows, engine, row, 0, 8), direct8) for row in RELAYS)
+            + "; "
+            + " / ".join(cpu(row, 0) for row in RELAYS),
+            "(the floors)",
         ),
     ]
 
@@ -663,11 +904,14 @@ def main() -> None:
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "latency.png"))
     parser.add_argument("--json", default="", help="also write the raw rows here")
     parser.add_argument("--serve-child", nargs=6, help=argparse.SUPPRESS)
-    parser.add_argument("--relay-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--relay-child", nargs="+", help=argparse.SUPPRESS)  # upstream port loop [kind]
     args = parser.parse_args()
     if args.relay_child:
-        upstream, port, loop = args.relay_child
-        relay_child(upstream, int(port), loop)
+        children = {"aiohttp": relay_child, "protocol": protocol_relay_child}
+        relay = (*args.relay_child, "aiohttp")[:4]
+        if len(args.relay_child) not in (3, 4) or relay[3] not in children:
+            parser.error(f"--relay-child upstream port loop [{'|'.join(children)}]")
+        children[relay[3]](relay[0], int(relay[1]), relay[2])
         return
     if args.serve_child:
         upstream, index, port, caches, workers, loop = args.serve_child
@@ -693,7 +937,12 @@ def main() -> None:
         "| CPU ms/req: engine | proxy | client |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(rows, key=lambda r: (r["engine"], r["clients"], r["window"], r["request"], r["workers"])):
+    first = {row: k for k, row in enumerate(RELAYS)}  # the relays side by side, the rest by name
+
+    def order(r: dict) -> tuple:
+        return (r["engine"], r["clients"], r["window"], first.get(r["request"], len(first)), r["request"])
+
+    for r in sorted(rows, key=lambda r: (*order(r), r["workers"])):
         cpu = " | ".join(
             f"{r[k]:.2f}" if k in r else "" for k in ("cpu_engine_ms", "cpu_proxy_ms", "cpu_client_ms")
         )
