@@ -108,7 +108,8 @@ class Core:
     def _ready(self) -> Reranker:
         if self.reranker is None:
             connector = aiohttp.TCPConnector(ssl=self.sidecar.ssl) if self.sidecar.ssl else None
-            self.session = aiohttp.ClientSession(connector=connector)
+            # no cookies kept: one set on a call for one request's caller never goes with another's
+            self.session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
             self.reranker = Reranker(
                 Cluster(self.session, self.sidecar.url, self.timeout),
                 self.stats(self.session, self.sidecar.url),

@@ -83,13 +83,24 @@ def make_app(
         # Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
         # JSON calls (analysis, term vectors, statistics) want ordinary decoded answers. Both fail over
         # between the nodes; call sites build URLs on `base` (see bmx_rerank.nodes).
+        # Neither keeps cookies: one the cluster (or a gateway before it) sets for a caller goes back to
+        # that caller alone, never with another caller's request (aiohttp's default jar would send it).
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
         connector = aiohttp.TCPConnector(limit=CLIENT_CONNECTIONS, ssl=tls)
         state.session = FailoverSession(
-            aiohttp.ClientSession(auto_decompress=False, connector=connector, timeout=timeout), pool
+            aiohttp.ClientSession(
+                auto_decompress=False,
+                connector=connector,
+                timeout=timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            ),
+            pool,
         )
         connector = aiohttp.TCPConnector(limit=SIDECAR_CONNECTIONS, ssl=tls)
-        sidecar = FailoverSession(aiohttp.ClientSession(connector=connector, timeout=timeout), pool)
+        sidecar = FailoverSession(
+            aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()),
+            pool,
+        )
         state.reranker = Reranker(
             Cluster(sidecar, state.base, config.timeout),  # type: ignore[arg-type]  # a ClientSession's calls
             stats(sidecar, state.base),  # type: ignore[arg-type]

@@ -79,3 +79,17 @@ def test_options_keeps_the_wrapper_and_its_sidecar():
         )
     wrapper = AsyncBMXClient(AsyncElasticsearch("http://es:9200"))
     assert isinstance(wrapper.options(headers={"x": "1"}), AsyncBMXClient)
+
+
+async def test_the_wrappers_sidecar_calls_keep_no_cookie():
+    """The wrapper's own calls (analysis, term vectors, statistics) go with each request's credentials;
+    a cookie the cluster set on one of them must not go with the next request's, for another caller."""
+    import aiohttp
+
+    wrapper = AsyncBMXClient(AsyncElasticsearch("http://es:9200"))
+    try:
+        wrapper._core._ready()
+        assert isinstance(wrapper._core.session.cookie_jar, aiohttp.DummyCookieJar)
+    finally:
+        await wrapper._core.close()
+        await wrapper.client.close()

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import numpy as np
 import pytest
+from aiohttp import web
 
 from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
@@ -163,6 +164,40 @@ async def test_upstream_404_passes_through(proxy, client):
         client, f"{url}/missing/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}}
     )
     assert status == 404 and body["error"]["type"] == "index_not_found_exception"
+
+
+async def test_a_cookie_the_cluster_sets_for_one_caller_never_goes_with_another(client):
+    """A cluster behind a gateway or load balancer may set cookies (a session, a sticky node). An answer
+    takes them to its caller; the proxy's sessions keep none, so no other caller's request (passed
+    through, or a sidecar call on its behalf) carries them. aiohttp's default jar keeps cookies from a
+    named host (not from an IP address), so the cluster is reached as `localhost` here."""
+    seen: list[str | None] = []
+
+    @web.middleware
+    async def gateway(request: web.Request, handler):
+        seen.append(request.headers.get("Cookie"))
+        resp = await handler(request)
+        resp.set_cookie("session", request.headers.get("Authorization", "anyone"), path="/")
+        return resp
+
+    fake = FakeCluster()
+    app = fake.app()
+    app.middlewares.append(gateway)
+    runner, url = await start_server(app)
+    proxy_runner, purl = await run_proxy(url.replace("127.0.0.1", "localhost"))
+    try:
+        for who in ("Basic YWxpY2U6eA==", "Basic Ym9iOnk="):
+            headers = {"Authorization": who}
+            async with client.get(f"{purl}/echo/_doc/d1", headers=headers) as r:
+                assert r.status == 200 and r.cookies["session"].value == who, "the caller's own"
+            ext = {"field": "body", "query": "t0 t3", "window_size": 5}
+            body = {"query": {"match": {"body": "t0 t3"}}, "size": 2, "ext": {"bmx": ext}}
+            status, answer_headers, _ = await post(client, f"{purl}/docs/_search", body, headers=headers)
+            assert status == 200 and answer_headers["X-BMX-Rerank"] == "bmx"
+        assert len(seen) > 4 and seen == [None] * len(seen), seen  # sidecar calls too: analysis, terms
+    finally:
+        await proxy_runner.cleanup()
+        await runner.cleanup()
 
 
 # ---- reranking ----
