@@ -11,6 +11,8 @@ Ways of asking, per window N (10, 100, 1000):
   rescore N       size 10 with the engine's own `rescore` (window N, a `match` rescore query)
   passthrough     the plain size-10 request through the proxy, no ext.bmx
   bare relay      the same through a bare aiohttp relay (the floor of an aiohttp proxy hop)
+  client relay    the same through aiohttp's server with the protocol relay's upstream client (how an
+                  aiohttp hop's cost splits between its server and its client)
   protocol relay  the same through an HTTP/1.1 relay on asyncio.Protocol (the floor of a lower-level
                   Python server's hop: requests and answers framed, bytes forwarded)
   rerank warm N   ext.bmx window N, size 10, after the same search once (caches warm: the window
@@ -496,7 +498,71 @@ def protocol_relay_child(upstream: str, port: int, loop: str) -> None:
     _serve(Relay, port, loop)
 
 
-RELAYS = {"bare relay": "aiohttp", "protocol relay": "protocol"}  # row: kind
+def client_relay_child(upstream: str, port: int, loop: str) -> None:
+    """Between the two floors: aiohttp's server, with the protocol relay's framing as its upstream client
+    (a pool of keep-alive connections, each request's answer read whole). Against the bare relay, how
+    an aiohttp hop's cost splits between its server and its client."""
+    from aiohttp import web
+
+    parts, idle = urlsplit(upstream), []
+
+    class Upstream(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport, self.answer, self.waiter = transport, _Framer(), None
+
+        def data_received(self, data: bytes) -> None:
+            self.answer.buf += data
+            while self.answer.buf and self.waiter is not None:
+                out, whole = self.answer.take(self.method)
+                self.got += out
+                if whole:
+                    self.waiter.set_result(bytes(self.got))
+                    self.waiter = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self in idle:
+                idle.remove(self)
+            if self.waiter is not None:
+                self.waiter.set_exception(ConnectionError("upstream closed mid-answer"))
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        up = idle.pop() if idle else None
+        if up is None:
+            _, up = await asyncio.get_running_loop().create_connection(Upstream, parts.hostname, parts.port)
+        up.method, up.got, up.waiter = (
+            request.method.encode(),
+            bytearray(),
+            asyncio.get_running_loop().create_future(),
+        )
+        ctype = request.headers.get("Content-Type", "application/json")
+        up.transport.write(
+            f"{request.method} {request.raw_path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        answer = await up.waiter
+        idle.append(up)
+        head, data = answer[: len(up.answer.head)], answer[len(up.answer.head) :]
+        if _body_length(head, up.method) == CHUNKED:
+            data, chunks = b"", data
+            while (size := int(chunks[: chunks.find(b"\r\n")].split(b";")[0], 16)) > 0:
+                start = chunks.find(b"\r\n") + 2
+                data, chunks = data + chunks[start : start + size], chunks[start + size + 2 :]
+        status = int(head.split(None, 2)[1])
+        return web.Response(status=status, body=data, headers={"Content-Type": "application/json"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", handle)
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    print("ready", flush=True)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+RELAYS = {"bare relay": "aiohttp", "client relay": "client", "protocol relay": "protocol"}  # row: kind
 
 
 def process_cpu(pid: int) -> float:
@@ -907,7 +973,7 @@ def main() -> None:
     parser.add_argument("--relay-child", nargs="+", help=argparse.SUPPRESS)  # upstream port loop [kind]
     args = parser.parse_args()
     if args.relay_child:
-        children = {"aiohttp": relay_child, "protocol": protocol_relay_child}
+        children = {"aiohttp": relay_child, "client": client_relay_child, "protocol": protocol_relay_child}
         relay = (*args.relay_child, "aiohttp")[:4]
         if len(args.relay_child) not in (3, 4) or relay[3] not in children:
             parser.error(f"--relay-child upstream port loop [{'|'.join(children)}]")
