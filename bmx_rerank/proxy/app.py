@@ -17,6 +17,7 @@ from yarl import URL
 
 from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.errors import SearchError, bad_request, timed_out, unreachable
+from bmx_rerank.h1 import H1Session
 from bmx_rerank.identity import basic_auth, forwardable_headers
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
@@ -37,7 +38,8 @@ from bmx_rerank.upstream import Cluster
 
 log = logging.getLogger("bmx_rerank.proxy")
 READY_TIMEOUT = 5.0  # seconds each readiness check may take, at most
-# Connections per node: client traffic (passthrough and first stages), and the sidecar's own calls.
+# Connections to the cluster at most, each of the two clients (the proxy's own, `h1`, and aiohttp's for
+# streamed bodies): client traffic (passthrough and first stages), and the sidecar's own calls.
 CLIENT_CONNECTIONS = 256
 # Python collects its youngest generation every 700 net container allocations by default: a decoded
 # window of 100 hits alone holds more, so nearly every rerank ran a collection that walked its live
@@ -87,20 +89,17 @@ def make_app(
         # that caller alone, never with another caller's request (aiohttp's default jar would send it).
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
         connector = aiohttp.TCPConnector(limit=CLIENT_CONNECTIONS, ssl=tls)
-        state.session = FailoverSession(
-            aiohttp.ClientSession(
-                auto_decompress=False,
-                connector=connector,
-                timeout=timeout,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            ),
-            pool,
+        # Requests whose body is in memory go on connections of the proxy's own (`h1`, which keeps no
+        # cookie either); the rest by aiohttp's client.
+        session = aiohttp.ClientSession(
+            auto_decompress=False, connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
         )
+        state.session = FailoverSession(H1Session(session, limit=CLIENT_CONNECTIONS, tls=tls), pool)
         connector = aiohttp.TCPConnector(limit=SIDECAR_CONNECTIONS, ssl=tls)
-        sidecar = FailoverSession(
-            aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()),
-            pool,
+        session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
         )
+        sidecar = FailoverSession(H1Session(session, limit=SIDECAR_CONNECTIONS, tls=tls), pool)
         state.reranker = Reranker(
             Cluster(sidecar, state.base, config.timeout),  # type: ignore[arg-type]  # a ClientSession's calls
             stats(sidecar, state.base),  # type: ignore[arg-type]
