@@ -287,6 +287,18 @@ class H1Response:
     def iter_chunked(self, n: int) -> AsyncIterator[bytes]:  # noqa: ARG002  # as they come, whatever n
         return self.iter_any()
 
+    def in_hand(self) -> bytes | None:
+        """The whole body when all of it has come already (then the answer is done with), else None: a
+        small answer relayed in one write, not streamed."""
+        conn = self._conn
+        if not conn.complete or self._released:
+            return None
+        body = b"".join(conn.chunks)
+        conn.chunks.clear()
+        conn.buffered = 0
+        self.release()
+        return body
+
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.iter_any()])
 

@@ -20,6 +20,7 @@ from yarl import URL
 
 from bmx_rerank.deadline import budget, current
 from bmx_rerank.errors import bad_request, timed_out, unreachable
+from bmx_rerank.h1 import H1Response
 from bmx_rerank.proxy.bodies import BAD_ENCODING
 from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import SKIP_AUTO, client_headers, end_to_end_headers, json_headers
@@ -38,7 +39,8 @@ async def forward(
     headers: CIMultiDict[str] | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
-    """Send the request upstream and stream the answer back byte for byte."""
+    """Send the request upstream and stream the answer back byte for byte (in one go when it is all in
+    hand at once)."""
     state = request.app[STATE]
     hdrs = headers if headers is not None else client_headers(request)
     if isinstance(data, (bytes, bytearray)):
@@ -60,10 +62,18 @@ async def forward(
         )
     state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
     try:
-        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        # an answer all in hand already (most are: one read of the socket) goes in one write
+        whole = upstream.in_hand() if isinstance(upstream, H1Response) and request.method != "HEAD" else None
+        resp = (
+            web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            if whole is None
+            else web.Response(status=upstream.status, reason=upstream.reason, body=whole)
+        )
         resp.headers.extend(end_to_end_headers(upstream.headers))
         for name, value in (extra or {}).items():
             resp.headers[name] = value
+        if whole is not None:
+            return resp
         await resp.prepare(request)
         if request.method != "HEAD":
             async for chunk in upstream.content.iter_any():
