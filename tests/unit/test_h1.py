@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from yarl import URL
@@ -187,3 +188,15 @@ async def test_what_it_does_not_do_goes_by_aiohttp(server, session, monkeypatch)
         resp = await session.request(method, URL(f"{url}/plain"), **kwargs)
         resp.release()
     assert sent == ["HEAD", "POST", "POST"]
+
+
+async def test_a_small_answer_is_in_hand_at_once_a_large_one_is_streamed(server, session) -> None:
+    url, seen = server
+    resp = await session.request("GET", URL(f"{url}/plain"))
+    whole = resp.in_hand()
+    assert whole is not None and orjson.loads(whole)["n"] == 0
+    resp = await session.request("GET", URL(f"{url}/big"))
+    assert resp.in_hand() is None, "not all come yet: read as it comes"
+    assert len(await resp.read()) == 20 * HIGH_WATER
+    await (await session.request("GET", URL(f"{url}/plain"))).read()
+    assert len(set(seen)) == 1, "each answer used whole: one connection throughout"
