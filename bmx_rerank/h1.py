@@ -95,9 +95,8 @@ class H1Session:
         loop = asyncio.get_running_loop()
         tls = (self.tls or ssl.create_default_context()) if url.scheme == "https" else None
         key = ConnectionKey(node[1], node[2], tls is not None, tls, None, None, None, None)
-        limit = min(
-            (x for x in (timeout.sock_connect, timeout.connect, _left(deadline, loop)) if x), default=None
-        )
+        bounds = (timeout.sock_connect, timeout.connect, _left(deadline, loop))
+        limit = min((x for x in bounds if x is not None), default=None)
         connecting = loop.create_connection(
             lambda: _Connection(self, node),
             node[1],
@@ -202,9 +201,7 @@ class _Connection(asyncio.Protocol):
             idle.remove(self)
         if not hasattr(self, "parser") or self.complete:
             return
-        if self.head_done and not _announced(
-            self.raw_headers
-        ):  # an answer that ends when its connection does
+        if self.head_done and not _announced(self.raw_headers):  # it ends when its connection does
             self.complete = True
         elif self.head_done:
             self.failed = self.failed or aiohttp.ClientPayloadError("Response payload is not completed")
