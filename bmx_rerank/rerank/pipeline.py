@@ -691,8 +691,9 @@ class Reranker:
 
 async def _once_sent(work: Callable[[], None]) -> None:
     """`work`, once the call started just before it is on the wire, so that it runs while the cluster
-    answers: a turn of the event loop for that call's task to write its request's head, one for the
-    task aiohttp writes the body in (started lazily before Python 3.12)."""
+    answers: a turn of the event loop for that call's task to write its request (the proxy's own
+    client, `h1`, writes it whole there), one more for the task aiohttp writes a body in (started
+    lazily before Python 3.12), which the client wrappers' calls still go by."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     work()
