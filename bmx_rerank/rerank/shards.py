@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+import numpy as np
 import orjson
 
 from bmx_rerank.rerank.term_vector_cache import SHARD
@@ -107,23 +108,21 @@ def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict
     if any(not set(a) <= MERGED or not isinstance(a.get("hits"), Mapping) for a in answers):
         return None
     size = int(body.get("size", 10))
-    # (score, shard, place in the shard's answer): a shard's own order stays between equal scores; only
-    # the hits that make the window are copied (each shard sent a whole window of its own)
-    ranked = [
-        (-float(hit.get("_score") or 0.0), shard, place)
-        for shard, answer in enumerate(answers)
-        for place, hit in enumerate(answer["hits"].get("hits", []))
-    ]
-    ranked.sort()
+    # Every shard's hits in shard order, ranked by score with a stable sort: between equal scores the
+    # lower shard first, and a shard's own order. Only the hits that make the window are copied (each
+    # shard sent a whole window of its own); a window of 1,000 on 3 shards ranks 3,000 hits.
+    each = [answer["hits"].get("hits", []) for answer in answers]
+    every = [hit for hits in each for hit in hits]
+    scores = np.array([hit.get("_score") or 0.0 for hit in every], dtype=np.float64)
+    shard_of = np.repeat(np.arange(len(each)), [len(hits) for hits in each]).tolist()
+    ranked = np.argsort(-scores, kind="stable")[:size].tolist()
     hits: dict[str, Any] = {}
     total = _total([a["hits"].get("total") for a in answers], body.get("track_total_hits"))
     if total is not None:
         hits["total"] = total
     scores = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
     hits["max_score"] = max(scores) if scores else None
-    hits["hits"] = [
-        {**answers[shard]["hits"]["hits"][place], SHARD: shard} for _, shard, place in ranked[:size]
-    ]
+    hits["hits"] = [{**every[i], SHARD: shard_of[i]} for i in ranked]
     merged: dict[str, Any] = {
         "took": max(int(a.get("took", 0)) for a in answers),
         "timed_out": any(a.get("timed_out") for a in answers),
