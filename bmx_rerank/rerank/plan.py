@@ -66,6 +66,8 @@ def plan_search(
 
     A declined search goes as sent (`ext.bmx` removed) with `skipped` set. Under a policy, a search whose
     scoring clauses are on none of the policy's fields is not the policy's business: it passes unmarked."""
+    if policy is None and not asks_bmx(body):  # passed through as sent: nothing to copy deeply
+        return Plan(dict(body) if body is not None else None, dict(params))
     body_out = copy.deepcopy(dict(body)) if body is not None else None
     params_out = dict(params)
     raw = _pop_ext_bmx(body_out)
