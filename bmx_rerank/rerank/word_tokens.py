@@ -5,9 +5,11 @@ Most search analyzers work word by word (split at whitespace and punctuation, lo
 stop words): the tokens of a text are then its words' tokens in turn. `WordTokens` learns each word's
 tokens from the `_analyze` answers the rerank gets anyway (a token's `start_offset` says which word it
 comes from) and guesses a text whose every word it has seen, so the first stage with probes starts
-while `_analyze` still runs. A plain word not seen yet is guessed too, as the one lowercased token the
-`standard` analyzer makes of it, where the analyzer did so with every plain word it was seen with
-(RULE_EVIDENCE at least). A guess never scores anything: the rerank scores the real tokens, and
+while `_analyze` still runs. A word not seen yet is guessed too, as the `standard` analyzer would make
+its tokens (`_standard`: Unicode word boundaries, lowercased; "IL-10" -> il, 10; "U.S." -> u.s), where
+the analyzer did so with every word it was seen with (RULE_EVIDENCE at least) and the word is of the
+scripts and punctuation those rules are followed for here (checked word by word against the engines:
+tests/integration/test_tf_probe.py). A guess never scores anything: the rerank scores the real tokens, and
 checks once they are in that the probes covered every one of them (`Probe.covers`). If not (an
 analyzer that works across words: shingles, multi-word synonyms), that window's frequencies come from
 term vectors, as without probes, and that analyzer is not guessed for DISTRUST_SECONDS."""
@@ -15,6 +17,7 @@ term vectors, as without probes, and that analyzer is not guessed for DISTRUST_S
 from __future__ import annotations
 
 import re
+import unicodedata
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -24,11 +27,16 @@ AnalyzerKey = tuple[str, str]  # (index expression, "analyzer:NAME" or "field:NA
 WORDS = 50_000  # words remembered, every analyzer together (~250 bytes each: ~12 MB at most)
 DISTRUST_SECONDS = 600.0  # an analyzer whose guess missed is not guessed for this long
 _WORD = re.compile(r"\S+")
-# A plain word: letters and digits, punctuation at most around them ("cells,", "(p53)"), which the
-# `standard` analyzer makes one lowercased token of; a word with punctuation inside ("u.s.", "don't",
-# "covid-19") is guessed only once seen
-PLAIN = re.compile(r"\W*(\w+)\W*")
-RULE_EVIDENCE = 50  # plain words an analyzer must have made one lowercased token of, and none otherwise
+# Words an analyzer must have made the `standard` tokenizer's lowercased tokens of (`_standard`), and
+# no word otherwise, before an unseen word is guessed so
+RULE_EVIDENCE = 50
+# What joins two letters into one token ("u.s", "patient's"), and two digits ("1,000", "0.05"), in
+# Unicode word boundaries (MidLetter, MidNum, MidNumLet, Single_Quote); any other punctuation
+# always separates tokens ("il-10", "5mmol/l")
+BETWEEN_LETTERS = frozenset(".:'\u00b7\u2018\u2019\u2024\u2027")
+BETWEEN_DIGITS = frozenset(".,;'\u2018\u2019\u2024")
+PICTOGRAPHS = frozenset("\u00a9\u00ae\u203c\u2049")  # Extended_Pictographic below U+2300
+MAX_TOKEN = 255  # the standard tokenizer's longest token; a longer word is not guessed
 
 
 class WordTokens:
@@ -57,9 +65,9 @@ class WordTokens:
         ruled = self._ruled.get(analyzer, 0)
         for (_, _, word), its in zip(words, found, strict=True):
             self._words[(*analyzer, word)] = tuple(its)
-            plain = _plain(word)
-            if plain is not None and ruled >= 0:
-                ruled = ruled + 1 if its == plain else -1
+            rule = _standard(word)
+            if rule is not None and ruled >= 0:
+                ruled = ruled + 1 if its == rule else -1
         self._ruled[analyzer] = ruled
 
     def guess(self, analyzer: AnalyzerKey, text: str) -> list[str] | None:
@@ -71,7 +79,7 @@ class WordTokens:
         for word in _WORD.findall(text):
             its = self._words.get((*analyzer, word))
             if its is None and ruled:
-                its = _plain(word)
+                its = _standard(word)
             if its is None:
                 return None
             out.extend(its)
@@ -94,10 +102,63 @@ def _words(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _plain(word: str) -> list[str] | None:
-    """The standard analyzer's token of a plain word, None for another word."""
-    m = PLAIN.fullmatch(word)
-    return None if m is None else [m.group(1).lower()]
+def _standard(word: str) -> list[str] | None:
+    """The tokens the `standard` analyzer makes of a word of letters (Latin, Greek, Cyrillic), ASCII
+    digits and underscores, with punctuation or symbols among them (Unicode word boundaries: a period,
+    apostrophe or colon joins two letters, a period, comma, semicolon or apostrophe two digits, an
+    underscore anything, anything else separates), lowercased as Lucene's LowerCaseFilter does; None
+    for any other word (another script, a mark, a pictograph), whose rules are not followed here."""
+    if len(word) > MAX_TOKEN:
+        return None
+    out: list[str] = []
+    token = ""
+    for at, c in enumerate(word):
+        if (c.isascii() and c.isalnum()) or (c.isalpha() and ord(c) < 0x530) or c == "_":
+            token += c  # "_" joins whatever it touches (ExtendNumLet)
+            continue
+        if not _separates_or_joins(c):
+            return None
+        after = word[at + 1 : at + 2]
+        before = token[-1:]
+        if after and before and _joins(before, c, after):
+            token += c
+            continue
+        if token:
+            out.append(token)
+        token = ""
+    if token:
+        out.append(token)
+    if any(not t.strip("_") for t in out):
+        return None  # underscores alone
+    lowered = [_lowered(t) for t in out]
+    return None if None in lowered else lowered  # type: ignore[return-value]
+
+
+def _separates_or_joins(c: str) -> bool:
+    """A character the `standard` tokenizer keeps in no token of its own: punctuation, or a symbol of
+    ASCII, Latin-1 or the mathematical operators (not a pictograph: those are emoji tokens, as are
+    `©`, `®`, `‼`, `⁉`)."""
+    category = unicodedata.category(c)
+    if c in PICTOGRAPHS or category[0] not in "PS":
+        return False
+    return ord(c) <= 0xFF or category[0] == "P" and ord(c) < 0x2070 or 0x2200 <= ord(c) < 0x2300
+
+
+def _joins(before: str, c: str, after: str) -> bool:
+    """Whether `c` between these two characters stays inside a token (Unicode word boundaries' rules
+    WB6/WB7 and WB11/WB12)."""
+    if before.isalpha() and after.isalpha():
+        return c in BETWEEN_LETTERS
+    if before.isdigit() and after.isdigit():
+        return c in BETWEEN_DIGITS
+    return False
+
+
+def _lowered(text: str) -> str | None:
+    """`text` lowercased one character at a time (as Java's `Character.toLowerCase`: no context, a
+    final sigma stays σ); None where a character lowercases to several."""
+    out = [c.lower() for c in text]
+    return "".join(out) if all(len(c) == 1 for c in out) else None
 
 
 def _units(text: str) -> int:

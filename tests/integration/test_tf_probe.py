@@ -3,6 +3,7 @@ proxy using them answers exactly as one fetching `_mtermvectors`, also after doc
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import uuid
@@ -404,6 +405,38 @@ def test_a_query_of_known_words_is_probed_from_its_guessed_tokens(corpus) -> Non
         guessing.close()
         fetched.close()
         recorder.close()
+
+
+def test_an_unseen_word_is_guessed_as_the_engines_standard_analyzer_makes_it(engine: EngineClient) -> None:
+    """`word_tokens._standard` (the rule an unseen word is guessed by) against the engine's own
+    `standard` analyzer, word by word: every SciFact query word and the words of 1,500 of its documents
+    with anything but letters and digits in them (hyphens, slashes, periods, apostrophes, underscores,
+    URLs, Greek letters, math symbols; ~10,000 words). A word the rule takes must come out exactly so;
+    it may leave a word to `_analyze` (another script, a pictograph), but few."""
+    from bmx_rerank.rerank.word_tokens import _WORD, _standard
+
+    texts = [q["text"] for q in scifact_records("queries.jsonl")]
+    texts += [f"{d['title']} {d['text']}" for d in scifact_records("corpus.jsonl", 1500)]
+    words = sorted({w for t in texts for w in _WORD.findall(t) if not w.isalnum()})
+    assert len(words) > 5000
+    guessed = 0
+    for at in range(0, len(words), 500):
+        chunk = words[at : at + 500]
+        tokens = engine.ok("POST", "/_analyze", {"analyzer": "standard", "text": chunk})["tokens"]
+        # the values of an array are analysed as one text, each value one offset past the last
+        starts, offset = [], 0
+        for w in chunk:
+            starts.append(offset)
+            offset += len(w.encode("utf-16-le")) // 2 + 1
+        made: list[list[str]] = [[] for _ in chunk]
+        for token in tokens:
+            made[bisect.bisect_right(starts, token["start_offset"]) - 1].append(token["token"])
+        for word, real in zip(chunk, made, strict=True):
+            rule = _standard(word)
+            if rule is not None:
+                guessed += 1
+                assert rule == real, word
+    assert guessed > 0.98 * len(words), (guessed, len(words))
 
 
 def test_a_guess_an_analyzer_across_words_breaks_still_answers_exactly(engine: EngineClient) -> None:

@@ -53,21 +53,60 @@ def test_an_analyzer_whose_guess_missed_is_not_guessed_for_a_while() -> None:
     assert WordTokens(capacity=0).guess(STANDARD, "new") is None
 
 
-def test_an_unseen_plain_word_is_one_lowercased_token_once_the_analyzer_showed_it_makes_them_so() -> None:
+def test_an_unseen_word_is_guessed_as_the_standard_analyzer_makes_it_once_it_showed_it_does() -> None:
     from bmx_rerank.rerank.word_tokens import RULE_EVIDENCE
 
     words = WordTokens()
-    seen = [f"Word{i}" for i in range(RULE_EVIDENCE - 1)] + ["U.S."]  # "U.S." is no evidence: not plain
+    seen = [f"Word{i}" for i in range(RULE_EVIDENCE - 2)] + ["U.S."]  # a word with a period: evidence too
     offsets, at = [], 0
     for w in seen:
         offsets.append((w.lower().rstrip("."), at))
         at += len(w) + 1
     words.learn(STANDARD, " ".join(seen), offsets)
-    assert words.guess(STANDARD, "Unseen") is None, "not yet enough plain words"
-    words.learn(STANDARD, "Tree", [("tree", 0)])
-    assert words.guess(STANDARD, "(Unseen), U.S.") == ["unseen", "u.s"]
-    assert words.guess(STANDARD, "Unseen-Word") is None, "punctuation inside: only once seen"
-    # a plain word the analyzer makes another token of (a stemmer): unseen words are not guessed any more
+    assert words.guess(STANDARD, "Unseen") is None, "not yet enough words"
+    words.learn(STANDARD, "IL-10", [("il", 0), ("10", 3)])
+    assert words.guess(STANDARD, "(Unseen), H2A.Z Unseen-Word") == ["unseen", "h2a.z", "unseen", "word"]
+    assert words.guess(STANDARD, "日本") is None, "another script: its rules are not followed here"
+    # a word the analyzer makes another token of (a stemmer): unseen words are not guessed any more
     words.learn(STANDARD, "cells", [("cell", 0)])
     assert words.guess(STANDARD, "cells") == ["cell"]
     assert words.guess(STANDARD, "Unseen") is None
+
+
+def test_the_standard_analyzers_tokens_of_a_word() -> None:
+    from bmx_rerank.rerank.word_tokens import _standard
+
+    cases = {
+        "Cells,": ["cells"],
+        "(p53)": ["p53"],
+        "IL-10": ["il", "10"],
+        "5mmol/L.": ["5mmol", "l"],
+        "U.S.": ["u.s"],
+        "patient's": ["patient's"],
+        "they\u2019re": ["they\u2019re"],
+        "1,000": ["1,000"],
+        "0.05%": ["0.05"],
+        "a,b": ["a", "b"],  # a comma joins digits only
+        "3.a": ["3", "a"],  # a period joins two letters or two digits, not one of each
+        "H2A.Z": ["h2a.z"],
+        "a..b": ["a", "b"],
+        "NP_001243169.1": ["np_001243169.1"],  # an underscore joins whatever it touches
+        "(+)-": [],
+        "x\u2013y\u2264z": ["x", "y", "z"],  # an en dash and a math operator separate
+        "ΣΟΦΟΣ": ["σοφοσ"],  # lowercased character by character: no final sigma
+        "Straße-X": ["straße", "x"],
+    }
+    for word, tokens in cases.items():
+        assert _standard(word) == tokens, word
+    for word in (
+        "日本",
+        "e\u0301t\u00e9",
+        "\u00a9",
+        "a\u00adb",
+        "\u0130x",
+        "x\u00b2",
+        "___",
+        "😀",
+        "a" * 256,
+    ):
+        assert _standard(word) is None, word
