@@ -197,12 +197,14 @@ class Reranker:
                 for may_be_lean in (True, False):  # a lean window that misses goes again, full
                     if window is not None:
                         window.close()
-                    window, answer = self.open(index_expr, plan, headers), None
+                    window, answer = self.open(index_expr, plan, headers, analyse_later=True), None
                     await self.prober.add(window, who, headers)
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
+                    searched = asyncio.ensure_future(self._search(window, first_stage, msearch, headers))
+                    window.analyse()  # after the first stage's request is written: it goes first
                     try:
-                        answer = await self._search(window, first_stage, msearch, headers)
+                        answer = await searched
                     except lean.Miss:
                         self.metrics.first_stage.labels("lean_missed").inc()
                         continue
@@ -375,19 +377,24 @@ class Reranker:
             body["query"] = widen(body["query"], spec.field_names, augment.queries)
         return replace(plan, spec=replace(spec, augment=augment), body=body)
 
-    def open(self, index_expr: str, plan: Plan, headers: Mapping[str, str]) -> Window:
+    def open(
+        self, index_expr: str, plan: Plan, headers: Mapping[str, str], *, analyse_later: bool = False
+    ) -> Window:
         """The window's request, with the analysis and the statistics lookups (one per field) started,
-        to overlap with the first stage. The caller closes it."""
+        to overlap with the first stage. `analyse_later`: where the tokens can be guessed (nothing
+        waits for the analysis before the first stage is sent), the analysis waits for
+        `Window.analyse`. The caller closes it."""
         assert plan.spec is not None
-        tokens = None
+        tokens, guessed, gate = None, None, None
         if known_index(index_expr):
-            tokens = asyncio.ensure_future(self.analysis.tokens(index_expr, plan, headers))
+            guessed = self.analysis.guess(index_expr, plan)
+            gate = asyncio.Event() if analyse_later and guessed is not None else None
+            tokens = asyncio.ensure_future(self._analysed(index_expr, plan, headers, gate))
         stats = {f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(plan.scored)}
         digest = window_digest(index_expr, plan)
         body, params = window_request(index_expr, plan, digest)
         window = Window(index_expr, plan, digest, body, params, tokens, stats)
-        if tokens is not None:
-            window.guessed = self.analysis.guess(index_expr, plan)
+        window.guessed, window.analysis_gate = guessed, gate
         return window
 
     async def finish(
@@ -682,6 +689,13 @@ class Reranker:
                 if exc.status not in (400, 404):
                     raise
         return await self.analysis.tokens(hits[0]["_index"], window.plan, headers)
+
+    async def _analysed(
+        self, index_expr: str, plan: Plan, headers: Mapping[str, str], gate: asyncio.Event | None
+    ) -> Tokens:
+        if gate is not None:
+            await gate.wait()
+        return await self.analysis.tokens(index_expr, plan, headers)
 
     async def _stats(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then

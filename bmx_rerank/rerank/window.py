@@ -47,10 +47,17 @@ class Window:
     # built from them (the analysis was not in yet): the rerank then checks they covered the real ones
     guessed: Tokens | None = None
     probes_guessed: bool = False
+    # holds the analysis back until the first stage is sent (`analyse`), where its tokens were guessed
+    analysis_gate: asyncio.Event | None = None
 
     @property
     def lean(self) -> bool:
         return self.page_fetch is not None
+
+    def analyse(self) -> None:
+        """Let the analysis go, held back until now (the first stage just started) if it was."""
+        if self.analysis_gate is not None:
+            self.analysis_gate.set()
 
     def close(self) -> None:
         """Cancel the calls still running; retrieve the failures of those that ended (so asyncio does
