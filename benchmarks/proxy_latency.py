@@ -2,8 +2,9 @@
 
 For each engine: index SciFact (title + text, standard analyzer, 1 shard) into a fresh
 `bmxtest-proxy-bench-*` index and start two proxies in child processes (exact statistics from one
-sweep, held in memory): a "warm" one with its caches, and a "first sight" one with every cache off
-(term vectors, lengths, analysis), so each of its reranks is the first sight of its window and query.
+sweep, held in memory; served as `bmx-rerank serve` serves, its log included): a "warm" one with its
+caches, and a "first sight" one with every cache off (term vectors, lengths, analysis), so each of its
+reranks is the first sight of its window and query.
 Ways of asking, per window N (10, 100, 1000):
 
   plain size-10   a `match` query, size 10, straight to the engine
@@ -39,6 +40,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import logging
 import os
 import re
 import signal
@@ -194,9 +196,9 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
 
 
 def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus, lengths) -> None:
-    from aiohttp import web
-
+    from bmx_rerank.logs import json_log_handler
     from bmx_rerank.proxy import ProxyConfig, make_app
+    from bmx_rerank.proxy.server import ConnectionLimits, serve_forever
 
     # with lengths: first sights without _mtermvectors
     stats = stats_source(index, corpus, lengths, shard_count(upstream, index))
@@ -207,9 +209,10 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
         import uvloop
 
         uvloop.install()
-    web.run_app(
-        app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None, reuse_port=True
-    )
+    # as `bmx-rerank serve` serves: its server (connection limits, errors in Elasticsearch's shape) and
+    # its log at its default level, a JSON line a request (written to /dev/null here)
+    logging.basicConfig(level="INFO", handlers=[json_log_handler(open(os.devnull, "w"))], force=True)
+    serve_forever(app, "127.0.0.1", port, reuse_port=True, limits=ConnectionLimits())
 
 
 def cache_option(caches: bool) -> dict[str, int]:
