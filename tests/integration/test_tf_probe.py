@@ -3,7 +3,6 @@ proxy using them answers exactly as one fetching `_mtermvectors`, also after doc
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import json
 import uuid
@@ -15,6 +14,7 @@ import pytest
 
 from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import pipeline, tf_probe
+from bmx_rerank.rerank.word_tokens import _standard
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.lengths import DocLengths
 from bmx_rerank.stats.source import FixedStats
@@ -25,6 +25,7 @@ from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
 from tests.support.recorder import Recorder
 from tests.support.reranked import TV, same, scores, search
+from tests.support.words import punctuated, standard_tokens
 
 pytestmark = pytest.mark.integration
 
@@ -411,31 +412,19 @@ def test_an_unseen_word_is_guessed_as_the_engines_standard_analyzer_makes_it(eng
     """`word_tokens._standard` (the rule an unseen word is guessed by) against the engine's own
     `standard` analyzer, word by word: every SciFact query word and the words of 1,500 of its documents
     with anything but letters and digits in them (hyphens, slashes, periods, apostrophes, underscores,
-    URLs, Greek letters, math symbols; ~10,000 words). A word the rule takes must come out exactly so;
-    it may leave a word to `_analyze` (another script, a pictograph), but few."""
-    from bmx_rerank.rerank.word_tokens import _WORD, _standard
-
+    URLs, Greek letters, math symbols; ~10,000 words; all of both corpora: benchmarks/word_guesses.py).
+    A word the rule takes must come out exactly so; it may leave a word to `_analyze` (another script,
+    a pictograph), but few."""
     texts = [q["text"] for q in scifact_records("queries.jsonl")]
     texts += [f"{d['title']} {d['text']}" for d in scifact_records("corpus.jsonl", 1500)]
-    words = sorted({w for t in texts for w in _WORD.findall(t) if not w.isalnum()})
+    words = punctuated(texts)
     assert len(words) > 5000
     guessed = 0
-    for at in range(0, len(words), 500):
-        chunk = words[at : at + 500]
-        tokens = engine.ok("POST", "/_analyze", {"analyzer": "standard", "text": chunk})["tokens"]
-        # the values of an array are analysed as one text, each value one offset past the last
-        starts, offset = [], 0
-        for w in chunk:
-            starts.append(offset)
-            offset += len(w.encode("utf-16-le")) // 2 + 1
-        made: list[list[str]] = [[] for _ in chunk]
-        for token in tokens:
-            made[bisect.bisect_right(starts, token["start_offset"]) - 1].append(token["token"])
-        for word, real in zip(chunk, made, strict=True):
-            rule = _standard(word)
-            if rule is not None:
-                guessed += 1
-                assert rule == real, word
+    for word, real in zip(words, standard_tokens(engine.ok, words), strict=True):
+        rule = _standard(word)
+        if rule is not None:
+            guessed += 1
+            assert rule == real, word
     assert guessed > 0.98 * len(words), (guessed, len(words))
 
 

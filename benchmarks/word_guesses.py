@@ -1,0 +1,62 @@
+"""How an unseen word is guessed (`rerank/word_tokens.py`, `_standard`) against the engine's own
+`standard` analyzer, on every word of SciFact and NFCorpus (queries and documents) with anything but
+letters and digits in it: how many words the rule takes, how many of those come out exactly as the
+engine makes them (the rest would be a guess that misses: its window reads term vectors), and how
+many probes a guess would add beyond the engine's tokens. CI checks ~10,000 of these words on every
+engine (tests/integration/test_tf_probe.py).
+
+    .venv/bin/python -m benchmarks.word_guesses [--upstream http://127.0.0.1:9200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+from benchmarks.proxy_latency import Http
+from bmx_rerank.rerank.word_tokens import _standard
+from tests.support.data import BEIR
+from tests.support.words import punctuated, standard_tokens
+
+
+def texts(dataset: str) -> list[str]:
+    out = []
+    for name, fields in (("queries.jsonl", ("text",)), ("corpus.jsonl", ("title", "text"))):
+        with open(BEIR / dataset / name) as fh:
+            out += [" ".join(str(json.loads(line).get(f, "")) for f in fields) for line in fh]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--upstream", default="http://127.0.0.1:9200")
+    args = parser.parse_args()
+    engine = Http(args.upstream)
+    # the node's version from `_nodes`: Elasticsearch's integ-test zip has no `GET /`
+    node = next(iter(engine.ok("GET", "/_nodes/_local")["nodes"].values()))
+    print(f"{args.upstream}: version {node['version']}")
+    print(
+        "| corpus | punctuated words | taken by the rule | exactly the engine's tokens | not | extra probes |"
+    )
+    print("|---|---|---|---|---|---|")
+    for dataset in ("scifact", "nfcorpus"):
+        words = punctuated(texts(dataset))
+        taken = exact = extra = 0
+        left: collections.Counter[str] = collections.Counter()
+        for word, real in zip(words, standard_tokens(engine.ok, words), strict=True):
+            rule = _standard(word)
+            if rule is None:
+                left.update(c for c in word if not c.isalnum())
+                continue
+            taken += 1
+            exact += rule == real
+            extra += len(set(rule) - set(real))
+        print(f"| {dataset} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
+        print(f"  left to `_analyze`, most common characters: {left.most_common(12)}")
+
+
+if __name__ == "__main__":
+    main()
