@@ -1,9 +1,10 @@
 """Two versions of the proxy side by side against one engine, interleaved query by query: p50 of a
-reranked search (window 100, one client) through each, next to a plain search of the window, and
+reranked search (window 100, one client; `passthrough`: the plain size-10 search, not reranked)
+through each, next to a plain search of the window (of 10 for `passthrough`), and
 each proxy's CPU per request, and how many answers the two versions gave differently (ids or scores).
 What changed in the code, apart from what changed in the machine.
 
-    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first]
+    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1]
 
 Each checkout runs its own `python -m benchmarks.proxy_latency --serve-child` (statistics swept by that
@@ -26,7 +27,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkouts", nargs=2)
-    parser.add_argument("--mode", choices=("warm", "first"), default="warm")
+    parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
@@ -59,24 +60,26 @@ def main() -> None:
         through: list[list[float]] = [[], []]
         before = [proxy.cpu() for proxy in proxies]
         differ = 0  # searches the two versions answered with other hits or other scores
+        passthrough = args.mode == "passthrough"
+        size = 10 if passthrough else args.window
         for _ in range(2):
             for q in queries:
                 start = time.perf_counter()
-                engine.ok("POST", path, plain(q, args.window))
+                engine.ok("POST", path, plain(q, size))
                 direct.append(time.perf_counter() - start)
                 answers = []
                 for k, conn in enumerate(conns):
                     start = time.perf_counter()
-                    answer = conn.ok("POST", path, rerank(q, args.window))
+                    answer = conn.ok("POST", path, plain(q, 10) if passthrough else rerank(q, args.window))
                     through[k].append(time.perf_counter() - start)
-                    assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+                    assert passthrough or answer["_bmx"]["reranked"] is True, answer["_bmx"]
                     answers.append([(h["_id"], h["_score"]) for h in answer["hits"]["hits"]])
                 differ += not _same_page(*answers)
         after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
             f"{args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each; "
-            f"plain size-{args.window}: {base:.2f} ms"
+            f"plain size-{size}: {base:.2f} ms"
         )
         for k, checkout in enumerate(args.checkouts):
             p50 = statistics.median(through[k]) * 1000
