@@ -2,6 +2,10 @@
 size-10/100/1000, size-100 without _source, the term-frequency probes in the placement the proxy uses
 (`tf_probe.with_probes`: a `should` branch that never matches) and in the earlier one (a `filter` with
 `match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
+The lean first stage as the proxy sends it (no stored field; `rerank/lean.py`) with and without the
+probes, the page of 10 it then fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
+probed lean stage carrying its page as a `top_hits` aggregation of the best 20 (`_source`): a way to
+save the page fetch's round trip, measured and not taken (benchmarks/RESULTS.md).
 Each probed answer is checked against the plain one: the same ids and scores, and the probes reported.
 
     .venv/bin/python -m benchmarks.first_stage_costs http://127.0.0.1:9200 [QUERIES]
@@ -69,6 +73,22 @@ def main() -> None:
                     r,
                 )
                 t("s100 nosrc + probes (never-matching branch)", named, {**now, "_source": False})
+            lean = {"query": orig, "size": 100, "stored_fields": "_none_", "seq_no_primary_term": True}
+            got = t("lean s100", f"/{idx}/_search", lean)
+            if probe is not None:
+                probed = tf_probe.with_probes(lean, probe)
+                t("lean s100 + probes", named, probed)
+                top = {"top_hits": {"size": 20, "seq_no_primary_term": True, "_source": True}}
+                t("lean s100 + probes + top_hits 20 (page inside)", named, {**probed, "aggs": {"page": top}})
+            seqs = [h["_seq_no"] for h in got["hits"]["hits"][:10]]
+            by_seq = {"bool": {"filter": [{"term": {"_index": idx}}, {"terms": {"_seq_no": seqs}}]}}
+            t(
+                "page of 10 by _seq_no",
+                f"/{idx}/_search",
+                {"query": by_seq, "size": 10, "track_total_hits": False},
+            )
+            rescore = {"window_size": 100, "query": {"rescore_query": orig}}
+            t("rescore w100", f"/{idx}/_search", {"query": orig, "size": 10, "rescore": rescore})
             ids = [h["_id"] for h in r["hits"]["hits"][:10]]
             page = {"query": {"bool": {"must": [orig], "filter": [{"ids": {"values": ids}}]}}, "size": 10}
             t("ids10", f"/{idx}/_search", page)

@@ -5,13 +5,14 @@ engine makes them (the rest would be a guess that misses: its window reads term 
 many probes a guess would add beyond the engine's tokens. CI checks ~10,000 of these words on every
 engine (tests/integration/test_tf_probe.py).
 
-    .venv/bin/python -m benchmarks.word_guesses [--upstream http://127.0.0.1:9200]
+    .venv/bin/python -m benchmarks.word_guesses [--upstream http://127.0.0.1:9200] [--docs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 
 from benchmarks.proxy_latency import Http
@@ -20,11 +21,13 @@ from tests.support.data import BEIR
 from tests.support.words import punctuated, standard_tokens
 
 
-def texts(dataset: str) -> list[str]:
+def texts(dataset: str, docs: int) -> list[str]:
+    """The corpus's queries and its first `docs` documents (0: all), title and text."""
     out = []
-    for name, fields in (("queries.jsonl", ("text",)), ("corpus.jsonl", ("title", "text"))):
+    for name, fields, limit in (("queries.jsonl", ("text",), 0), ("corpus.jsonl", ("title", "text"), docs)):
         with open(BEIR / dataset / name) as fh:
-            out += [" ".join(str(json.loads(line).get(f, "")) for f in fields) for line in fh]
+            lines = itertools.islice(fh, limit or None)
+            out += [" ".join(str(json.loads(line).get(f, "")) for f in fields) for line in lines]
     return out
 
 
@@ -33,6 +36,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
+    parser.add_argument("--docs", type=int, default=0, help="documents of each corpus (0: all)")
     args = parser.parse_args()
     engine = Http(args.upstream)
     # the node's version from `_nodes`: Elasticsearch's integ-test zip has no `GET /`
@@ -43,7 +47,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     for dataset in ("scifact", "nfcorpus"):
-        words = punctuated(texts(dataset))
+        words = punctuated(texts(dataset, args.docs))
         taken = exact = extra = 0
         left: collections.Counter[str] = collections.Counter()
         for word, real in zip(words, standard_tokens(engine.ok, words), strict=True):
