@@ -9,10 +9,11 @@ while `_analyze` still runs. A word not seen yet is guessed too, as the `standar
 its tokens (`_standard`: Unicode word boundaries, lowercased; "IL-10" -> il, 10; "U.S." -> u.s), where
 the analyzer did so with every word it was seen with (RULE_EVIDENCE at least) and the word is of the
 scripts and punctuation those rules are followed for here (checked word by word against the engines:
-tests/integration/test_tf_probe.py). A guess never scores anything: the rerank scores the real tokens, and
-checks once they are in that the probes covered every one of them (`Probe.covers`). If not (an
-analyzer that works across words: shingles, multi-word synonyms), that window's frequencies come from
-term vectors, as without probes, and that analyzer is not guessed for DISTRUST_SECONDS."""
+tests/integration/test_tf_probe.py, benchmarks/word_guesses.py). A guess never scores anything: the
+rerank scores the real tokens, and checks once they are in that the probes covered every one of them
+(`Probe.covers`). If not (an analyzer that works across words: shingles, multi-word synonyms), that
+window's frequencies come from term vectors, as without probes, and that analyzer is not guessed for
+DISTRUST_SECONDS."""
 
 from __future__ import annotations
 
