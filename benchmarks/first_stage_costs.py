@@ -20,6 +20,7 @@ import uuid
 
 from benchmarks.proxy_latency import Http, index_corpus
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.lean import lean_body, page_body
 from tests.support.data import scifact_records
 
 WARMUP = 20
@@ -73,20 +74,15 @@ def main() -> None:
                     r,
                 )
                 t("s100 nosrc + probes (never-matching branch)", named, {**now, "_source": False})
-            lean = {"query": orig, "size": 100, "stored_fields": "_none_", "seq_no_primary_term": True}
+            lean = lean_body({"query": orig, "size": 100})
             got = t("lean s100", f"/{idx}/_search", lean)
             if probe is not None:
                 probed = tf_probe.with_probes(lean, probe)
                 t("lean s100 + probes", named, probed)
                 top = {"top_hits": {"size": 20, "seq_no_primary_term": True, "_source": True}}
                 t("lean s100 + probes + top_hits 20 (page inside)", named, {**probed, "aggs": {"page": top}})
-            seqs = [h["_seq_no"] for h in got["hits"]["hits"][:10]]
-            by_seq = {"bool": {"filter": [{"term": {"_index": idx}}, {"terms": {"_seq_no": seqs}}]}}
-            t(
-                "page of 10 by _seq_no",
-                f"/{idx}/_search",
-                {"query": by_seq, "size": 10, "track_total_hits": False},
-            )
+            by_seq = page_body({idx: [h["_seq_no"] for h in got["hits"]["hits"][:10]]}, {})
+            t("page of 10 by _seq_no", f"/{idx}/_search", by_seq)
             rescore = {"window_size": 100, "query": {"rescore_query": orig}}
             t("rescore w100", f"/{idx}/_search", {"query": orig, "size": 10, "rescore": rescore})
             ids = [h["_id"] for h in r["hits"]["hits"][:10]]

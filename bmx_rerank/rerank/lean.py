@@ -128,14 +128,35 @@ async def narrow(window: Window, fans_out: Callable[[], Awaitable[bool]]) -> boo
         {k: body[k] for k in FETCHED if k in body},
         {k: v for k, v in params.items() if k in FETCHED_PARAMS or k in PAGE_PARAMS},
     )
-    window.body = {
+    window.body = lean_body(body)
+    window.params = {k: v for k, v in params.items() if k not in FETCHED_PARAMS}
+    return True
+
+
+def lean_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A first stage's body asking for no stored field, each hit named by its version instead."""
+    return {
         **{k: v for k, v in body.items() if k not in FETCHED},
         "stored_fields": "_none_",
         "seq_no_primary_term": True,
         "version": True,  # from doc values, as `_seq_no`: what `frequencies` checks term vectors against
     }
-    window.params = {k: v for k, v in params.items() if k not in FETCHED_PARAMS}
-    return True
+
+
+def page_body(by_index: Mapping[str, Sequence[int]], shown: Mapping[str, Any]) -> dict[str, Any]:
+    """The search of one shard's page documents: per index, a `terms` on their `_seq_no`, each hit
+    showing `shown` (what the caller asked a hit to show)."""
+    which = [
+        {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": list(seqs)}}]}}
+        for ix, seqs in by_index.items()
+    ]
+    return {
+        "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
+        "size": sum(map(len, by_index.values())),
+        "track_total_hits": False,
+        **shown,
+        "seq_no_primary_term": True,
+    }
 
 
 def check_hits(window: Window, hits: Sequence[Mapping[str, Any]]) -> None:
@@ -179,19 +200,6 @@ async def fetch(
             int(hit["_seq_no"])
         )
 
-    def body_of(by_index: dict[str, list[int]]) -> dict[str, Any]:
-        which = [
-            {"bool": {"filter": [{"term": {"_index": ix}}, {"terms": {"_seq_no": seqs}}]}}
-            for ix, seqs in by_index.items()
-        ]
-        return {
-            "query": {"bool": {"filter": [{"bool": {"should": which}}]}},
-            "size": sum(map(len, by_index.values())),
-            "track_total_hits": False,
-            **shown,
-            "seq_no_primary_term": True,
-        }
-
     def query(shard: int) -> dict[str, str]:
         # a shard's documents from that shard alone (any copy holds the same versions)
         return {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else dict(params)
@@ -200,7 +208,7 @@ async def fetch(
         path = f"/{window.index_expr}/_search" + ("?" + urlencode(q) if (q := query(shard)) else "")
         return await cluster.request("POST", path, body, headers)  # type: ignore[no-any-return]
 
-    searches = {shard: body_of(by_index) for shard, by_index in by_shard.items()}
+    searches = {shard: page_body(by_index, shown) for shard, by_index in by_shard.items()}
     answers = None
     if len(searches) > 1 and shards.in_header(params):
         lines = shards.msearch_lines(
