@@ -36,6 +36,24 @@ TERM_VECTOR_PARAMETERS = {
 }
 
 
+@dataclass(frozen=True)
+class FieldAnalyzers:
+    """A field's analyzers by name, as its mapping resolves them: `index` makes the documents' tokens,
+    `search` a match query's, `quote` a phrase's (None: the field has no such analyzer, e.g. a keyword)."""
+
+    index: str | None
+    search: str | None
+    quote: str | None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> FieldAnalyzers:
+        """From a field's mapping with its defaults; a mapping read without them (an older or partial
+        answer) names only what it sets, and the rest falls back as the cluster's own defaults do."""
+        index = spec.get("analyzer")
+        search = spec.get("search_analyzer", index)
+        return cls(index, search, spec.get("search_quote_analyzer", search))
+
+
 class TermFreq(msgspec.Struct, gc=False):
     term_freq: int
 
@@ -229,22 +247,26 @@ class Cluster:
         answer = await self.request("POST", f"/{index}/_analyze", body, headers, retried=True)
         return [(tok["token"], int(tok.get("start_offset", -1))) for tok in answer.get("tokens", [])]
 
-    async def search_analyzer(
+    async def field_analyzers(
         self, index: str, field_name: str, headers: Mapping[str, str] | None = None
-    ) -> str | None:
-        """The `search_analyzer` of `field_name` in `index`'s mapping, if it sets one.
+    ) -> set[FieldAnalyzers]:
+        """How each index `index` names analyses `field_name`, as its mapping resolves it (defaults
+        included): one entry when they all agree, none when no index maps the field.
 
-        A match query analyzes its text with it, while `_analyze` with `field` applies the index
-        analyzer: query tokens must come from the former to be the tokens the cluster searched with."""
+        The cluster resolves a match query's analyzer itself (a field's `search_analyzer`, the index's
+        `default_search`, the field's `analyzer`; Elasticsearch and OpenSearch in different orders),
+        while `_analyze` with `field` applies the index analyzer: query tokens must come from the
+        resolved one, by name, to be the tokens the cluster searched with."""
         answer = await self.request(
-            "GET", f"/{index}/_mapping/field/{field_name}", None, headers, retried=True
+            "GET", f"/{index}/_mapping/field/{field_name}?include_defaults=true", None, headers, retried=True
         )
+        found = set()
         for mapping in (answer or {}).values():
             leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
             for spec in leaf.values():
-                if isinstance(spec, dict) and spec.get("search_analyzer"):
-                    return str(spec["search_analyzer"])
-        return None
+                if isinstance(spec, dict):
+                    found.add(FieldAnalyzers.of(spec))
+        return found
 
     async def mtermvectors_fields(
         self,

@@ -16,14 +16,16 @@ from bmx_rerank.errors import UpstreamError
 from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank.plan import Plan
-from bmx_rerank.rerank.query import fields, leaves
+from bmx_rerank.rerank.query import Node, fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries
 from bmx_rerank.rerank.window import Tokens
 from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.upstream import Cluster, FieldAnalyzers
 
 AnalysisKey = tuple[str, str, str, str]
-_UNREAD = object()  # a field whose mapping was not read (its search analyzer may be None: not set)
+_UNREAD = object()  # a field whose mapping was not read
+# a field no index maps, or whose mapping the caller may not read: `_analyze` with the field
+UNMAPPED = FieldAnalyzers(None, None, None)
 ANALYZER_TTL = 60.0  # seconds a field's search analyzer is remembered (mappings change rarely)
 ANALYZER_CACHE = 4096  # (index, field) pairs remembered at most
 
@@ -66,16 +68,23 @@ class Analysis:
         self.metrics = metrics
         self.cache = cache if cache is not None else AnalysisCache()
         self.identity_headers = tuple(identity_headers)
-        self._analyzers: TTLCache[tuple[str, str], str | None] = TTLCache(ANALYZER_CACHE, ANALYZER_TTL)
+        self._analyzers: TTLCache[tuple[str, str], FieldAnalyzers | None] = TTLCache(
+            ANALYZER_CACHE, ANALYZER_TTL
+        )
         self.words = words if words is not None else WordTokens()
 
-    async def tokens(self, index: str, plan: Plan, headers: Mapping[str, str]) -> Tokens:
-        """Every leaf's text and every augmentation, analysed with the search analyzer of its field."""
+    async def tokens(
+        self, index: str, plan: Plan, headers: Mapping[str, str], *, searched: str | None = None
+    ) -> Tokens:
+        """Every leaf's text and every augmentation, analysed on `index` with the search analyzer of its
+        field in every index `searched` names (default: `index`). Raises `AnalysisDeclined` where no
+        one analyzer makes a field's query tokens."""
         assert plan.spec is not None
         tree = plan.scored
         names = fields(tree)
-        analyzers = await asyncio.gather(*(self.search_analyzer(index, f, headers) for f in names))
-        by_field = dict(zip(names, analyzers, strict=True))
+        searched = searched or index
+        found_analyzers = await asyncio.gather(*(self.field_analyzers(searched, f, headers) for f in names))
+        by_field = {f: _searched_with(f, a, tree) for f, a in zip(names, found_analyzers, strict=True)}
         pairs = list(
             dict.fromkeys(p for leaf in leaves(tree) for p in leaf_queries(leaf, plan.spec.augment.queries))
         )
@@ -109,12 +118,18 @@ class Analysis:
                 self.words.missed(analyzer)
 
     def _known_analyzer(self, index: str, field: str) -> AnalyzerKey | None:
-        """What analyses the field's texts, if its mapping was read already (None: not yet)."""
-        name = self._analyzers.get((index, field), _UNREAD)
-        return None if name is _UNREAD else _analyzer(index, field, name)  # type: ignore[arg-type]
+        """What analyses the field's query texts, if its mapping was read already and names one
+        (None: not yet, or not one)."""
+        known = self._analyzers.get((index, field), _UNREAD)
+        if known is _UNREAD or known is None:
+            return None
+        return _analyzer(index, field, _search_name(known))  # type: ignore[arg-type]
 
-    async def search_analyzer(self, index: str, field: str, headers: Mapping[str, str]) -> str | None:
-        """The field's search analyzer, if its mapping sets one (and the caller may read the mapping).
+    async def field_analyzers(
+        self, index: str, field: str, headers: Mapping[str, str]
+    ) -> FieldAnalyzers | None:
+        """The field's analyzers as its mapping resolves them (`UNMAPPED`: none read), None when the
+        indices `index` names resolve them differently.
 
         A mapping read is remembered for ANALYZER_TTL seconds and shared by every caller: it is the
         index's, not the caller's, and who may search the index learns nothing else from it (each caller
@@ -126,15 +141,17 @@ class Analysis:
         if known is not _UNREAD:
             return known  # type: ignore[return-value]
         try:
-            name = await self.metrics.timed("mapping", self.cluster.search_analyzer(index, field, headers))
+            found = await self.metrics.timed("mapping", self.cluster.field_analyzers(index, field, headers))
         except UpstreamError as exc:
             # Reading mappings needs view_index_metadata, which a search-only user may lack: analyze
-            # with the field then, which is exact unless the mapping sets a search_analyzer.
+            # with the field then, which is exact unless the mapping or the index's settings set a
+            # search analyzer.
             if exc.status not in (400, 401, 403, 404, 405):
                 raise
-            return None
-        self._analyzers[key] = name
-        return name
+            return UNMAPPED
+        resolved = None if len(found) > 1 else next(iter(found), UNMAPPED)
+        self._analyzers[key] = resolved
+        return resolved
 
     async def _analyze(
         self, index: str, field: str, text: str, headers: Mapping[str, str], analyzer: str | None
@@ -146,6 +163,30 @@ class Analysis:
         )
         self.words.learn(_analyzer(index, field, analyzer), text, found)
         return [token for token, _ in found]
+
+
+class AnalysisDeclined(Exception):
+    """No one analyzer makes a field's query tokens: the window is not reranked, for `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _searched_with(field: str, analyzers: FieldAnalyzers | None, tree: Node) -> str | None:
+    """The analyzer to name in `_analyze` for the field's query texts (None: the field's own)."""
+    if analyzers is None:
+        raise AnalysisDeclined("analyzers_differ")  # the indices searched analyse the field differently
+    if analyzers.quote != analyzers.search and any(
+        leaf.quoted and leaf.field == field for leaf in leaves(tree)
+    ):  # a phrase's text is analysed with search_quote_analyzer: not one set of tokens per field text
+        raise AnalysisDeclined("search_quote_analyzer")
+    return _search_name(analyzers)
+
+
+def _search_name(analyzers: FieldAnalyzers) -> str | None:
+    """The search analyzer by name, where it is not the index analyzer `_analyze` with `field` applies."""
+    return analyzers.search if analyzers.search != analyzers.index else None
 
 
 def _analyzer(index: str, field: str, analyzer: str | None) -> AnalyzerKey:

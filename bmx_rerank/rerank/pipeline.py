@@ -37,7 +37,7 @@ from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
-from bmx_rerank.rerank.analysis import Analysis, AnalysisCache
+from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
@@ -492,7 +492,12 @@ class Reranker:
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
         if window.lean:
             lean.check_hits(window, hits)
-        tokens = await self._tokens(window, hits, headers)
+        try:
+            tokens = await self._tokens(window, hits, headers)
+        except AnalysisDeclined as declined:
+            raise WindowDeclined(
+                declined.reason, {"reranked": True, **base, "candidates": len(hits)}
+            ) from None
         # A window is kept whole (rerank/term_vector_cache.py: in a small LRU of its own the first
         # time); never with PRF, which reads every term of the window's documents.
         prf = spec.augment.provider == "prf"
@@ -688,7 +693,7 @@ class Reranker:
             except UpstreamError as exc:
                 if exc.status not in (400, 404):
                     raise
-        return await self.analysis.tokens(hits[0]["_index"], window.plan, headers)
+        return await self.analysis.tokens(hits[0]["_index"], window.plan, headers, searched=window.index_expr)
 
     async def _analysed(
         self, index_expr: str, plan: Plan, headers: Mapping[str, str], gate: asyncio.Event | None

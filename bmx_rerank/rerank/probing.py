@@ -18,6 +18,7 @@ from cachetools import TTLCache
 from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.analysis import AnalysisDeclined
 from bmx_rerank.rerank.window import Tokens, Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -106,6 +107,8 @@ class Prober:
             tokens, views, guessed = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
         except (SearchError, asyncio.TimeoutError):
             return "timeout"  # the rerank analyses again on the hits' index, or fails as it would have
+        except AnalysisDeclined as declined:
+            return declined.reason  # no query tokens: the window is declined once the first stage is in
         if tokens is None:
             return "no_named_scores"
         if tables and not any(v.lengths is not None for v in views):

@@ -29,6 +29,7 @@ class Text:
     field: str
     text: str
     boost: float = 1.0
+    quoted: bool = False  # a phrase's text: the cluster analyses it with the field's search_quote_analyzer
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ class _Reader:
         options: Mapping[str, Any] = value if isinstance(value, Mapping) else {"query": value}
         if not self._plain_options(options):
             return None
-        return Text(field, _text(options.get("query")), _boost(options))
+        return Text(field, _text(options.get("query")), _boost(options), quoted=kind == "match_phrase")
 
     def _match_phrase(self, body: Mapping[str, Any]) -> Node | None:
         # The phrase (and its slop) decides which documents match, in the first stage; its terms are scored.
@@ -222,7 +223,7 @@ class _Reader:
             return None
         if kind not in MULTI_MATCH_TYPES:
             raise Declined("malformed", f"unknown multi_match type [{kind}]")
-        return self._on_fields(body, body.get("fields"), MULTI_MATCH_TYPES[kind])
+        return self._on_fields(body, body.get("fields"), MULTI_MATCH_TYPES[kind], quoted=kind == "phrase")
 
     def _combined_fields(self, body: Mapping[str, Any]) -> Node | None:
         return self._on_fields(body, body.get("fields"), "sum")
@@ -236,7 +237,7 @@ class _Reader:
         if kind in PREFIX_TYPES or kind not in MULTI_MATCH_TYPES:
             self.decline("query_string", f"query_string type [{kind}]")
             return None
-        return self._on_fields(body, fields, MULTI_MATCH_TYPES[kind])
+        return self._on_fields(body, fields, MULTI_MATCH_TYPES[kind], quoted=kind == "phrase")
 
     def _simple_query_string(self, body: Mapping[str, Any]) -> Node | None:
         plain = str(body.get("flags", "ALL")).upper() == "NONE"
@@ -259,7 +260,9 @@ class _Reader:
         parts = [n for q in _items(body.get("queries")) if (n := self.node(q, in_max=True)) is not None]
         return _fold("max", parts, _number(body.get("tie_breaker", 0.0), "tie_breaker"), _boost(body))
 
-    def _on_fields(self, body: Mapping[str, Any], fields: Any, how: How) -> Node | None:
+    def _on_fields(
+        self, body: Mapping[str, Any], fields: Any, how: How, *, quoted: bool = False
+    ) -> Node | None:
         if not self._plain_options(body):
             return None
         if fields is None or fields == []:
@@ -275,7 +278,7 @@ class _Reader:
             return None
         text = _text(body.get("query"))
         tie = _number(body.get("tie_breaker", 0.0), "tie_breaker") if how == "max" else 0.0
-        return _fold(how, [Text(n, text, b) for n, b in weighted], tie, _boost(body))
+        return _fold(how, [Text(n, text, b, quoted) for n, b in weighted], tie, _boost(body))
 
     def _plain_options(self, options: Mapping[str, Any]) -> bool:
         fuzziness = options.get("fuzziness")

@@ -58,3 +58,94 @@ def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
         )
     finally:
         engine.call("DELETE", f"/{index}")
+
+
+NO_T3 = {
+    "filter": {"drop_t3": {"type": "stop", "stopwords": ["t3"]}},
+    "analyzer": {"no_t3": {"type": "custom", "tokenizer": "standard", "filter": ["drop_t3"]}},
+}
+
+
+def _reranked(engine: EngineClient, index: str, query: dict) -> dict:
+    body = {"size": 30, "query": query, "ext": {"bmx": {"field": "body"}}}
+    with BMXClient(official_client(engine.kind, engine.url, asynchronous=False)) as bmx:
+        return bmx.search(index=index, body=body)
+
+
+def _assert_scored_with(answer: dict, query: list[str]) -> None:
+    got = {h["_id"]: h["_score"] for h in answer["hits"]["hits"]}
+    want = _expected(query)
+    assert answer["_bmx"]["reranked"] is True
+    assert set(got) == set(want)
+    np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(got)], rtol=1e-6)
+
+
+def test_the_index_default_search_analyzer_decides_the_query_tokens(engine: EngineClient):
+    """`analysis.analyzer.default_search` analyses a match query on a field that names no search
+    analyzer; the field's mapping does not show it unless its defaults are asked for."""
+    index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "number_of_shards": 2,
+        "analysis": {**NO_T3, "analyzer": {"default_search": NO_T3["analyzer"]["no_t3"]}},
+    }
+    try:
+        index_vectors(engine, index, settings, {"properties": {"body": {"type": "text"}}})
+        _assert_scored_with(_reranked(engine, index, {"match": {"body": "t0 t3"}}), ["t0"])
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_a_field_analyzer_beside_default_search_is_resolved_as_the_cluster_does(engine: EngineClient):
+    """A field naming its `analyzer` in an index with `default_search`: Elasticsearch searches it with
+    the field's analyzer, OpenSearch with default_search. The rerank's tokens follow the cluster."""
+    index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "number_of_shards": 1,
+        "analysis": {**NO_T3, "analyzer": {"default_search": NO_T3["analyzer"]["no_t3"]}},
+    }
+    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+    try:
+        index_vectors(engine, index, settings, mappings)
+        t3_matches = engine.ok("POST", f"/{index}/_count", {"query": {"match": {"body": "t3"}}})["count"]
+        searched = ["t0", "t3"] if t3_matches else ["t0"]
+        assert searched == (["t0", "t3"] if engine.kind == "elasticsearch" else ["t0"])
+        _assert_scored_with(_reranked(engine, index, {"match": {"body": "t0 t3"}}), searched)
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_a_phrase_on_a_field_with_its_own_quote_analyzer_is_declined(engine: EngineClient):
+    """A phrase is analysed with `search_quote_analyzer`: where it differs from the search analyzer, a
+    phrase's window is answered as the cluster ranks it, with the reason; a match is reranked."""
+    index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
+    mappings = {"properties": {"body": {"type": "text", "search_quote_analyzer": "no_t3"}}}
+    try:
+        index_vectors(engine, index, {"number_of_shards": 1, "analysis": NO_T3}, mappings)
+        phrase = _reranked(engine, index, {"match_phrase": {"body": {"query": "t0 t3", "slop": 50}}})
+        assert phrase["_bmx"]["reranked"] is False
+        assert phrase["_bmx"]["skipped"] == "search_quote_analyzer"
+        _assert_scored_with(_reranked(engine, index, {"match": {"body": "t0 t3"}}), ["t0", "t3"])
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_indices_that_analyse_a_field_differently_are_declined_together(engine: EngineClient):
+    """One search over two indices whose search analyzers differ has no one set of query tokens: it is
+    answered as the cluster ranks it, with the reason."""
+    stem = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
+    mappings = {"properties": {"body": {"type": "text"}}}
+    try:
+        index_vectors(engine, f"{stem}-a", {"number_of_shards": 1}, mappings)
+        default_search = {"default_search": NO_T3["analyzer"]["no_t3"]}
+        index_vectors(
+            engine,
+            f"{stem}-b",
+            {"number_of_shards": 1, "analysis": {**NO_T3, "analyzer": default_search}},
+            mappings,
+        )
+        answer = _reranked(engine, f"{stem}-*", {"match": {"body": "t0 t3"}})
+        assert answer["_bmx"]["reranked"] is False and answer["_bmx"]["skipped"] == "analyzers_differ"
+        assert len(answer["hits"]["hits"]) == 30
+        _assert_scored_with(_reranked(engine, f"{stem}-a", {"match": {"body": "t0 t3"}}), ["t0", "t3"])
+    finally:
+        engine.call("DELETE", f"/{stem}-a,{stem}-b")

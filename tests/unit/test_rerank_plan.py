@@ -263,7 +263,7 @@ def test_ext_query_names_the_text_and_replaces_the_query_scoring():
 def test_bool_with_filters_scores_its_text_and_keeps_the_filters_in_the_first_stage():
     query = {"bool": {"must": {"match_phrase": {"body": "a b"}}, "filter": [{"term": {"k": 1}}]}}
     plan = plan_search({"query": query, "post_filter": {"term": {"j": 1}}, "ext": {"bmx": EXT}}, {})
-    assert plan.scoring == Text("body", "a b") and plan.query_text == "a b"
+    assert plan.scoring == Text("body", "a b", quoted=True) and plan.query_text == "a b"
     assert plan.body["query"] == query and plan.body["post_filter"] == {"term": {"j": 1}}
 
 

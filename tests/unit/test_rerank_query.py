@@ -30,7 +30,7 @@ T, C = Text, Combine
         ({"match": {"text": {"query": "a", "boost": 3}}}, T("text", "a", 3.0)),
         ({"match": {"year": 2020}}, T("year", "2020")),
         ({"match": {"text": {"query": "a", "fuzziness": 0}}}, T("text", "a")),
-        ({"match_phrase": {"text": {"query": "a b", "slop": 2}}}, T("text", "a b")),
+        ({"match_phrase": {"text": {"query": "a b", "slop": 2}}}, T("text", "a b", quoted=True)),
         (
             {"multi_match": {"query": "q", "fields": ["title^2", "text"], "tie_breaker": 0.3}},
             C("max", (T("title", "q", 2.0), T("text", "q")), 0.3),
@@ -41,7 +41,7 @@ T, C = Text, Combine
         ),
         (
             {"multi_match": {"query": "q", "fields": ["title", "text"], "type": "phrase"}},
-            C("max", (T("title", "q"), T("text", "q"))),
+            C("max", (T("title", "q", quoted=True), T("text", "q", quoted=True))),
         ),
         (
             {"multi_match": {"query": "q", "fields": ["title", "text^3"], "type": "cross_fields"}},
@@ -79,7 +79,7 @@ T, C = Text, Combine
                     "boost": 2,
                 }
             },
-            C("sum", (T("text", "a"), T("title", "b")), 0.0, 2.0),
+            C("sum", (T("text", "a"), T("title", "b", quoted=True)), 0.0, 2.0),
         ),
         ({"bool": {"must": {"match": {"text": "a"}}, "filter": {"term": {"k": 1}}}}, T("text", "a")),
         (
