@@ -2,8 +2,9 @@
 `standard` analyzer, on every word of SciFact and NFCorpus (queries and documents) with anything but
 letters and digits in it: how many words the rule takes, how many of those come out exactly as the
 engine makes them (the rest would be a guess that misses: its window reads term vectors), and how
-many probes a guess would add beyond the engine's tokens. CI checks ~10,000 of these words on every
-engine (tests/integration/test_tf_probe.py).
+many probes a guess would add beyond the engine's tokens; then every word of up to three characters of
+the character classes the rule tells apart, and of four of those that join two others. CI checks
+~10,000 of the corpora's words and every short word on every engine (tests/integration/test_tf_probe.py).
 
     .venv/bin/python -m benchmarks.word_guesses [--upstream http://127.0.0.1:9200] [--docs N]
 """
@@ -18,7 +19,7 @@ import json
 from benchmarks.proxy_latency import Http
 from bmx_rerank.rerank.word_tokens import _standard
 from tests.support.data import BEIR
-from tests.support.words import punctuated, standard_tokens
+from tests.support.words import CLASSES, JOINING, punctuated, short_words, standard_tokens
 
 
 def texts(dataset: str, docs: int) -> list[str]:
@@ -60,6 +61,19 @@ def main() -> None:
             extra += len(set(rule) - set(real))
         print(f"| {dataset} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
         print(f"  left to `_analyze`, most common characters: {left.most_common(12)}")
+    # every short word of the classes the rule tells apart (tests/support/words.py)
+    for name, words in (
+        ("short words: 1-3 characters of CLASSES", short_words(CLASSES, 3)),
+        ("short words: 4 characters of JOINING", short_words(JOINING, 4)),
+    ):
+        taken = exact = extra = 0
+        for word, real in zip(words, standard_tokens(engine.ok, words, batch=3000), strict=True):
+            rule = _standard(word)
+            if rule is not None:
+                taken += 1
+                exact += rule == real
+                extra += len(set(rule) - set(real))
+        print(f"| {name} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ class Metrics:
         self.token_guesses = Counter(
             "bmx_token_guesses",
             "First stages whose probes were built from tokens guessed word by word (not waiting for "
-            "_analyze), by whether they covered the real tokens (covered, missed)",
+            "_analyze), by whether they covered the real tokens (covered, missed); windows whose tokens "
+            "were known word by word with no _analyze at all (known)",
             ["outcome"],
             registry=self.registry,
         )

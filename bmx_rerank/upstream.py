@@ -8,6 +8,7 @@ error passes through as `UpstreamError`, an unreachable cluster is a 502 and a s
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,22 +37,36 @@ TERM_VECTOR_PARAMETERS = {
 }
 
 
+# How a mapping names the built-in `standard` analyzer, unless the index defines an analyzer so named
+# (`default`: what a field that names none is analysed with)
+BUILTIN_STANDARD = frozenset({"standard", "default"})
+
+
 @dataclass(frozen=True)
 class FieldAnalyzers:
     """A field's analyzers by name, as its mapping resolves them: `index` makes the documents' tokens,
-    `search` a match query's, `quote` a phrase's (None: the field has no such analyzer, e.g. a keyword)."""
+    `search` a match query's, `quote` a phrase's (None: the field has no such analyzer, e.g. a keyword).
+    `standard`: the search analyzer is the built-in `standard` one. `generation` names the indices'
+    identities and analysis settings as read (None: not readable): an analyzer's tokens learned under
+    one generation are never taken for another's."""
 
     index: str | None
     search: str | None
     quote: str | None
+    standard: bool = False
+    generation: str | None = None
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> FieldAnalyzers:
-        """From a field's mapping with its defaults; a mapping read without them (an older or partial
-        answer) names only what it sets, and the rest falls back as the cluster's own defaults do."""
+    def of(
+        cls, spec: Mapping[str, Any], custom: Sequence[str] | None = None, generation: str | None = None
+    ) -> FieldAnalyzers:
+        """From a field's mapping with its defaults (a mapping read without them names only what it
+        sets, and the rest falls back as the cluster's own defaults do), and the analyzers its index
+        defines (`custom`; None: not known)."""
         index = spec.get("analyzer")
         search = spec.get("search_analyzer", index)
-        return cls(index, search, spec.get("search_quote_analyzer", search))
+        standard = custom is not None and search in BUILTIN_STANDARD and search not in custom
+        return cls(index, search, spec.get("search_quote_analyzer", search), standard, generation)
 
 
 class TermFreq(msgspec.Struct, gc=False):
@@ -257,16 +272,39 @@ class Cluster:
         `default_search`, the field's `analyzer`; Elasticsearch and OpenSearch in different orders),
         while `_analyze` with `field` applies the index analyzer: query tokens must come from the
         resolved one, by name, to be the tokens the cluster searched with."""
-        answer = await self.request(
-            "GET", f"/{index}/_mapping/field/{field_name}?include_defaults=true", None, headers, retried=True
+        answer, settings = await asyncio.gather(
+            self.request(
+                "GET",
+                f"/{index}/_mapping/field/{field_name}?include_defaults=true",
+                None,
+                headers,
+                retried=True,
+            ),
+            self._analysis_settings(index, headers),
         )
+        generation = None
+        if settings is not None:
+            sorted_json = orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)
+            generation = hashlib.blake2b(sorted_json, digest_size=8).hexdigest()
         found = set()
-        for mapping in (answer or {}).values():
+        for name, mapping in (answer or {}).items():
             leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
+            analysis = (settings or {}).get(name, {}).get("settings", {}).get("index", {}).get("analysis", {})
+            custom = None if settings is None else list(analysis.get("analyzer", {}))
             for spec in leaf.values():
                 if isinstance(spec, dict):
-                    found.add(FieldAnalyzers.of(spec))
+                    found.add(FieldAnalyzers.of(spec, custom, generation))
         return found
+
+    async def _analysis_settings(
+        self, index: str, headers: Mapping[str, str] | None
+    ) -> dict[str, Any] | None:
+        """Each index's uuid and analysis settings (None: the caller may not read them)."""
+        path = f"/{index}/_settings?filter_path=*.settings.index.uuid,*.settings.index.analysis"
+        try:
+            return await self.request("GET", path, None, headers, retried=True) or {}
+        except UpstreamError:
+            return None
 
     async def mtermvectors_fields(
         self,

@@ -19,7 +19,7 @@ from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Node, fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries
 from bmx_rerank.rerank.window import Tokens
-from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens
+from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens, standard_analysis
 from bmx_rerank.upstream import Cluster, FieldAnalyzers
 
 AnalysisKey = tuple[str, str, str, str]
@@ -117,13 +117,32 @@ class Analysis:
             if (analyzer := self._known_analyzer(index, f)) is not None:
                 self.words.missed(analyzer)
 
+    def known(self, index: str, plan: Plan) -> Tokens | None:
+        """`tokens`' answer known without `_analyze`, else None: where every field's search analyzer is
+        the built-in `standard` one, as its mapping read earlier says, and every text one whose tokens
+        `standard_analysis` knows."""
+        assert plan.spec is not None
+        out: Tokens = {}
+        for leaf in leaves(plan.scored):
+            resolved = self._analyzers.get((index, leaf.field))
+            if not isinstance(resolved, FieldAnalyzers) or not resolved.standard:
+                return None
+            if leaf.quoted and resolved.quote != resolved.search:
+                return None
+            for f, text in leaf_queries(leaf, plan.spec.augment.queries):
+                tokens = standard_analysis(text)
+                if tokens is None:
+                    return None
+                out[(f, text)] = tokens
+        return out
+
     def _known_analyzer(self, index: str, field: str) -> AnalyzerKey | None:
         """What analyses the field's query texts, if its mapping was read already and names one
         (None: not yet, or not one)."""
         known = self._analyzers.get((index, field), _UNREAD)
         if known is _UNREAD or known is None:
             return None
-        return _analyzer(index, field, _search_name(known))  # type: ignore[arg-type]
+        return _analyzer(index, field, known)  # type: ignore[arg-type]
 
     async def field_analyzers(
         self, index: str, field: str, headers: Mapping[str, str]
@@ -154,14 +173,14 @@ class Analysis:
         return resolved
 
     async def _analyze(
-        self, index: str, field: str, text: str, headers: Mapping[str, str], analyzer: str | None
+        self, index: str, field: str, text: str, headers: Mapping[str, str], analyzers: FieldAnalyzers
     ) -> list[str]:
         if not text.strip():
             return []
         found = await self.metrics.timed(
-            "analyze", self.cluster.analyze(index, field, text, headers, analyzer)
+            "analyze", self.cluster.analyze(index, field, text, headers, _search_name(analyzers))
         )
-        self.words.learn(_analyzer(index, field, analyzer), text, found)
+        self.words.learn(_analyzer(index, field, analyzers), text, found)
         return [token for token, _ in found]
 
 
@@ -173,15 +192,15 @@ class AnalysisDeclined(Exception):
         self.reason = reason
 
 
-def _searched_with(field: str, analyzers: FieldAnalyzers | None, tree: Node) -> str | None:
-    """The analyzer to name in `_analyze` for the field's query texts (None: the field's own)."""
+def _searched_with(field: str, analyzers: FieldAnalyzers | None, tree: Node) -> FieldAnalyzers:
+    """The analyzers of the field's query texts, where one analyzer makes them."""
     if analyzers is None:
         raise AnalysisDeclined("analyzers_differ")  # the indices searched analyse the field differently
     if analyzers.quote != analyzers.search and any(
         leaf.quoted and leaf.field == field for leaf in leaves(tree)
     ):  # a phrase's text is analysed with search_quote_analyzer: not one set of tokens per field text
         raise AnalysisDeclined("search_quote_analyzer")
-    return _search_name(analyzers)
+    return analyzers
 
 
 def _search_name(analyzers: FieldAnalyzers) -> str | None:
@@ -189,6 +208,10 @@ def _search_name(analyzers: FieldAnalyzers) -> str | None:
     return analyzers.search if analyzers.search != analyzers.index else None
 
 
-def _analyzer(index: str, field: str, analyzer: str | None) -> AnalyzerKey:
-    """What analyses a field's texts: its mapping's search analyzer by name, else the field's own."""
-    return (index, f"analyzer:{analyzer}" if analyzer else f"field:{field}")
+def _analyzer(index: str, field: str, analyzers: FieldAnalyzers) -> AnalyzerKey:
+    """What analyses a field's query texts: its search analyzer by name, else the field's own; in the
+    generation of the index's settings it was read in (a recreated index, changed analysis settings:
+    another key)."""
+    name = _search_name(analyzers)
+    what = f"analyzer:{name}" if name else f"field:{field}"
+    return (index, what if analyzers.generation is None else f"{what}@{analyzers.generation}")

@@ -386,7 +386,12 @@ class Reranker:
         `Window.analyse`. The caller closes it."""
         assert plan.spec is not None
         tokens, guessed, gate = None, None, None
-        if known_index(index_expr):
+        known = self.analysis.known(index_expr, plan) if known_index(index_expr) else None
+        if known is not None:
+            tokens = asyncio.get_running_loop().create_future()  # no `_analyze`: every word is known
+            tokens.set_result(known)
+            self.metrics.token_guesses.labels("known").inc()
+        elif known_index(index_expr):
             guessed = self.analysis.guess(index_expr, plan)
             gate = asyncio.Event() if analyse_later and guessed is not None else None
             tokens = asyncio.ensure_future(self._analysed(index_expr, plan, headers, gate))

@@ -28,6 +28,9 @@ AnalyzerKey = tuple[str, str]  # (index expression, "analyzer:NAME" or "field:NA
 WORDS = 50_000  # words remembered, every analyzer together (~250 bytes each: ~12 MB at most)
 DISTRUST_SECONDS = 600.0  # an analyzer whose guess missed is not guessed for this long
 _WORD = re.compile(r"\S+")
+# Whitespace that may not part two tokens: U+202F joins letters as ExtendNumLet in Unicode word
+# boundaries, so a text with any whitespace but ASCII's is not taken word by word
+_UNSURE_SPACE = re.compile(r"[^\S \t\n\r\f\v]")
 # Words an analyzer must have made the `standard` tokenizer's lowercased tokens of (`_standard`), and
 # no word otherwise, before an unseen word is guessed so
 RULE_EVIDENCE = 50
@@ -53,7 +56,7 @@ class WordTokens:
     def learn(self, analyzer: AnalyzerKey, text: str, tokens: Sequence[tuple[str, int]]) -> None:
         """Remember the words of `text` with their tokens (`tokens`: each with its `start_offset`, in
         UTF-16 code units as the cluster counts them); nothing when a token starts outside a word."""
-        if self.capacity <= 0:
+        if self.capacity <= 0 or _UNSURE_SPACE.search(text):
             return
         words = _words(text)
         starts = [start for start, _, _ in words]
@@ -89,6 +92,23 @@ class WordTokens:
     def missed(self, analyzer: AnalyzerKey) -> None:
         """A guess of this analyzer left a real token unprobed: stop guessing for it a while."""
         self._distrusted[analyzer] = True
+
+
+def standard_analysis(text: str) -> list[str] | None:
+    """The tokens the built-in `standard` analyzer makes of `text`, where every word is one `_standard`
+    reads and ASCII whitespace alone parts them (Unicode word boundaries never join two characters
+    across it); else None. Checked against every engine on every word of up to three characters of
+    the classes the rule tells apart, and on every punctuated word of two corpora
+    (tests/integration/test_tf_probe.py, benchmarks/word_guesses.py)."""
+    if _UNSURE_SPACE.search(text):
+        return None
+    out: list[str] = []
+    for word in _WORD.findall(text):
+        tokens = _standard(word)
+        if tokens is None:
+            return None
+        out.extend(tokens)
+    return out
 
 
 def _words(text: str) -> list[tuple[int, int, str]]:

@@ -110,3 +110,40 @@ def test_the_standard_analyzers_tokens_of_a_word() -> None:
         "a" * 256,
     ):
         assert _standard(word) is None, word
+
+
+def test_the_builtin_standard_analyzers_tokens_of_a_text_are_its_words_tokens_in_turn() -> None:
+    from bmx_rerank.rerank.word_tokens import standard_analysis
+
+    assert standard_analysis("The U.S.\tdon't-stop  IL-10\n") == ["the", "u.s", "don't", "stop", "il", "10"]
+    assert standard_analysis("") == [] and standard_analysis("-- ,") == []
+    assert standard_analysis("cells 細胞") is None, "a word of another script: its rules are not followed"
+    assert standard_analysis("a\u202fb") is None, "U+202F joins two letters into one token"
+    assert standard_analysis("a\u00a0b") is None, "only ASCII whitespace parts words for sure"
+
+
+def test_a_text_with_other_whitespace_than_asciis_teaches_no_word() -> None:
+    """U+202F (narrow no-break space) joins two letters into one `standard` token: a text with it is
+    not its words' tokens in turn."""
+    words = WordTokens()
+    words.learn(STANDARD, "a\u202fb c", [("a\u202fb", 0), ("c", 4)])
+    assert words.guess(STANDARD, "a") is None and words.guess(STANDARD, "c") is None, "nothing learned"
+    words.learn(STANDARD, "a b", [("a", 0), ("b", 2)])
+    assert words.guess(STANDARD, "b a") == ["b", "a"]
+
+
+def test_a_fields_search_analyzer_is_the_builtin_standard_only_where_the_index_defines_no_such_name() -> None:
+    from bmx_rerank.upstream import FieldAnalyzers
+
+    plain = {"analyzer": "default", "search_analyzer": "default", "search_quote_analyzer": "default"}
+    assert FieldAnalyzers.of(plain, []).standard
+    assert FieldAnalyzers.of({**plain, "analyzer": "standard", "search_analyzer": "standard"}, []).standard
+    assert not FieldAnalyzers.of(plain, ["default"]).standard, "the index's own `default`"
+    assert not FieldAnalyzers.of(plain, None).standard, "settings not readable: not known"
+    assert not FieldAnalyzers.of({**plain, "search_analyzer": "default_search"}, ["default_search"]).standard
+    assert not FieldAnalyzers.of({"analyzer": "english"}, []).standard
+    # a mapping read without its defaults names only what it sets
+    assert FieldAnalyzers.of({"search_analyzer": "s"}) == FieldAnalyzers(None, "s", "s")
+    assert FieldAnalyzers.of({"analyzer": "a", "search_quote_analyzer": "q"}, [], "g") == FieldAnalyzers(
+        "a", "a", "q", False, "g"
+    )
