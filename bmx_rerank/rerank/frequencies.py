@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
@@ -25,6 +27,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     field_keys,
     versions_digest,
 )
+from bmx_rerank.scoring import Candidates
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
@@ -40,6 +43,58 @@ class Nameless:
 
     identify: Callable[[list[dict[str, Any]]], Awaitable[None]]
     tables: Mapping[str, str]
+
+
+@dataclass
+class ProbedTerms:
+    """A probed window's terms: the probes' table (`counts`) for the hits `scored` from it, with their
+    lengths per field, and the term vectors of the hits whose probes could not be read (`vectors`); any
+    other hit is dropped. Scoring reads the table's columns (`features`); the per-hit entries the
+    term-vector cache keeps are made only when asked for (`terms`), after the answer is on its way."""
+
+    hits: Sequence[Mapping[str, Any]]
+    counts: tf_probe.ProbeCounts
+    names: Sequence[str]
+    lengths: list[dict[str, int | None]]
+    scored: set[int]
+    vectors: dict[int, HitTerms] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> list[int]:
+        """The hits that are scored, in the window's order."""
+        return sorted(self.scored.union(self.vectors))
+
+    def features(self, name: str, vocabulary: Sequence[str]) -> Candidates:
+        """`rescore.candidate_features` of the alive hits in field `name`: the table's columns where
+        the probes were read, the term vectors' counts where not."""
+        alive = self.alive
+        tf = np.zeros((len(alive), len(vocabulary)), dtype=np.float64)
+        length = np.empty(len(alive), dtype=np.float64)
+        from_table = [k for k, i in enumerate(alive) if i in self.scored]
+        rows = [alive[k] for k in from_table]
+        if rows:
+            tf[from_table] = self.counts.tf(name, vocabulary, rows)
+            length[from_table] = [self.lengths[i][name] for i in rows]
+        for k, i in enumerate(alive):
+            if i in self.vectors:
+                doc = self.vectors[i][name]
+                tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
+                length[k] = doc.length
+        return Candidates(tf, length)
+
+    def terms(self) -> list[HitTerms | None]:
+        """Each hit's entries per field, as the term-vector cache keeps them (None: dropped)."""
+        refs = doc_refs(self.hits, nameless=any("_id" not in h for h in self.hits))
+        out: list[HitTerms | None] = []
+        for i, hit in enumerate(self.hits):
+            if i in self.vectors:
+                out.append(self.vectors[i])
+            elif i in self.scored and (tf := self.counts.of(i)) is not None:
+                n = self.lengths[i]
+                out.append({f: tf_probe.probed_doc(refs[i], hit, tf[f], n[f]) for f in self.names})  # type: ignore[arg-type]
+            else:
+                out.append(None)
+        return out
 
 
 class TermFrequencies:
@@ -127,13 +182,13 @@ class TermFrequencies:
     async def from_probes(
         self,
         hits: Sequence[Mapping[str, Any]],
-        frequencies: Sequence[tf_probe.Frequencies | None],
+        counts: tf_probe.ProbeCounts,
         names: Sequence[str],
         versions: Sequence[VersionKey | None],
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
         nameless: Nameless | None = None,
-    ) -> tuple[list[HitTerms | None], int]:
+    ) -> tuple[ProbedTerms, int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the statistics snapshot's length table
         (`StatsView.lengths`, exact document versions only), else from the length cache (`versions`:
@@ -147,9 +202,9 @@ class TermFrequencies:
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
         Hits of a lean first stage carry no `_id` (`nameless`): those `_mtermvectors` needs are named
         first (one that cannot be named any more is dropped)."""
-        refs = doc_refs(hits, nameless=nameless is not None)
+        usable = counts.usable.tolist()
         keys = field_keys(versions, names)
-        probed = [i for i, tf in enumerate(frequencies) if tf is not None]
+        probed = [i for i, ok in enumerate(usable) if ok]
         lengths: list[dict[str, int | None]] = [{} for _ in hits]  # unprobed: unknown, fetched below
         if probed:
             views = await asyncio.gather(*(stats[f] for f in names))
@@ -159,42 +214,36 @@ class TermFrequencies:
                 lengths[i] = found_lengths
         get, looked_up, known = self.lengths.get, 0, 0
         for i in _unknown(lengths, names):
-            if frequencies[i] is not None:
+            if usable[i]:
                 for f in names:
                     if lengths[i].get(f) is None:
                         n = lengths[i][f] = get(keys[i][f])
                         looked_up, known = looked_up + 1, known + (n is not None)
         self._count(known, looked_up)
         missing = _unknown(lengths, names)
-        unknown = set(missing)
-        found: list[HitTerms | None] = [
-            None if tf is None or i in unknown else {f: tf_probe.probed_doc(r, h, tf[f], n[f]) for f in names}  # type: ignore[arg-type]
-            for i, (r, h, tf, n) in enumerate(zip(refs, hits, frequencies, lengths, strict=True))
-        ]
+        found = ProbedTerms(hits, counts, names, lengths, scored=set(probed) - set(missing))
         missing = await _named(hits, missing, nameless)  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
-                tf = frequencies[i]
                 if not same_version(hits[i], by_field.values()):
                     continue  # dropped, as `from_term_vectors` drops it
-                if tf is None:
-                    found[i] = dict(by_field)
+                if not usable[i]:
+                    found.vectors[i] = dict(by_field)
                     continue
                 for f, terms in by_field.items():
                     self.lengths.put(keys[i][f], terms.length)
-                found[i] = {
-                    f: tf_probe.probed_doc(refs[i], hits[i], tf[f], by_field[f].length) for f in names
-                }
+                    lengths[i][f] = terms.length
+                found.scored.add(i)
         return found, len(missing)
 
     def remember(
-        self, versions: Sequence[VersionKey | None], names: Sequence[str], found: Sequence[HitTerms | None]
+        self, versions: Sequence[VersionKey | None], names: Sequence[str], found: ProbedTerms
     ) -> None:
         """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
         from it, so that the pipeline does it while the cluster answers the page's fetch."""
         put = self.cache.put
-        for key, by_field in zip(field_keys(versions, names), found, strict=True):
+        for key, by_field in zip(field_keys(versions, names), found.terms(), strict=True):
             for f, doc in (by_field or {}).items():
                 put(key[f], doc)
 

@@ -39,7 +39,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
-from bmx_rerank.rerank.frequencies import HitTerms, Nameless, TermFrequencies
+from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -479,7 +479,7 @@ class Reranker:
         self,
         window: Window,
         response: Mapping[str, Any],
-        frequencies: list[tf_probe.Frequencies | None] | None,
+        frequencies: tf_probe.ProbeCounts | None,
         who: str,
         headers: Mapping[str, str],
     ) -> dict[str, Any]:
@@ -517,22 +517,22 @@ class Reranker:
             look = window.probe is None
             digest, seen = self.frequencies.seen_window(kept_as, hit_versions, names, tokens, look=look)
         terms: list[HitTerms | None] | None = None
+        probed: ProbedTerms | None = None
         if seen is not None:
             source, views = "window", await self._views(window, names, tokens)
             alive = list(range(len(hits)))
         else:
-            terms, source, views = await self._frequencies(
+            found, source, views = await self._frequencies(
                 window, hits, frequencies, names, tokens, hit_versions, headers, prf=prf
             )
-            alive = [i for i, t in enumerate(terms) if t is not None]
+            if isinstance(found, ProbedTerms):
+                probed, alive = found, found.alive
+            else:
+                terms, alive = found, [i for i, t in enumerate(found) if t is not None]
         if alive:
             self.prober.saw(window, who)
         # a probed window's entries, kept for next time while its page is fetched (see below)
-        remember = (
-            partial(self.frequencies.remember, hit_versions, names, terms)
-            if source == "probes" and terms is not None
-            else None
-        )
+        remember = partial(self.frequencies.remember, hit_versions, names, probed) if probed else None
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
         marker = {
             "reranked": True,
@@ -563,12 +563,14 @@ class Reranker:
         big = len(hits) >= THREAD_HITS  # a large window: scoring and packing must not hold the event loop
         if folded is None:
             features: Features = seen.features() if seen is not None else {}
+            compute = probed.features if probed is not None else None
             if terms is not None:
                 docs = {f: [terms[i][f] for i in alive] for f in names}  # type: ignore[index]
                 if prf:
                     augmented, weights, tokens = await self._feedback(plan, views, corpus, docs, tokens)
                     marker["augment"] = {"provider": "prf", "queries": len(augmented), "terms": augmented}
-            read = remembered(features, features_of(docs) if terms is not None else None)
+                compute = features_of(docs)
+            read = remembered(features, compute)
             args = (tree, corpus, read, len(alive), tokens, augmented, weights, spec.scoring_request())
             folded = await asyncio.to_thread(score_tree, *args) if big else score_tree(*args)
         if not folded.matched.any() and combine == "replace":
@@ -609,17 +611,17 @@ class Reranker:
         self,
         window: Window,
         hits: Sequence[Mapping[str, Any]],
-        frequencies: list[tf_probe.Frequencies | None] | None,
+        frequencies: tf_probe.ProbeCounts | None,
         names: Sequence[str],
         tokens: Tokens,
         versions: Sequence[VersionKey | None],
         headers: Mapping[str, str],
         *,
         prf: bool,
-    ) -> tuple[list[HitTerms | None], str, list[StatsView]]:
-        """Each hit's terms (from the probes when they cover the query, else the term-vector cache and
-        `_mtermvectors`; `versions`: each hit's `version_key`), where they came from, and each field's
-        statistics completed for the tokens."""
+    ) -> tuple[list[HitTerms | None] | ProbedTerms, str, list[StatsView]]:
+        """Each hit's terms (from the probes when they cover the query, as a `ProbedTerms`; else from
+        the term-vector cache and `_mtermvectors`; `versions`: each hit's `version_key`), where they
+        came from, and each field's statistics completed for the tokens."""
         probe = window.probe
         covered = probe is not None and probe.covers(tokens)
         if window.probes_guessed:  # probes made of a guess: did it hold? (`rerank/word_tokens.py`)
@@ -632,7 +634,7 @@ class Reranker:
         (terms, fetched), views = await asyncio.gather(
             self.frequencies.from_probes(
                 hits,
-                frequencies,  # type: ignore[arg-type]
+                frequencies,  # type: ignore[arg-type]  # not None where probed
                 names,
                 versions,
                 headers,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import repeat
 from typing import Any
 
@@ -115,12 +116,60 @@ def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
 Frequencies = dict[str, dict[str, int]]  # field -> probed token -> tf (0: not in the field)
 
 
-def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequencies | None]:
-    """Each hit's term frequencies of the probed tokens per field, removing the probes'
-    `matched_queries` from the hits (the caller had none: see `why_not`).
+@dataclass(frozen=True, eq=False)
+class ProbeCounts:
+    """A window's probed term frequencies as one table: `counts[h, j]` is hit h's frequency of
+    `probe.pairs[j]` (0: not in the field), read exactly only where `usable[h]` (`take_frequencies`).
 
-    None for a hit whose scores cannot be read back exactly (a term more frequent than MAX_TF, a
-    score that is no number) or that lacks the `CANARY` (its probes were not evaluated).
+    Kept as a table so that scoring reads its columns as they are (`tf`); the per-hit maps the
+    term-vector cache keeps are made only when asked for (`of`), after the answer is on its way."""
+
+    probe: Probe
+    counts: np.ndarray  # (hits, pairs) int64
+    usable: np.ndarray  # (hits,) bool
+
+    def of(self, h: int) -> Frequencies | None:
+        """Hit h's frequencies per field, each map its own (None: its probes cannot be read exactly)."""
+        if not self.usable[h]:
+            return None
+        row = self.counts[h].tolist()
+        return {
+            f: dict(zip(tokens, [row[j] for j in js], strict=True))
+            for f, (js, tokens) in self._columns.items()
+        }
+
+    def rows(self) -> list[Frequencies | None]:
+        return [self.of(h) for h in range(len(self.usable))]
+
+    def tf(self, field: str, vocabulary: Sequence[str], rows: Sequence[int]) -> np.ndarray:
+        """The frequency of each vocabulary token in `field` for each of `rows` (float64, as the
+        scoring core reads it); 0 for a token not probed, as a probed entry's `tf.get(token, 0)`."""
+        column = self._column
+        picked = [column.get((field, t), -1) for t in vocabulary]
+        table = self.counts[np.asarray(rows, dtype=np.int64)]
+        padded = np.concatenate([table, np.zeros((len(rows), 1), dtype=np.int64)], axis=1)  # -1: zeros
+        return padded[:, picked].astype(np.float64)
+
+    @cached_property
+    def _columns(self) -> dict[str, tuple[list[int], list[str]]]:
+        """Per field, its pairs' columns and tokens, in the pairs' order."""
+        out: dict[str, tuple[list[int], list[str]]] = {f: ([], []) for f in self.probe.fields}
+        for j, (f, token) in enumerate(self.probe.pairs):
+            out[f][0].append(j)
+            out[f][1].append(token)
+        return out
+
+    @cached_property
+    def _column(self) -> dict[tuple[str, str], int]:
+        return {pair: j for j, pair in enumerate(self.probe.pairs)}
+
+
+def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCounts:
+    """The hits' term frequencies of the probed tokens, removing the probes' `matched_queries` from the
+    hits (the caller had none: see `why_not`).
+
+    A hit is not `usable` when its scores cannot be read back exactly (a term more frequent than
+    MAX_TF, a score that is no number) or it lacks the `CANARY` (its probes were not evaluated).
     The window's (hit, probe, score) triples are gathered with C-level loops and converted at once
     (float32 as the engine computed them, then tf): a window is ~100 hits x ~15 probes."""
     pairs = probe.pairs
@@ -128,12 +177,12 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
     hit_of: list[int] = []
     pair_of: list[int] = []
     scores: list[Any] = []
-    blind: set[int] = set()
+    usable = np.ones(len(hits), dtype=bool)
     for h, hit in enumerate(hits):
         named = hit.pop("matched_queries", None)
         # `type() is dict` first: an `isinstance` of an abstract class costs more, once a hit
         if (type(named) is not dict and not isinstance(named, Mapping)) or CANARY not in named:
-            blind.add(h)
+            usable[h] = False
             continue
         pair_of += map(number.get, named, repeat(-1))  # -1: the canary, or no probe of ours
         scores += named.values()
@@ -147,24 +196,10 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> list[Frequ
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
     rows = np.array(hit_of, dtype=np.int64)[ours]
-    unusable = blind.union(rows[~readable].tolist())
+    usable[rows[~readable]] = False
     table = np.zeros((len(hits), len(pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]
-    names = probe.fields
-    if len(names) == 1:  # one field (most queries): each row is that field's tokens in order
-        only, tokens = names[0], [t for _, t in pairs]
-        return [
-            None if h in unusable else {only: dict(zip(tokens, row, strict=True))}
-            for h, row in enumerate(table.tolist())
-        ]
-    columns = {f: [j for j, (g, _) in enumerate(pairs) if g == f] for f in names}
-    by_field = {f: probe.tokens(f) for f in names}  # in `columns`' order: the pairs'
-    return [
-        None
-        if h in unusable
-        else {f: dict(zip(by_field[f], [row[j] for j in js], strict=True)) for f, js in columns.items()}
-        for h, row in enumerate(table.tolist())
-    ]
+    return ProbeCounts(probe, table, usable)
 
 
 def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:

@@ -96,7 +96,7 @@ def test_probe_scores_read_back_as_the_term_vectors_frequencies(corpus) -> None:
             assert got.get("aggregations") == want.get("aggregations")
             shapes += bool(want["hits"]["hits"])
             hits = got["hits"]["hits"]
-            frequencies = tf_probe.take_frequencies(hits, probe)
+            frequencies = tf_probe.take_frequencies(hits, probe).rows()
             assert all("matched_queries" not in h for h in hits)
             docs = [{"_index": index, "_id": h["_id"], "fields": ["body"], **TV} for h in hits]
             vectors = engine.ok("POST", "/_mtermvectors", {"docs": docs})["docs"] if docs else []

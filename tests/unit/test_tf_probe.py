@@ -79,7 +79,9 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
         {"_id": "6", "matched_queries": {"_bmx_tf_1": "NaN", ok: 1.0}},
     ]
     got = tf_probe.take_frequencies(hits, probe)
-    assert got == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
+    assert got.rows() == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
+    # the table's columns as scoring reads them: a token not probed has tf 0, as an entry's `get`
+    assert got.tf("body", ["b", "zz", "a"], [1, 0]).tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 3.0]]
     assert all("matched_queries" not in h for h in hits)
 
 
@@ -92,11 +94,13 @@ def test_take_frequencies_reads_each_field_of_interleaved_probes():
         {"matched_queries": {"_bmx_tf_1": 0.5, "someone_elses": 0.9, ok: 1.0}},
     ]
     got = tf_probe.take_frequencies(hits, probe)
-    assert got == [
+    assert got.rows() == [
         {"title": {"a": 4, "b": 1}, "body": {"a": 0, "c": 1}},
         None,
         {"title": {"a": 0, "b": 0}, "body": {"a": 1, "c": 0}},
     ]
+    assert got.tf("title", ["a", "b", "c"], [2, 0]).tolist() == [[0.0, 0.0, 0.0], [4.0, 1.0, 0.0]]
+    assert got.of(0) is not got.of(0), "each hit's maps its own: the cache grows them in place"
 
 
 def test_version_keys_name_a_window_as_version_key_names_each_hit():
