@@ -13,23 +13,35 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
-import json
 
 from benchmarks.proxy_latency import Http
 from bmx_rerank.rerank.word_tokens import _standard
-from tests.support.data import BEIR
-from tests.support.words import CLASSES, JOINING, punctuated, short_words, standard_tokens
+from tests.support.data import beir_records
+from tests.support.words import BATCH, CLASSES, JOINING, punctuated, short_words, standard_tokens
 
 
 def texts(dataset: str, docs: int) -> list[str]:
     """The corpus's queries and its first `docs` documents (0: all), title and text."""
-    out = []
-    for name, fields, limit in (("queries.jsonl", ("text",), 0), ("corpus.jsonl", ("title", "text"), docs)):
-        with open(BEIR / dataset / name) as fh:
-            lines = itertools.islice(fh, limit or None)
-            out += [" ".join(str(json.loads(line).get(f, "")) for f in fields) for line in lines]
-    return out
+    queries = [str(q.get("text", "")) for q in beir_records(dataset, "queries.jsonl")]
+    corpus = beir_records(dataset, "corpus.jsonl", docs)
+    return queries + [f"{d.get('title', '')} {d.get('text', '')}" for d in corpus]
+
+
+def row(engine: Http, name: str, words: list[str], batch: int) -> collections.Counter[str]:
+    """Print the table's row of `words` (the rule against the engine, word by word); the characters of
+    the words the rule leaves to `_analyze`, counted."""
+    taken = exact = extra = 0
+    left: collections.Counter[str] = collections.Counter()
+    for word, real in zip(words, standard_tokens(engine.ok, words, batch), strict=True):
+        rule = _standard(word)
+        if rule is None:
+            left.update(c for c in word if not c.isalnum())
+            continue
+        taken += 1
+        exact += rule == real
+        extra += len(set(rule) - set(real))
+    print(f"| {name} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
+    return left
 
 
 def main() -> None:
@@ -48,32 +60,11 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|")
     for dataset in ("scifact", "nfcorpus"):
-        words = punctuated(texts(dataset, args.docs))
-        taken = exact = extra = 0
-        left: collections.Counter[str] = collections.Counter()
-        for word, real in zip(words, standard_tokens(engine.ok, words), strict=True):
-            rule = _standard(word)
-            if rule is None:
-                left.update(c for c in word if not c.isalnum())
-                continue
-            taken += 1
-            exact += rule == real
-            extra += len(set(rule) - set(real))
-        print(f"| {dataset} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
+        left = row(engine, dataset, punctuated(texts(dataset, args.docs)), BATCH)
         print(f"  left to `_analyze`, most common characters: {left.most_common(12)}")
     # every short word of the classes the rule tells apart (tests/support/words.py)
-    for name, words in (
-        ("short words: 1-3 characters of CLASSES", short_words(CLASSES, 3)),
-        ("short words: 4 characters of JOINING", short_words(JOINING, 4)),
-    ):
-        taken = exact = extra = 0
-        for word, real in zip(words, standard_tokens(engine.ok, words, batch=3000), strict=True):
-            rule = _standard(word)
-            if rule is not None:
-                taken += 1
-                exact += rule == real
-                extra += len(set(rule) - set(real))
-        print(f"| {name} | {len(words):,} | {taken:,} | {exact:,} | {taken - exact} | {extra} |")
+    row(engine, "short words: 1-3 characters of CLASSES", short_words(CLASSES, 3), 3000)
+    row(engine, "short words: 4 characters of JOINING", short_words(JOINING, 4), 3000)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,13 @@ def vectors() -> dict[str, Any]:
 
 def scifact_records(name: str, limit: int = 0) -> list[dict[str, Any]]:
     """The first `limit` records (0: all) of a SciFact JSONL file (`corpus.jsonl`, `queries.jsonl`)."""
+    return beir_records("scifact", name, limit)
+
+
+def beir_records(dataset: str, name: str, limit: int = 0) -> list[dict[str, Any]]:
+    """The first `limit` records (0: all) of a BEIR dataset's JSONL file (`corpus.jsonl`, `queries.jsonl`)."""
     out = []
-    with open(SCIFACT / name) as fh:
+    with open(BEIR / dataset / name) as fh:
         for line in fh:
             out.append(json.loads(line))
             if limit and len(out) >= limit:

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from bmx_rerank.rerank.word_tokens import _WORD
+from bmx_rerank.rerank.word_tokens import _WORD, _units
 
 BATCH = 500  # words analysed in one `_analyze` call
 # Characters of every class `word_tokens._standard` tells apart: letters (Latin, Latin-1, Greek,
@@ -49,7 +49,7 @@ def standard_tokens(
         starts, offset = [], 0
         for w in chunk:
             starts.append(offset)
-            offset += len(w.encode("utf-16-le")) // 2 + 1
+            offset += _units(w) + 1
         made: list[list[str]] = [[] for _ in chunk]
         for token in tokens:
             made[bisect.bisect_right(starts, token["start_offset"]) - 1].append(token["token"])
