@@ -16,7 +16,7 @@ from bmx_rerank.errors import UpstreamError
 from bmx_rerank.identity import caller
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank.plan import Plan
-from bmx_rerank.rerank.query import Node, fields, leaves
+from bmx_rerank.rerank.query import Node, Text, fields, leaves
 from bmx_rerank.rerank.rescore import leaf_queries
 from bmx_rerank.rerank.window import Tokens
 from bmx_rerank.rerank.word_tokens import AnalyzerKey, WordTokens, standard_analysis
@@ -127,7 +127,7 @@ class Analysis:
             resolved = self._analyzers.get((index, leaf.field))
             if not isinstance(resolved, FieldAnalyzers) or not resolved.standard:
                 return None
-            if leaf.quoted and resolved.quote != resolved.search:
+            if _quoted_apart(leaf, resolved):
                 return None
             for f, text in leaf_queries(leaf, plan.spec.augment.queries):
                 tokens = standard_analysis(text)
@@ -196,11 +196,15 @@ def _searched_with(field: str, analyzers: FieldAnalyzers | None, tree: Node) -> 
     """The analyzers of the field's query texts, where one analyzer makes them."""
     if analyzers is None:
         raise AnalysisDeclined("analyzers_differ")  # the indices searched analyse the field differently
-    if analyzers.quote != analyzers.search and any(
-        leaf.quoted and leaf.field == field for leaf in leaves(tree)
-    ):  # a phrase's text is analysed with search_quote_analyzer: not one set of tokens per field text
+    if any(_quoted_apart(leaf, analyzers) for leaf in leaves(tree) if leaf.field == field):
         raise AnalysisDeclined("search_quote_analyzer")
     return analyzers
+
+
+def _quoted_apart(leaf: Text, analyzers: FieldAnalyzers) -> bool:
+    """A phrase on a field whose `search_quote_analyzer` is not its search analyzer: its text is not
+    analysed as the field's other texts are (one set of tokens per field and text)."""
+    return leaf.quoted and analyzers.quote != analyzers.search
 
 
 def _search_name(analyzers: FieldAnalyzers) -> str | None:

@@ -113,9 +113,9 @@ def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict
     # shard sent a whole window of its own); a window of 1,000 on 3 shards ranks 3,000 hits.
     each = [answer["hits"].get("hits", []) for answer in answers]
     every = [hit for hits in each for hit in hits]
-    scores = np.array([hit.get("_score") or 0.0 for hit in every], dtype=np.float64)
+    by_score = np.array([hit.get("_score") or 0.0 for hit in every], dtype=np.float64)
     shard_of = np.repeat(np.arange(len(each)), [len(hits) for hits in each]).tolist()
-    ranked = np.argsort(-scores, kind="stable")[:size].tolist()
+    ranked = np.argsort(-by_score, kind="stable")[:size].tolist()
     hits: dict[str, Any] = {}
     total = _total([a["hits"].get("total") for a in answers], body.get("track_total_hits"))
     if total is not None:
