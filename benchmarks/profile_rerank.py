@@ -45,9 +45,8 @@ COUNTED = ("bmx_lean_windows_total", "bmx_token_guesses_total", "bmx_tf_windows_
 
 
 def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
-    from aiohttp import web
-
     from bmx_rerank.proxy import ProxyConfig, make_app
+    from bmx_rerank.proxy.server import ConnectionLimits, serve_forever
 
     # the length table too, mapped (keyed by version on one shard) as the statistics cache serves it
     stats = stats_source(index, *sweep_stats(upstream, index), shard_count(upstream, index))
@@ -60,6 +59,7 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
     import uvloop
 
     uvloop.install()
+    profiler = None
     if out:  # else no profiler: the proxy's own CPU per request, undisturbed
         from pyinstrument import Profiler
 
@@ -68,15 +68,13 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
         async def start(_app) -> None:  # on SIGUSR1, sent once the unmeasured warm-up is done
             asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, profiler.start)
 
-        async def stop(_app) -> None:
-            if profiler.is_running:
-                profiler.stop()
-            Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
-
         app.on_startup.append(start)
-        app.on_shutdown.append(stop)
     print("ready", flush=True)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, auto_decompress=False, access_log=None)
+    serve_forever(app, "127.0.0.1", port, limits=ConnectionLimits())
+    if profiler is not None:
+        if profiler.is_running:
+            profiler.stop()
+        Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
 def metric_sums(text: str) -> dict[str, tuple[float, float]]:

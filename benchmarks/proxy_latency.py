@@ -230,33 +230,13 @@ def cache_option(caches: bool) -> dict[str, int]:
 
 
 async def _no_analysis_cache(app) -> None:
-    from bmx_rerank.proxy import STATE
+    """A first-sight proxy: no analysis remembered, no length cache (the length table still answers)."""
+    from bmx_rerank.rerank.analysis import AnalysisCache
+    from bmx_rerank.rerank.tf_probe import LengthCache
 
-    try:
-        from bmx_rerank.rerank.tf_probe import LengthCache
-    except ImportError:  # a version before these caches (the baseline)
-        return
-
-    async def later():  # the reranker is made by a cleanup context, which runs after on_startup
-        for _ in range(100):
-            state = app[STATE]
-            reranker = state.get("reranker") if isinstance(state, dict) else state.reranker
-            if reranker is None:
-                await asyncio.sleep(0.01)
-            elif hasattr(reranker, "analysis"):  # one module per concept (since the one-path redesign)
-                from bmx_rerank.rerank.analysis import AnalysisCache
-
-                reranker.analysis.cache = AnalysisCache(0)
-                reranker.frequencies.lengths = LengthCache(0)
-                return
-            else:
-                from bmx_rerank.rerank.analysis_cache import AnalysisCache
-
-                reranker.analyses = AnalysisCache(0)
-                reranker.lengths = LengthCache(0)
-                return
-
-    asyncio.ensure_future(later())
+    reranker = app.state.rerank
+    reranker.analysis.cache = AnalysisCache(0)
+    reranker.frequencies.lengths = LengthCache(0)
 
 
 def relay_child(upstream: str, port: int, loop: str) -> None:

@@ -43,11 +43,11 @@ from typing import Any
 
 import aiohttp
 
-from bmx_rerank.proxy import start_server
 from tests.support.bombs import GZIP_JSON, gzip_bomb
 from tests.support.faults import FaultInjector, Rule
 from tests.support.proxy_process import BIN, Proxy, serve
 from tests.support.proxy_thread import LoopThread
+from tests.support.serving import serve_app
 
 VOCAB = [f"w{i}" for i in range(2000)]
 WEIGHTS = [1.0 / (i + 1) for i in range(len(VOCAB))]  # Zipf
@@ -381,7 +381,7 @@ def soak(
         upstream = engine
         if faults:
             lt, injector = LoopThread(), FaultInjector(engine)
-            irunner, upstream = lt.run(start_server(injector.app()))
+            irunner, upstream = lt.run(serve_app(injector.app()))
         # The caches bounded small, so they are full after the warm-up (the term-vector cache's own LRU
         # of windows seen once too: 1 MiB, where writes give the windows new versions all the time): the
         # RSS growth after that measures leaks, not a bounded cache filling.

@@ -12,14 +12,15 @@ the cluster's own errors pass through as they are; nothing ever answers with a s
     search      `_search`; msearch: `_msearch` (both rerank through `rerank.pipeline`)
     relay       calls to the cluster on a client's behalf: streamed or buffered
     bodies      reading request bodies within bounds; framing: headers, answers, errors
-    server      the HTTP server and its Elasticsearch-shaped protocol errors"""
+    http        a request as the server parsed it, an answer (whole or streamed)
+    server      the HTTP/1.1 server, its connection limits and Elasticsearch-shaped protocol errors"""
 
-from bmx_rerank.proxy.app import make_app, search_route, split_upstream
-from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
+from bmx_rerank.proxy.app import ProxyApp, make_app, search_route, split_upstream
+from bmx_rerank.proxy.config import ProxyConfig, ProxyState
 from bmx_rerank.proxy.server import serve_forever, start_server
 
 __all__ = [
-    "STATE",
+    "ProxyApp",
     "ProxyConfig",
     "ProxyState",
     "make_app",

@@ -8,11 +8,10 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import HttpVersion10, HttpVersion11, web
 from yarl import URL
 
 from bmx_rerank.applied import AppliedConfigs
@@ -23,12 +22,13 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
 from bmx_rerank.proxy.bodies import ContentTooLong, TooDeep, TooLarge, refuse, stream_body
-from bmx_rerank.proxy.config import STATE, ProxyConfig, ProxyState
+from bmx_rerank.proxy.config import ProxyConfig, ProxyState
 from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
-from bmx_rerank.proxy.memory import ACCOUNT, CircuitBreaking, InFlight
+from bmx_rerank.proxy.http import Request, Response, json_response
+from bmx_rerank.proxy.memory import CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
 from bmx_rerank.proxy.relay import forward
-from bmx_rerank.proxy.search import ARRIVED, MARKER, search
+from bmx_rerank.proxy.search import search
 from bmx_rerank.rerank.lean import PageCache
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.plan import Bounds
@@ -60,33 +60,43 @@ def split_upstream(url: str) -> tuple[str, str | None]:
     return str(clean).rstrip("/"), auth
 
 
-def make_app(
-    config: ProxyConfig, stats: Callable[[aiohttp.ClientSession, str], StatsSource]
-) -> web.Application:
-    """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
-    # Credentials in a node URL are refused: lent to requests without any, they would let every client
-    # read as that user.
-    pool = NodePool(parse_nodes([config.upstream] if isinstance(config.upstream, str) else config.upstream))
-    tls = client_ssl(config.upstream_ca, config.upstream_cert, config.upstream_key, config.upstream_verify)
-    metrics = Metrics()
-    admission = Admission(
-        config.policies,
-        Bounds(config.max_window, config.max_augment, config.widen),
-        metrics,
-        max_running=config.max_concurrent_reranks,
-        reject=config.on_overload == "reject",
-    )
-    memory = InFlight(config.max_in_flight, metrics)
-    state = ProxyState(config, pool.base, pool.nodes, metrics, admission, memory)
-    app = web.Application(middlewares=[_no_route])
-    app[STATE] = state
+class ProxyApp:
+    """The proxy: its state, what it starts and stops, and `handle`, which answers every request (the
+    ops endpoints, else `_dispatch`). Served by `proxy.server`."""
 
-    async def lifecycle(app: web.Application):
-        # Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
-        # JSON calls (analysis, term vectors, statistics) want ordinary decoded answers. Both fail over
-        # between the nodes; call sites build URLs on `base` (see bmx_rerank.nodes).
-        # Neither keeps cookies: one the cluster (or a gateway before it) sets for a caller goes back to
-        # that caller alone, never with another caller's request (aiohttp's default jar would send it).
+    def __init__(self, config: ProxyConfig, stats: Callable[[Any, str], StatsSource]) -> None:
+        # Credentials in a node URL are refused: lent to requests without any, they would let every
+        # client read as that user.
+        nodes = [config.upstream] if isinstance(config.upstream, str) else config.upstream
+        self.pool = NodePool(parse_nodes(nodes))
+        self.tls = client_ssl(
+            config.upstream_ca, config.upstream_cert, config.upstream_key, config.upstream_verify
+        )
+        metrics = Metrics()
+        admission = Admission(
+            config.policies,
+            Bounds(config.max_window, config.max_augment, config.widen),
+            metrics,
+            max_running=config.max_concurrent_reranks,
+            reject=config.on_overload == "reject",
+        )
+        memory = InFlight(config.max_in_flight, metrics)
+        self.state = ProxyState(config, self.pool.base, self.pool.nodes, metrics, admission, memory)
+        self.stats = stats
+        # run at the end of `startup`, each with the app (the benchmarks turn caches off there)
+        self.on_startup: list[Callable[[ProxyApp], Awaitable[None]]] = []
+        self._sidecar: FailoverSession | None = None
+
+    async def startup(self) -> None:
+        """The sessions to the cluster and the reranker.
+
+        Two sessions: client traffic must stay byte-exact (no decompression), while the sidecar's own
+        JSON calls (analysis, term vectors, statistics) want ordinary decoded answers. Both fail over
+        between the nodes; call sites build URLs on `base` (see bmx_rerank.nodes). Neither keeps
+        cookies: one the cluster (or a gateway before it) sets for a caller goes back to that caller
+        alone, never with another caller's request (aiohttp's default jar would send it)."""
+        state, config, tls = self.state, self.state.config, self.tls
+        _collect_less_often()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout)
         connector = aiohttp.TCPConnector(limit=CLIENT_CONNECTIONS, ssl=tls)
         # Requests whose body is in memory go on connections of the proxy's own (`h1`, which keeps no
@@ -94,43 +104,55 @@ def make_app(
         session = aiohttp.ClientSession(
             auto_decompress=False, connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
         )
-        state.session = FailoverSession(H1Session(session, limit=CLIENT_CONNECTIONS, tls=tls), pool)
+        state.session = FailoverSession(H1Session(session, limit=CLIENT_CONNECTIONS, tls=tls), self.pool)
         connector = aiohttp.TCPConnector(limit=SIDECAR_CONNECTIONS, ssl=tls)
         session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
         )
-        sidecar = FailoverSession(H1Session(session, limit=SIDECAR_CONNECTIONS, tls=tls), pool)
+        sidecar = self._sidecar = FailoverSession(
+            H1Session(session, limit=SIDECAR_CONNECTIONS, tls=tls), self.pool
+        )
         state.reranker = Reranker(
             Cluster(sidecar, state.base, config.timeout),  # type: ignore[arg-type]  # a ClientSession's calls
-            stats(sidecar, state.base),  # type: ignore[arg-type]
-            metrics,
+            self.stats(sidecar, state.base),
+            state.metrics,
             cache=TermVectorCache(config.cache_bytes),
             on_error=config.on_rerank_error,
             probes=str(config.tf_probes),
             identity_headers=config.identity_headers,
             pages=PageCache(config.page_cache_bytes),
         )
-        admission.applied = AppliedConfigs(
+        state.admission.applied = AppliedConfigs(
             sidecar,  # type: ignore[arg-type]
             state.base,
             ttl=config.applied_ttl,
             widen_default=config.widen,
             timeout=config.timeout,
         )
-        yield
-        await state.session.close()
-        await sidecar.close()
+        for hook in self.on_startup:
+            await hook(self)
 
-    app.cleanup_ctx.append(lifecycle)
-    app.on_startup.append(_collect_less_often)
-    app.router.add_get("/_bmx/health", _health)
-    app.router.add_get("/_bmx/ready", _ready)
-    app.router.add_get("/_bmx/metrics", _metrics)
-    app.router.add_route("*", "/{tail:.*}", _dispatch)
-    return app
+    async def cleanup(self) -> None:
+        if self.state.session is not None:
+            await self.state.session.close()
+        if self._sidecar is not None:
+            await self._sidecar.close()
+
+    async def handle(self, request: Request) -> Response:
+        """The answer to one request; never raises but `ConnectionResetError` (an answer cut midway)."""
+        if request.method in ("GET", "HEAD"):
+            ops = OPS.get(request.path)
+            if ops is not None:
+                return await ops(request)
+        return await _dispatch(request)
 
 
-async def _collect_less_often(_app: web.Application) -> None:
+def make_app(config: ProxyConfig, stats: Callable[[Any, str], StatsSource]) -> ProxyApp:
+    """The proxy application; `stats(session, base_url)` builds the statistics source at startup."""
+    return ProxyApp(config, stats)
+
+
+def _collect_less_often() -> None:
     """The serving process's youngest-generation threshold raised to GC_YOUNG_THRESHOLD (never lowered)."""
     young, *older = gc.get_threshold()
     if 0 < young < GC_YOUNG_THRESHOLD:
@@ -149,20 +171,18 @@ def search_route(method: str, path: str) -> tuple[str, str | None] | None:
     return None
 
 
-async def _dispatch(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
+async def _dispatch(request: Request) -> Response:
+    state = request.state
     metrics = state.metrics
     start = time.perf_counter()
     kind = "passthrough"
     status = 0
     try:
-        if request.version not in (HttpVersion10, HttpVersion11):
-            # As Elasticsearch answers (a 400 naming the version), but on an HTTP/1.1 status line: the
-            # server would echo the request's version, which no HTTP/1.x client parses.
-            version = f"HTTP/{request.version.major}.{request.version.minor}"
-            request._version = HttpVersion11  # type: ignore[misc]  # the status line's version (a
-            request._cache["version"] = HttpVersion11  # reified property: its cache too)
-            err = bad_request(f"Unexpected http protocol version: {version}")
+        if request.version not in ((1, 0), (1, 1)):
+            # As Elasticsearch answers (a 400 naming the version), on an HTTP/1.1 status line (the
+            # server's for every other version): no HTTP/1.x client parses another.
+            major, minor = request.version
+            err = bad_request(f"Unexpected http protocol version: HTTP/{major}.{minor}")
             metrics.errors.labels(err.type).inc()
             resp = error_response(err)
             resp.force_close()
@@ -172,15 +192,14 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
             raise SearchError(
                 405, "method_not_allowed_exception", f"Unexpected http method: {request.method[:64]}"
             )
-        if not request.raw_path.startswith("/"):  # absolute-form or `*` request target: no such route
+        if not request.target.startswith("/"):  # absolute-form or `*` request target: no such route
             raise bad_request(
-                f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
+                f"no handler found for uri [{request.target[:512]}] and method [{request.method}]"
             )
         route = search_route(request.method, request.path)
         if route is not None:
             kind, index = route
-            request[ACCOUNT] = state.memory.account()
-            request[ARRIVED] = time.monotonic()
+            request.account = state.memory.account()
             try:
                 resp = await (search(request, index) if kind == "search" else msearch(request, index))
             except TooLarge as big:
@@ -216,10 +235,10 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         status = resp.status
         return resp
     finally:
-        account = request.get(ACCOUNT)
+        account = request.account
         if account is not None:
             account.release()
-        marker = request.get(MARKER)
+        marker = request.marker
         metrics.requests.labels(marker.kind if marker else kind).inc()
         log.info(
             "request",
@@ -235,32 +254,21 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
         )
 
 
-@web.middleware
-async def _no_route(request: web.Request, handler: Any) -> web.StreamResponse:
-    """A request no route takes (`CONNECT *`, an authority-form target): the router's plain-text 404
-    becomes the cluster's answer to an unknown URI, a 400 in Elasticsearch's error shape."""
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        reason = f"no handler found for uri [{request.raw_path[:512]}] and method [{request.method}]"
-        return error_response(bad_request(reason))
-
-
 # ---- ops endpoints ---------------------------------------------------------------------------------
 
 
-async def _health(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+async def _health(request: Request) -> Response:
+    state = request.state
     body = {"status": "ok", "upstream": list(state.nodes), "on_rerank_error": state.config.on_rerank_error}
-    return web.json_response(body)
+    return json_response(body)
 
 
-async def _ready(request: web.Request) -> web.Response:
+async def _ready(request: Request) -> Response:
     """Ready when the cluster answers HTTP and the statistics store can be read (or does not exist yet:
     then searches run in the estimated mode). Both checks run with the probe's own headers, as every
     call on a client's behalf does: on a secured cluster give the probe credentials that may read the
     store. 503 in Elasticsearch's error shape otherwise, saying which check failed."""
-    state = request.app[STATE]
+    state = request.state
     reranker = state.rerank
     headers = forwardable_headers(client_headers(request))
     limit = min(state.config.timeout, READY_TIMEOUT)
@@ -283,8 +291,8 @@ async def _ready(request: web.Request) -> web.Response:
     if failed:
         reason = "; ".join(f"{k}: {v}" for k, v in failed.items())
         err = SearchError(503, "bmx_not_ready_exception", f"the rerank proxy is not ready ({reason})")
-        return web.json_response({**err.body(), "checks": checks}, status=503)
-    return web.json_response({"status": "ready", "checks": checks})
+        return json_response({**err.body(), "checks": checks}, status=503)
+    return json_response({"status": "ready", "checks": checks})
 
 
 async def _status_of(session: Any, url: str, headers: Mapping[str, str], timeout: float) -> int:
@@ -300,8 +308,13 @@ async def _status_of(session: Any, url: str, headers: Mapping[str, str], timeout
         raise unreachable(exc.__class__.__name__) from exc
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    metrics: Metrics = request.app[STATE].metrics
-    resp = web.Response(body=metrics.render())
-    resp.headers["Content-Type"] = metrics.content_type
-    return resp
+async def _metrics(request: Request) -> Response:
+    metrics: Metrics = request.state.metrics
+    return Response(200, metrics.render(), content_type=metrics.content_type)
+
+
+OPS: dict[str, Callable[[Request], Awaitable[Response]]] = {
+    "/_bmx/health": _health,
+    "/_bmx/ready": _ready,
+    "/_bmx/metrics": _metrics,
+}

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiohttp import web
 
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.proxy.http import Request
 from bmx_rerank.proxy.memory import charge
 
 log = logging.getLogger("bmx_rerank.proxy")
@@ -26,7 +26,6 @@ log = logging.getLogger("bmx_rerank.proxy")
 CHUNK = 64 * 1024
 CHECK_BYTES = 64 * 1024  # inflated bytes of a passthrough body checked for a valid encoding
 PIECE = 1 << 20  # inflated bytes at most per piece, when inflating a streamed body
-BAD_ENCODING = web.RequestKey("bmx_bad_encoding", str)  # set when a body does not decode as labelled
 # Nesting levels of a search body the proxy forwards (`--max-depth`; deeper ones are a 400 before they
 # reach the cluster): a query at Elasticsearch's own limit of 30 nested bool queries fits, and it is
 # far below what copying and re-serializing can handle (orjson stops at 255, Python's recursion ~1000)
@@ -54,7 +53,7 @@ class TooLarge(Exception):
         self._inflater = Inflater(encoding, max_content or sys.maxsize) if compressed else None
         self._depth = RawDepth() if max_depth else None
 
-    async def body(self, request: web.Request) -> AsyncIterator[bytes]:
+    async def body(self, request: Request) -> AsyncIterator[bytes]:
         """The body as sent, each chunk sent up only once it is known to keep the body within the
         cluster's limits: its length read (or inflated) within `max_content`, its nesting, counted on the
         inflated bytes outside strings, within `max_depth`. Else the stream is cut there, with the reason
@@ -106,7 +105,7 @@ class Unparsable:
 
 
 async def read_json_body(
-    request: web.Request, limit: int, max_content: int | None = None, max_depth: int = 0
+    request: Request, limit: int, max_content: int | None = None, max_depth: int = 0
 ) -> tuple[bytes, bytes]:
     """(raw bytes as sent, decoded bytes) of a search body; gzip and deflate bodies are inflated,
     streamed, to look in.
@@ -143,7 +142,7 @@ async def read_json_body(
     return raw, inflater.result()
 
 
-def stream_body(request: web.Request) -> AsyncIterator[bytes] | None:
+def stream_body(request: Request) -> AsyncIterator[bytes] | None:
     """The request body as an async stream (None when there is none): never buffered whole.
 
     A body labelled gzip or deflate has its first bytes inflated on the way (a bounded check, output
@@ -162,7 +161,7 @@ def stream_body(request: web.Request) -> AsyncIterator[bytes] | None:
                     check.feed(chunk)
                     check.parts.clear()
                 except SearchError:
-                    request[BAD_ENCODING] = encoding
+                    request.bad_encoding = encoding
                     check = None
                 else:
                     check = None if check.size > check.limit else check
@@ -220,7 +219,7 @@ def loads(data: bytes) -> Any:
         return Unparsable
 
 
-async def parse(data: bytes, request: web.Request | None = None) -> Any:
+async def parse(data: bytes, request: Request | None = None) -> Any:
     """`loads`, in a worker thread for large payloads; with `request`, the parsed value is charged to
     its in-flight budget (estimated as the size of the text) before it is made."""
     if request is not None:
@@ -330,7 +329,7 @@ def _count(brackets: bytes, level: int, deepest: int) -> tuple[int, int]:
 BINARY_TYPES = ("cbor", "smile")
 
 
-def is_text(request: web.Request) -> bool:
+def is_text(request: Request) -> bool:
     """Whether a body's brackets count as nesting: any body but a CBOR or Smile one. JSON and NDJSON, a
     body sent without a type, YAML (whose flow style nests with the same brackets), and any other type
     (the cluster refuses it, so counting costs nothing legitimate)."""
@@ -338,7 +337,7 @@ def is_text(request: web.Request) -> bool:
     return not any(binary in kind for binary in BINARY_TYPES)
 
 
-async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, metrics: Any) -> None:
+async def guard_unparsable(request: Request, decoded: bytes, limit: int, metrics: Any) -> None:
     """A search body the proxy cannot parse (not JSON, or not valid) goes to the cluster only when it
     is neither nested deeper than `limit` (counted on the raw bytes) nor could ask for a rerank:
     `ext.bmx` is never forwarded unread. Raises the 400 otherwise. CBOR and Smile bodies are the
@@ -361,7 +360,7 @@ async def guard_unparsable(request: web.Request, decoded: bytes, limit: int, met
         )
 
 
-def refuse(request: web.Request, metrics: Any, reason: str, **fields: Any) -> None:
+def refuse(request: Request, metrics: Any, reason: str, **fields: Any) -> None:
     """Count and log a request the guard keeps from the cluster."""
     metrics.guarded.labels(reason).inc()
     log.warning(
@@ -370,7 +369,7 @@ def refuse(request: web.Request, metrics: Any, reason: str, **fields: Any) -> No
     )
 
 
-def guard_parsed(request: web.Request, body: Any, max_depth: int, max_query_depth: int, metrics: Any) -> int:
+def guard_parsed(request: Request, body: Any, max_depth: int, max_query_depth: int, metrics: Any) -> int:
     """A parsed search body (or `_msearch` line) nested deeper than the cluster accepts: the 400, before
     it reaches the cluster (0 turns a limit off). Returns the body's nesting depth (0: not an object
     or array), for the caller's own bound on what it rewrites."""

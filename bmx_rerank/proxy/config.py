@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from bmx_rerank import defaults
 from bmx_rerank.applied import DEFAULT_TTL
 from bmx_rerank.identity import IDENTITY_HEADERS
@@ -102,6 +100,3 @@ class ProxyState:
     def rerank(self) -> Reranker:
         assert self.reranker is not None, "the app is not running"
         return self.reranker
-
-
-STATE: web.AppKey[ProxyState] = web.AppKey("bmx", ProxyState)

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 
 from bmx_rerank.errors import SearchError, UpstreamError
+from bmx_rerank.proxy.http import Request, Response
 
 # RFC 9110 §7.6.1 connection-specific headers, plus those the proxy recomputes itself.
 HOP_BY_HOP = frozenset(
@@ -28,7 +28,7 @@ HOP_BY_HOP = frozenset(
         "Host",
     )
 )
-# Headers aiohttp would add on its own to an upstream request; the client's own choice must win.
+# Headers aiohttp's client would add on its own to an upstream request; the client's own choice must win.
 SKIP_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type", "Accept")
 MARKER_HEADER = "X-BMX-Rerank"
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))  # the cluster's
@@ -46,12 +46,12 @@ def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) 
     return out
 
 
-def client_headers(request: web.Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+def client_headers(request: Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
     """What goes upstream on the client's behalf: its end-to-end headers, credentials included."""
     return end_to_end_headers(request.headers, drop=drop)
 
 
-def json_headers(request: web.Request) -> CIMultiDict[str]:
+def json_headers(request: Request) -> CIMultiDict[str]:
     """Client headers for a body the proxy re-serialized: identity encoding both ways."""
     hdrs = client_headers(request, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
     if "Content-Type" not in hdrs:
@@ -59,7 +59,7 @@ def json_headers(request: web.Request) -> CIMultiDict[str]:
     return hdrs
 
 
-def unreadable_format(request: web.Request) -> str | None:
+def unreadable_format(request: Request) -> str | None:
     """ "format" when the client asked for an answer the proxy cannot rerank (YAML, CBOR, Smile, via
     `format` or `Accept`): it would get the raw window otherwise. Such a search passes through."""
     fmt = request.query.get("format")
@@ -71,32 +71,26 @@ def unreadable_format(request: web.Request) -> str | None:
     return None
 
 
-def error_response(err: SearchError) -> web.Response:
+def error_response(err: SearchError) -> Response:
     """An error as the client would get it from the cluster: the cluster's own payload when it sent one."""
     if isinstance(err, UpstreamError) and err.payload:
-        resp = web.Response(status=err.status, body=err.payload)
-        resp.headers["Content-Type"] = err.content_type
-        return resp
-    resp = web.Response(status=err.status, body=orjson.dumps(err.body()))
-    resp.headers["Content-Type"] = "application/json"
-    return resp
+        return Response(err.status, err.payload, content_type=err.content_type)
+    return Response(err.status, orjson.dumps(err.body()), content_type="application/json")
 
 
-def raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> web.Response:
+def raw_response(status: int, headers: CIMultiDict[str], payload: bytes) -> Response:
     """The cluster's buffered answer as it was."""
-    resp = web.Response(status=status, body=payload)
-    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length",)))
-    return resp
+    return Response(status, payload, headers=end_to_end_headers(headers, drop=("Content-Length",)))
 
 
 async def json_answer(
-    request: web.Request,
+    request: Request,
     status: int,
     headers: CIMultiDict[str],
     body: Any,
     extra: Mapping[str, str],
     big: bool = False,
-) -> web.Response:
+) -> Response:
     """An answer the proxy built; indented, with a final newline, when the client asked for `pretty`.
     A `big` one is serialized in a worker thread."""
     pretty = request.query.get("pretty", "false").lower() in ("", "true")
@@ -106,9 +100,8 @@ async def json_answer(
         if big
         else orjson.dumps(body, option=option)
     )
-    resp = web.Response(status=status, body=data)
-    resp.headers.extend(end_to_end_headers(headers, drop=("Content-Length", "Content-Encoding")))
-    if "Content-Type" not in resp.headers:
-        resp.headers["Content-Type"] = "application/json"
-    resp.headers.update(extra)
-    return resp
+    out = end_to_end_headers(headers, drop=("Content-Length", "Content-Encoding"))
+    if "Content-Type" not in out:
+        out["Content-Type"] = "application/json"
+    out.update(extra)
+    return Response(status, data, headers=out)

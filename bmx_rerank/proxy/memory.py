@@ -6,11 +6,13 @@ a 429 `circuit_breaking_exception` instead of growth."""
 from __future__ import annotations
 
 import logging
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from bmx_rerank.errors import SearchError
 from bmx_rerank.metrics import Metrics
+
+if TYPE_CHECKING:
+    from bmx_rerank.proxy.http import Request
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -75,11 +77,8 @@ class Account:
         self.held = 0
 
 
-ACCOUNT = web.RequestKey("bmx_account", Account)
-
-
-def charge(request: web.Request, n: int) -> None:
+def charge(request: Request, n: int) -> None:
     """Charge `n` bytes to the request's account, if it has one (search and msearch requests do)."""
-    account = request.get(ACCOUNT)
+    account = request.account
     if account is not None:
         account.charge(n)

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from bmx_rerank.deadline import within
 from bmx_rerank.errors import bad_request
@@ -24,7 +23,6 @@ from bmx_rerank.proxy.bodies import (
     parse,
     read_json_body,
 )
-from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
     client_headers,
@@ -32,6 +30,7 @@ from bmx_rerank.proxy.framing import (
     raw_response,
     unreadable_format,
 )
+from bmx_rerank.proxy.http import Request, Response
 from bmx_rerank.proxy.memory import charge
 from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.proxy.search import guard_length, search_deadline
@@ -61,8 +60,8 @@ def item_index(header: Mapping[str, Any], default: str | None) -> str | None:
     return value if isinstance(value, str) else default
 
 
-async def msearch(request: web.Request, index: str | None) -> web.StreamResponse:
-    state = request.app[STATE]
+async def msearch(request: Request, index: str | None) -> Response:
+    state = request.state
     config = state.config
     raw, decoded = await read_json_body(request, config.max_body, guard_length(request), config.max_depth)
     charge(request, 2 * len(decoded))  # its lines, and their parsed values

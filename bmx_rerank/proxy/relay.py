@@ -10,20 +10,18 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
 from bmx_rerank.deadline import budget, current
 from bmx_rerank.errors import bad_request, timed_out, unreachable
 from bmx_rerank.h1 import H1Response
-from bmx_rerank.proxy.bodies import BAD_ENCODING
-from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import SKIP_AUTO, client_headers, end_to_end_headers, json_headers
+from bmx_rerank.proxy.http import Request, Response
 from bmx_rerank.proxy.memory import charge
 
 # "json" in a content type (`application/json`, `application/vnd.elasticsearch+json; compatible-with=8`)
@@ -33,15 +31,15 @@ log = logging.getLogger("bmx_rerank.proxy")
 
 
 async def forward(
-    request: web.Request,
+    request: Request,
     data: Any,
     *,
     headers: CIMultiDict[str] | None = None,
     extra: Mapping[str, str] | None = None,
-) -> web.StreamResponse:
+) -> Response:
     """Send the request upstream and stream the answer back byte for byte (in one go when it is all in
     hand at once)."""
-    state = request.app[STATE]
+    state = request.state
     hdrs = headers if headers is not None else client_headers(request)
     if isinstance(data, (bytes, bytearray)):
         hdrs.popall("Content-Length", None)
@@ -61,40 +59,45 @@ async def forward(
             ),
         )
     state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
-    try:
-        # an answer all in hand already (most are: one read of the socket) goes in one write
-        whole = upstream.in_hand() if isinstance(upstream, H1Response) and request.method != "HEAD" else None
-        resp = (
-            web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            if whole is None
-            else web.Response(status=upstream.status, reason=upstream.reason, body=whole)
-        )
-        resp.headers.extend(end_to_end_headers(upstream.headers))
-        for name, value in (extra or {}).items():
-            resp.headers[name] = value
-        if whole is not None:
-            return resp
-        await resp.prepare(request)
-        if request.method != "HEAD":
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-        await resp.write_eof()
-        return resp
-    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-        # Headers are gone already: the only honest signal left is to cut the connection.
-        log.warning("upstream broke mid-body", extra={"fields": {"error": exc.__class__.__name__}})
-        raise ConnectionResetError("upstream broke mid-body") from exc
-    finally:
+    out = end_to_end_headers(upstream.headers)
+    for name, value in (extra or {}).items():
+        out[name] = value
+    # an answer all in hand already (most are: one read of the socket) goes in one write
+    whole = upstream.in_hand() if isinstance(upstream, H1Response) else None
+    if whole is None and request.method == "HEAD":  # its length is the GET's: no body follows
         upstream.release()
+        whole = b""
+    if whole is not None:
+        return Response(upstream.status, whole, headers=out, reason=upstream.reason)
+    return Response(upstream.status, headers=out, reason=upstream.reason, chunks=Relayed(upstream))
+
+
+class Relayed:
+    """An upstream answer's body as it comes, its connection released when read or closed."""
+
+    def __init__(self, upstream: Any) -> None:
+        self.upstream = upstream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.upstream.content.iter_any():
+                yield chunk
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            # The head is gone already: the only honest signal left is to cut the connection.
+            log.warning("upstream broke mid-body", extra={"fields": {"error": exc.__class__.__name__}})
+            raise ConnectionResetError("upstream broke mid-body") from exc
+
+    async def aclose(self) -> None:
+        self.upstream.release()
 
 
 async def call(
-    request: web.Request, params: Mapping[str, str], body: bytes, name: str, *, msearch: bool = False
+    request: Request, params: Mapping[str, str], body: bytes, name: str, *, msearch: bool = False
 ) -> tuple[int, CIMultiDict[str], bytes]:
     """One buffered call to the request's own path (`msearch`: a POST to `/_msearch`, its body NDJSON)
     with `params`, the client's headers (identity encoding) and a body the proxy wrote; the answer
     inflated when the cluster compressed it."""
-    state = request.app[STATE]
+    state = request.state
     url = URL(state.base + ("/_msearch" if msearch else request.path), encoded=False).with_query(params)
     headers = json_headers(request)
     if msearch:  # the client's JSON type as its NDJSON twin (a versioned type keeps its version)
@@ -136,7 +139,7 @@ async def call(
 
 
 @contextlib.contextmanager
-def upstream_failures(request: web.Request) -> Iterator[None]:
+def upstream_failures(request: Request) -> Iterator[None]:
     """A call to the cluster that did not give a usable answer: 504 when slow, else 502 (refused,
     dropped, or not HTTP at all), in the cluster's error shape. Never the URL: it is the cluster's."""
     try:
@@ -148,10 +151,10 @@ def upstream_failures(request: web.Request) -> Iterator[None]:
                 f"{request.method} {request.path}: no answer within the request's deadline of "
                 f"{deadline.seconds:g}s (--deadline)"
             ) from exc
-        timeout = request.app[STATE].config.timeout
+        timeout = request.state.config.timeout
         raise timed_out(f"{request.method} {request.path} took longer than {timeout}s") from exc
     except aiohttp.ClientError as exc:
-        encoding = request.get(BAD_ENCODING)
+        encoding = request.bad_encoding
         if encoding:  # the cluster closed the connection on a body that does not decode
             raise bad_request(
                 f"the request body is labelled [Content-Encoding: {encoding}] but is not valid {encoding}",

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from bmx_rerank.deadline import Deadline, request_budget, time_value, within
 from bmx_rerank.errors import bad_request
@@ -22,7 +21,6 @@ from bmx_rerank.proxy.bodies import (
     parse,
     read_json_body,
 )
-from bmx_rerank.proxy.config import STATE
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
     client_headers,
@@ -31,18 +29,14 @@ from bmx_rerank.proxy.framing import (
     raw_response,
     unreadable_format,
 )
+from bmx_rerank.proxy.http import Request, Response
 from bmx_rerank.proxy.relay import call, forward
-from bmx_rerank.rerank.pipeline import Answer, Marker, skipped
+from bmx_rerank.rerank.pipeline import Answer, skipped
 from bmx_rerank.rerank.plan import Plan, asks_bmx
 
-MARKER = web.RequestKey("bmx_marker", Marker)  # what happened to a search, for the request's metrics
-ARRIVED = web.RequestKey(
-    "bmx_arrived", float
-)  # time.monotonic() when the request came: its deadline counts from it
 
-
-async def search(request: web.Request, index: str | None) -> web.StreamResponse:
-    state = request.app[STATE]
+async def search(request: Request, index: str | None) -> Response:
+    state = request.state
     config = state.config
     raw, decoded = await read_json_body(request, config.max_body, guard_length(request), config.max_depth)
     body = await parse(decoded, request)
@@ -62,8 +56,8 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     if plan.spec is None:
         extra = None
         if plan.skipped:
-            request[MARKER] = skipped(plan.skipped)
-            extra = {MARKER_HEADER: str(request[MARKER])}
+            request.marker = skipped(plan.skipped)
+            extra = {MARKER_HEADER: str(request.marker)}
         if plan.body == body:  # a policy's search: its original bytes
             return await forward(request, raw or None, extra=extra)
         return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
@@ -72,31 +66,31 @@ async def search(request: web.Request, index: str | None) -> web.StreamResponse:
     return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
 
 
-def guard_length(request: web.Request) -> int | None:
+def guard_length(request: Request) -> int | None:
     """The largest search body the cluster is sent (None: no limit)."""
-    return request.app[STATE].config.max_content_length or None
+    return request.state.config.max_content_length or None
 
 
-def search_deadline(request: web.Request, body: Any, *plans: Plan) -> Deadline | None:
+def search_deadline(request: Request, body: Any, *plans: Plan) -> Deadline | None:
     """One budget for the whole search, counted from its arrival: `--deadline`, lowered by
     `ext.bmx.deadline` and by the search's own `timeout` (query parameter or body), where given."""
     timeout = request.query.get("timeout")
     if timeout is None and isinstance(body, dict):
         timeout = body.get("timeout")
     own = [p.spec.deadline for p in plans if p.spec is not None]
-    config = request.app[STATE].config
-    return request_budget(config.deadline, time_value(timeout), *own, since=request.get(ARRIVED))
+    config = request.state.config
+    return request_budget(config.deadline, time_value(timeout), *own, since=request.arrived)
 
 
 async def rerank(
-    request: web.Request,
+    request: Request,
     index: str,
     plan: Plan,
     headers: Mapping[str, str],
     deadline: Deadline | None = None,
-) -> web.StreamResponse:
+) -> Response:
     """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`."""
-    state = request.app[STATE]
+    state = request.state
 
     async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
         status, answer_headers, payload = await call(request, params, orjson.dumps(body), "search")
@@ -114,7 +108,7 @@ async def rerank(
     answer_headers, payload = outcome.answer.raw
     if outcome.body is None or outcome.marker is None:
         return raw_response(outcome.answer.status, answer_headers, payload)
-    request[MARKER] = outcome.marker
+    request.marker = outcome.marker
     extra = {MARKER_HEADER: str(outcome.marker)}
     big = len(payload) > THREAD_BYTES
     return await json_answer(request, outcome.answer.status, answer_headers, outcome.body, extra, big)

@@ -19,7 +19,6 @@ import pytest
 from click.testing import CliRunner
 
 from bmx_rerank.cli.stats import command as stats_cli
-from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import scan
@@ -149,7 +148,7 @@ def test_first_sights_need_no_term_vectors_and_stay_exact_through_changes(corpus
     probed = ProxyThread(engine.url, stats, tf_probes=True, cache_bytes=0)
     plain = ProxyThread(engine.url, stats, tf_probes=False, cache_bytes=0)
     try:
-        probed.app[STATE].rerank.frequencies.lengths = tf_probe.LengthCache(
+        probed.app.state.rerank.frequencies.lengths = tf_probe.LengthCache(
             0
         )  # as benchmarks/proxy_latency.py
         for text in queries:

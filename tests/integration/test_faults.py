@@ -33,6 +33,7 @@ from bmx_rerank.upstream import Cluster
 from tests.support.engine_client import EngineClient
 from tests.support.faults import FaultInjector, Rule
 from tests.support.proxy_thread import LoopThread
+from tests.support.serving import serve_app
 
 TIMEOUT = 2.0  # the proxy's --timeout in these tests (1 s was too tight for a loaded 2-core machine)
 # The answer must come within TIMEOUT + GRACE. Each sidecar call is bounded by the timeout, but
@@ -139,7 +140,7 @@ def setup(corpus: Corpus, request: pytest.FixtureRequest) -> Iterator[Setup]:
     `--tf-probes` mode is the test's indirect parameter (default `auto`)."""
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url)
-    irunner, iurl = loop.run(start_server(injector.app()))
+    irunner, iurl = loop.run(serve_app(injector.app()))
 
     def stats(session: aiohttp.ClientSession, base: str) -> StatsCache:
         return StatsCache(session, base, check_interval=0.0, store=corpus.store, timeout=TIMEOUT)
@@ -414,7 +415,7 @@ def test_after_many_faults_file_descriptors_and_memory_come_back(corpus: Corpus)
     each fault is asserted to have been hit, so "after N faults" counts faults that happened."""
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url)
-    irunner, iurl = loop.run(start_server(injector.app()))
+    irunner, iurl = loop.run(serve_app(injector.app()))
     app = make_app(
         # no probes and no term-vector cache: every rerank reads `_mtermvectors`, so its faults fire
         ProxyConfig(upstream=iurl, timeout=TIMEOUT, connect_timeout=TIMEOUT, tf_probes="off", cache_bytes=0),
@@ -466,7 +467,7 @@ def test_a_cluster_answering_each_call_just_under_the_timeout_ends_by_the_deadli
     direct = corpus.engine.ok("POST", f"/{corpus.index}/_search", plain())
     loop = LoopThread()
     injector = FaultInjector(corpus.engine.url, [Rule(".", "delay:0.9")])
-    irunner, iurl = loop.run(start_server(injector.app()))
+    irunner, iurl = loop.run(serve_app(injector.app()))
     app = make_app(
         ProxyConfig(upstream=iurl, timeout=1.0, deadline=deadline, tf_probes="off"),
         lambda session, base: StatsCache(session, base, check_interval=0.0, store=corpus.store, timeout=1.0),

@@ -20,7 +20,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bmx_rerank.proxy.config import STATE
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import Cluster
@@ -176,7 +175,7 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     _compare(engine, index, lean, full, texts, shards)
     # first sights over several shards: in one `_msearch` where it takes the probes' parameter
     # (Elasticsearch's does, OpenSearch's does not: one search a shard there)
-    takes = lean.app[STATE].rerank.msearch_probes
+    takes = lean.app.state.rerank.msearch_probes
     assert takes is (engine.kind == "elasticsearch") if shards > 1 else takes is None, takes
     # a page of documents from several shards: fetched in one `_msearch` (one search on one shard)
     assert len(page_msearches) > 0 if shards > 1 else page_msearches == [], page_msearches

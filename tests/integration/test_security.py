@@ -49,6 +49,7 @@ from bmx_rerank.upstream import Cluster
 from tests.support.engine_client import unavailable
 from tests.support.faults import FaultInjector
 from tests.support.proxy_thread import LoopThread
+from tests.support.serving import serve_app
 
 USERS = {"alice": "role_a", "bob": "role_b"}
 
@@ -226,7 +227,7 @@ def _make_world(es: Secured, exact: bool, log_records: list[logging.LogRecord] |
     es.publish()
     loop = LoopThread()
     recorder = FaultInjector(es.url)
-    _, rurl = loop.run(start_server(recorder.app()))
+    _, rurl = loop.run(serve_app(recorder.app()))
     app = make_app(
         ProxyConfig(upstream=rurl, timeout=10.0),
         lambda session, base: StatsCache(session, base, check_interval=300.0, store=store),

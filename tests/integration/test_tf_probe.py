@@ -13,7 +13,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bmx_rerank.proxy import STATE
 from bmx_rerank.rerank import pipeline, tf_probe
 from bmx_rerank.rerank.word_tokens import _standard, standard_analysis
 from bmx_rerank.stats import build as stats_build
@@ -165,8 +164,8 @@ def test_probes_and_term_vectors_give_identical_answers_also_after_updates(corpu
             same(scores(a), scores(b))
             seen += [i for i, _ in scores(a)[:3]]
         assert set(sources) <= {"termvectors", "cache"} and "termvectors" in sources, sources
-        assert fetched.app[STATE].metrics.cache.labels("miss")._value.get() > 0, "term vectors were read"
-        reranker = probed.app[STATE].rerank
+        assert fetched.app.state.metrics.cache.labels("miss")._value.get() > 0, "term vectors were read"
+        reranker = probed.app.state.rerank
         assert len(reranker.frequencies.lengths) > 0
         tv = [d for r in recorder.requests("_mtermvectors") for d in r.body["docs"]]
         assert {tuple(d["fields"]) for d in tv} == {("body",)}
@@ -236,7 +235,7 @@ def test_auto_probes_a_new_window_and_serves_a_repeated_one_from_the_cache(corpu
             fewer = search(fetched.url, index, text, narrow)
             assert fewer["_bmx"]["tf"] == "cache", fewer["_bmx"]
             same(scores(fewer), [(i, s) for i, s in again.scores if i in dict(scores(fewer))])
-        metrics = auto.app[STATE].metrics.render().decode()
+        metrics = auto.app.state.metrics.render().decode()
         assert f'bmx_tf_windows_total{{probes="probed",source="probes"}} {len(texts)}.0' in metrics
         assert f'bmx_tf_windows_total{{probes="seen",source="window"}} {len(texts)}.0' in metrics
         # Another caller's same window is its own: never served from the first caller's kept window.
@@ -362,7 +361,7 @@ def test_auto_with_a_length_table_reranks_a_new_window_without_term_vectors(corp
         stats.table[(index, "body")] = fetched.run(_build(engine.url, index))
         source = FixedStats(stats.table, lengths={(index, "body"): {index: table}})
         auto = ProxyThread(recorder.url, source)
-        auto.app[STATE].rerank.frequencies.lengths = tf_probe.LengthCache(0)
+        auto.app.state.rerank.frequencies.lengths = tf_probe.LengthCache(0)
         try:
             for text in queries[10:15]:
                 got = _Traced(recorder, auto.url, index, text)
@@ -496,7 +495,7 @@ def test_a_guess_an_analyzer_across_words_breaks_still_answers_exactly(engine: E
 
 def _guesses(proxy: ProxyThread) -> tuple[int, int, int]:
     """(covered, missed) first stages probed from guessed tokens, and windows whose tokens were known."""
-    metrics = proxy.app[STATE].metrics.render().decode()
+    metrics = proxy.app.state.metrics.render().decode()
     out = []
     for outcome in ("covered", "missed", "known"):
         line = [

@@ -25,6 +25,7 @@ from aiohttp import web
 from bmx_rerank.proxy import start_server
 from tests.support.fake_cluster import UPSTREAM_TAG, TaggingCluster, proxy_app
 from tests.support.proxy_thread import LoopThread
+from tests.support.serving import serve_app
 
 # ---- the servers, in a thread ---------------------------------------------------------------------
 
@@ -41,22 +42,14 @@ class Servers:
 STATS_INDICES = ("docs", "docs,other", "docs-*", "other")
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, auto_decompress=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
-
-
 @contextmanager
 def running(**config: Any) -> Iterator[Servers]:
     """Start the tagging cluster and the proxy on an event loop in a daemon thread; stop both on exit."""
     loop = LoopThread()
     runners: list[web.AppRunner] = []
     try:
-        fake_runner, upstream = loop.run(_serve(TaggingCluster().app()), 30)
+        # a cluster bounds a head by its size (http.max_header_size), not by its number of headers
+        fake_runner, upstream = loop.run(serve_app(TaggingCluster().app(), max_headers=1 << 15), 30)
         runners.append(fake_runner)
         runner, url = loop.run(start_server(proxy_app(upstream, STATS_INDICES, **config)), 30)
         runners.insert(0, runner)

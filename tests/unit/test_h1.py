@@ -14,8 +14,8 @@ from aiohttp import web
 from yarl import URL
 
 from bmx_rerank.h1 import HIGH_WATER, H1Session
-from bmx_rerank.proxy import start_server
 from tests.support.net import free_port
+from tests.support.serving import serve_app
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ async def server() -> AsyncIterator[tuple[str, list[str]]]:
 
     app = web.Application()
     app.router.add_route("*", "/{kind}", echo)
-    runner, url = await start_server(app)
+    runner, url = await serve_app(app)
     yield url, seen
     await runner.cleanup()
 

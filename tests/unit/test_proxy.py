@@ -17,11 +17,12 @@ from aiohttp import web
 
 from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream, start_server
+from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream
 from bmx_rerank.rerank.rescore import candidate_features
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, DocTerms
 from tests.support.fake_cluster import CORPUS, DOCS, FakeCluster, post, run_proxy
+from tests.support.serving import serve_app
 
 
 def expected_scores(ids, text, **request):
@@ -40,7 +41,7 @@ TOP_T3 = list(DOCS)[int(np.argmax(expected_scores(list(DOCS), "t3")))]
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[FakeCluster, str]]:
     fake = FakeCluster()
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield fake, url
     await runner.cleanup()
 
@@ -183,7 +184,7 @@ async def test_a_cookie_the_cluster_sets_for_one_caller_never_goes_with_another(
     fake = FakeCluster()
     app = fake.app()
     app.middlewares.append(gateway)
-    runner, url = await start_server(app)
+    runner, url = await serve_app(app)
     proxy_runner, purl = await run_proxy(url.replace("127.0.0.1", "localhost"))
     try:
         for who in ("Basic YWxpY2U6eA==", "Basic Ym9iOnk="):

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.proxy import start_server
 from bmx_rerank.proxy.bodies import MAX_DEPTH, Inflater, too_deep
 from tests.support.fake_cluster import FakeCluster, post, run_proxy
+from tests.support.serving import serve_app
 
 BMX = {"field": "body", "query": "t3", "window_size": 5}
 NDJSON = {"Content-Type": "application/x-ndjson"}
@@ -53,7 +53,7 @@ class Recording(FakeCluster):
 @pytest.fixture
 async def cluster():
     fake = Recording()
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield fake, url
     await runner.cleanup()
 
@@ -373,10 +373,9 @@ async def test_malformed_http_is_answered_in_elasticsearch_shape(cluster, reques
 async def test_a_rerank_cancelled_at_once_leaves_no_coroutine_never_awaited(cluster, client):
     _, runner, url = await proxy_for(cluster)
     try:
-        from bmx_rerank.proxy import STATE
         from bmx_rerank.rerank.plan import plan_search
 
-        reranker = runner.app[STATE].rerank
+        reranker = runner.app.state.rerank
         plan = plan_search({"size": 2, "ext": {"bmx": BMX}}, {})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

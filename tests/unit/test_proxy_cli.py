@@ -39,13 +39,12 @@ def test_missing_upstream_is_a_usage_error():
 def served(monkeypatch):
     """What `serve` would run: the app's state and serve_forever's arguments, without serving."""
     from bmx_rerank.cli import serve as serve_module
-    from bmx_rerank.proxy import STATE
 
     seen: dict = {}
 
     def fake_serve(app, host, port, ssl_context=None, reuse_port=False, limits=None):
         seen.update(
-            state=app[STATE],
+            state=app.state,
             host=host,
             port=port,
             ssl_context=ssl_context,

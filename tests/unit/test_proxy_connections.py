@@ -12,12 +12,13 @@ import pytest
 from bmx_rerank.proxy import start_server
 from bmx_rerank.proxy.server import ConnectionLimits
 from tests.support.fake_cluster import FakeCluster, proxy_app
+from tests.support.serving import serve_app
 
 
 @pytest.fixture
 async def upstream():
     fake = FakeCluster()
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield url
     await runner.cleanup()
 

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.deadline import Deadline, budget, request_budget, time_value, within
-from bmx_rerank.proxy import start_server
 from tests.support.fake_cluster import FakeCluster, run_proxy
+from tests.support.serving import serve_app
 
 
 class Slow(FakeCluster):
@@ -38,7 +38,7 @@ class Slow(FakeCluster):
 @pytest.fixture
 async def slow():
     fake = Slow(0.4)
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield fake, url
     await runner.cleanup()
 

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bmx_rerank.proxy import start_server
 from bmx_rerank.proxy.bodies import RawDepth, bool_depth, raw_depth
 from tests.support.fake_cluster import FakeCluster, run_proxy
+from tests.support.serving import serve_app
 
 JSON = {"Content-Type": "application/json"}
 NDJSON = {"Content-Type": "application/x-ndjson"}
@@ -68,7 +68,7 @@ class Receiving(Counting):
 @pytest.fixture
 async def cluster():
     fake = Receiving()
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield fake, url
     await runner.cleanup()
 

@@ -11,9 +11,9 @@ import time
 import aiohttp
 import pytest
 
-from bmx_rerank.proxy import start_server
 from tests.support.bombs import fire, gzip_bomb
 from tests.support.fake_cluster import FakeCluster, run_proxy
+from tests.support.serving import serve_app
 
 MIB = 1 << 20
 BUDGET = 128 * MIB
@@ -49,7 +49,7 @@ class Peak:
 @pytest.fixture
 async def cluster():
     fake = FakeCluster()
-    runner, url = await start_server(fake.app())
+    runner, url = await serve_app(fake.app())
     yield fake, url
     await runner.cleanup()
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from bmx_rerank.logs import json_log_handler
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.cache import StatsCache
+from tests.support.serving import serve_app
 
 SEEN = web.AppKey("seen", list)
 
@@ -49,7 +50,7 @@ async def ready(upstream: str, headers=None) -> tuple[int, dict]:
 @pytest.mark.parametrize(("store", "expected"), [(200, "ok"), (404, "absent (estimated mode)")])
 async def test_ready_when_the_cluster_answers_and_the_store_is_readable_or_absent(store, expected):
     app = store_app(store)
-    runner, upstream = await start_server(app)
+    runner, upstream = await serve_app(app)
     try:
         status, body = await ready(upstream, {"Authorization": "Basic cHJvYmU="})
         assert status == 200 and body["checks"] == {"upstream": "ok", "statistics": expected}
@@ -59,7 +60,7 @@ async def test_ready_when_the_cluster_answers_and_the_store_is_readable_or_absen
 
 
 async def test_not_ready_when_the_store_is_unreadable():
-    runner, upstream = await start_server(store_app(403))
+    runner, upstream = await serve_app(store_app(403))
     try:
         status, body = await ready(upstream)
         assert status == 503 and body["status"] == 503
@@ -99,7 +100,7 @@ async def test_logs_never_carry_credentials_or_headers():
     root.addHandler(handler)
     old = root.level
     root.setLevel(logging.DEBUG)
-    fake_runner, upstream = await start_server(FakeCluster().app())
+    fake_runner, upstream = await serve_app(FakeCluster().app())
     runner, url = await run_proxy(upstream)
     try:
         secret = {"Authorization": "Basic c2VjcmV0LXBhc3M=", "Cookie": "sid=topsecret"}

@@ -11,6 +11,7 @@ from aiohttp import web
 from bmx_rerank.nodes import server_ssl
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.source import FixedStats
+from tests.support.serving import serve_app
 
 
 async def _https_node(ca: trustme.CA) -> tuple[web.AppRunner, str]:
@@ -21,7 +22,7 @@ async def _https_node(ca: trustme.CA) -> tuple[web.AppRunner, str]:
     app.router.add_route("*", "/{tail:.*}", handle)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    return await start_server(app, ssl_context=ctx)
+    return await serve_app(app, ssl_context=ctx)
 
 
 async def test_https_node_verified_with_a_ca_bundle_and_https_listener(tmp_path):
