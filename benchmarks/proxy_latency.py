@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import http.client
 import json
-import logging
 import os
 import re
 import signal
@@ -196,7 +195,7 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
 
 
 def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus, lengths) -> None:
-    from bmx_rerank.logs import json_log_handler
+    from bmx_rerank.logs import serve_logs
     from bmx_rerank.proxy import ProxyConfig, make_app
     from bmx_rerank.proxy.server import ConnectionLimits, serve_forever
 
@@ -211,7 +210,7 @@ def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str,
         uvloop.install()
     # as `bmx-rerank serve` serves: its server (connection limits, errors in Elasticsearch's shape) and
     # its log at its default level, a JSON line a request (written to /dev/null here)
-    logging.basicConfig(level="INFO", handlers=[json_log_handler(open(os.devnull, "w"))], force=True)
+    serve_logs("INFO", open(os.devnull, "w"))
     serve_forever(app, "127.0.0.1", port, reuse_port=True, limits=ConnectionLimits())
 
 

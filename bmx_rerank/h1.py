@@ -214,13 +214,16 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_result(None)
 
     async def wait(self, left: float | None, sock_read: float | None) -> None:
-        """Until the parser has more to say, the connection is lost, or a timeout."""
+        """Until the parser has more to say, the connection is lost, or a timeout (a timer on the
+        waiter: `asyncio.wait_for` would wrap it in a task of its own each time)."""
         if self.failed is not None:
             raise self.failed
-        self.waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
         limit = min((x for x in (left, sock_read) if x is not None), default=None)
+        timer = None if limit is None else loop.call_later(limit, _expire, waiter)
         try:
-            await (self.waiter if limit is None else asyncio.wait_for(self.waiter, limit))
+            await waiter
         except asyncio.TimeoutError:
             self.transport.abort()
             if left is not None and left <= (sock_read or left):
@@ -228,6 +231,8 @@ class _Connection(asyncio.Protocol):
             raise aiohttp.ServerTimeoutError("Timeout on reading data from socket") from None
         finally:
             self.waiter = None
+            if timer is not None:
+                timer.cancel()
         if self.failed is not None:
             raise self.failed
 
@@ -326,6 +331,11 @@ def _head(method: str, url: URL, headers: CIMultiDict[str], body: bytes) -> byte
     if body or method in BODY_METHODS:
         lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())
 
 
 def _announced(headers: list[tuple[str, str]]) -> bool:

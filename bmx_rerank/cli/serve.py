@@ -18,7 +18,7 @@ import click
 
 from bmx_rerank import defaults
 from bmx_rerank.identity import IDENTITY_HEADERS
-from bmx_rerank.logs import json_log_handler
+from bmx_rerank.logs import serve_logs
 from bmx_rerank.nodes import parse_nodes, server_ssl
 from bmx_rerank.policy import PolicyError, load_rules, parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, serve_forever
@@ -426,7 +426,7 @@ def command(
         identity_headers=identity,
         tf_probes="off" if no_tf_probes else tf_probes,
     )
-    logging.basicConfig(level=log_level.upper(), handlers=[json_log_handler(sys.stderr)], force=True)
+    serve_logs(log_level, sys.stderr)
     stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity, lengths_dir)
     try:
         make_app(config, stats_source)  # checked here, made per worker
