@@ -133,6 +133,8 @@ class _Connection(asyncio.Protocol):
         self.session = session
         self.node = node
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        # its loop, asked once: before Python 3.12 each `get_running_loop()` is a getpid() system call
+        self.loop = asyncio.get_running_loop()
         self.lost: BaseException | None = None
         self.paused = False
         self.active = False  # an exchange under way
@@ -218,7 +220,7 @@ class _Connection(asyncio.Protocol):
         waiter: `asyncio.wait_for` would wrap it in a task of its own each time)."""
         if self.failed is not None:
             raise self.failed
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         waiter = self.waiter = loop.create_future()
         limit = min((x for x in (left, sock_read) if x is not None), default=None)
         timer = None if limit is None else loop.call_later(limit, _expire, waiter)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator
-from functools import cached_property
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -153,7 +152,8 @@ class Request:
         "account",
         "marker",
         "bad_encoding",
-        "__dict__",  # cached_property
+        "_url",
+        "_path",
     )
 
     def __init__(
@@ -178,27 +178,33 @@ class Request:
         self.account: Account | None = None  # its share of the in-flight budget (searches)
         self.marker: Marker | None = None  # what happened to a search, for the metrics and the log
         self.bad_encoding: str | None = None  # a body that does not decode as its Content-Encoding says
+        self._url: URL | None = None  # made when first asked for (not every request needs it)
+        self._path: str | None = None
 
     @property
     def raw_path(self) -> str:
         """The request target as sent (path and query, still encoded)."""
         return self.target
 
-    @cached_property
+    @property
     def url(self) -> URL:
-        return URL(self.target, encoded=True)
+        if self._url is None:
+            self._url = URL(self.target, encoded=True)
+        return self._url
 
-    @cached_property
+    @property
     def path(self) -> str:
         """The decoded path."""
-        path = self.target.split("?", 1)[0]
-        return path if "%" not in path else self.url.path
+        if self._path is None:
+            path = self.target.split("?", 1)[0]
+            self._path = path if "%" not in path else self.url.path
+        return self._path
 
-    @cached_property
+    @property
     def query(self) -> MultiDictProxy[str]:
         return self.url.query
 
-    @cached_property
+    @property
     def content_length(self) -> int | None:
         value = self.headers.get("Content-Length")
         return int(value) if value is not None and value.isdigit() else None

@@ -227,8 +227,11 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._paused: set[str] = set()  # why reading is paused: "body", "queued", "closing"
         self._writable: asyncio.Future[None] | None = None  # set while the client reads too slowly
+        # Each limit's timer is armed once and, when it fires early, armed again for what is left:
+        # no timer is made or cancelled a request.
         self._idle_timer: asyncio.TimerHandle | None = None
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_began = 0.0  # time.monotonic() of the first byte of the head under way
         self._linger_timer: asyncio.TimerHandle | None = None
 
     # ---- the transport's calls --------------------------------------------------------------------
@@ -244,7 +247,6 @@ class Connection(asyncio.Protocol):
         if self.closing and self.receiving is None:  # read on only to drop a body (`_end_after`)
             return
         self.connections.active(self)
-        self._cancel_idle()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -291,6 +293,7 @@ class Connection(asyncio.Protocol):
             return
         self._in_head = True
         self._head_bytes = self._head_fed = 0
+        self._head_began = time.monotonic()
         if self._head_timer is None and self.limits.header_timeout > 0:
             self._head_timer = self.loop.call_later(self.limits.header_timeout, self._head_timed_out)
 
@@ -311,7 +314,6 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_head_timer()
         if self.closing:  # pipelined after a request that ends the connection: never answered
             return
         parser = self.parser
@@ -533,7 +535,13 @@ class Connection(asyncio.Protocol):
 
     def _idle_timed_out(self) -> None:
         self._idle_timer = None
-        if self.idle():
+        if self.closing:
+            return
+        timeout = self.limits.idle_timeout
+        left = self.last_active + timeout - time.monotonic() if self.idle() else timeout
+        if left > 0:  # active since it was armed: what is left of the timeout from then
+            self._idle_timer = self.loop.call_later(left, self._idle_timed_out)
+        else:
             self.connections.closed("idle")
             self.close_now()
 
@@ -544,7 +552,12 @@ class Connection(asyncio.Protocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        if self._in_head and not self.closing:
+        if not self._in_head or self.closing:  # armed again when the next head begins
+            return
+        left = self._head_began + self.limits.header_timeout - time.monotonic()
+        if left > 0:  # a later head than the one it was armed for
+            self._head_timer = self.loop.call_later(left, self._head_timed_out)
+        else:
             self.connections.closed("header_timeout")
             self.close_now()
 

@@ -83,6 +83,24 @@ async def test_a_request_head_trickling_in_is_closed_after_the_header_timeout(up
         await runner.cleanup()
 
 
+async def test_a_connection_asked_often_outlives_its_idle_and_header_timeouts(upstream):
+    """The timeouts count from the last activity, not from when their timers were armed: requests every
+    0.15 s keep a connection open through many idle (0.4 s) and header (0.3 s) timeouts; once it
+    falls silent, it is closed as idle."""
+    runner, addr = await proxy(upstream, idle_timeout=0.4, header_timeout=0.3)
+    try:
+        with socket.create_connection(addr) as sock:
+            for _ in range(12):  # 1.8 s
+                assert b"200 OK" in await ask(sock)
+                await asyncio.sleep(0.15)
+            assert await closed_by_peer(sock, 2.0)
+        text = await metrics(addr)
+        assert 'bmx_client_connections_closed_total{reason="idle"} 1.0' in text
+        assert 'reason="header_timeout"' not in text
+    finally:
+        await runner.cleanup()
+
+
 async def test_past_the_cap_the_oldest_idle_connection_makes_room(upstream):
     runner, addr = await proxy(upstream, idle_timeout=60, header_timeout=0, max_connections=5)
     socks = []
