@@ -12,14 +12,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.term_vector_cache import (
-    SHARD,
+    CacheKey,
     SeenWindow,
     TermVectorCache,
     VersionKey,
@@ -48,50 +50,58 @@ class Nameless:
 @dataclass
 class ProbedTerms:
     """A probed window's terms: the probes' table (`counts`) for the hits `scored` from it, with their
-    lengths per field, and the term vectors of the hits whose probes could not be read (`vectors`); any
-    other hit is dropped. Scoring reads the table's columns (`features`); the per-hit entries the
-    term-vector cache keeps are made only when asked for (`terms`), after the answer is on its way."""
+    lengths per field (`lengths[hit, field]`), and the term vectors of the hits whose probes could not
+    be read (`vectors`); any other hit is dropped. Scoring reads the table's columns (`features`); the
+    per-hit entries the term-vector cache keeps are made only when asked for (`terms`), after the answer
+    is on its way."""
 
     hits: Sequence[Mapping[str, Any]]
     counts: tf_probe.ProbeCounts
     names: Sequence[str]
-    lengths: list[dict[str, int | None]]
-    scored: set[int]
+    lengths: np.ndarray  # (hits, fields) int64, -1 where not known
+    scored: np.ndarray  # (hits,) bool
     vectors: dict[int, HitTerms] = field(default_factory=dict)
 
     @property
     def alive(self) -> list[int]:
         """The hits that are scored, in the window's order."""
-        return sorted(self.scored.union(self.vectors))
+        return np.flatnonzero(self._alive).tolist()
+
+    @property
+    def _alive(self) -> np.ndarray:
+        alive = self.scored.copy()
+        alive[list(self.vectors)] = True
+        return alive
 
     def features(self, name: str, vocabulary: Sequence[str]) -> Candidates:
         """`rescore.candidate_features` of the alive hits in field `name`: the table's columns where
         the probes were read, the term vectors' counts where not."""
-        alive = self.alive
+        alive = np.flatnonzero(self._alive)
+        from_table = self.scored[alive]
+        rows = alive[from_table]
         tf = np.zeros((len(alive), len(vocabulary)), dtype=np.float64)
         length = np.empty(len(alive), dtype=np.float64)
-        from_table = [k for k, i in enumerate(alive) if i in self.scored]
-        rows = [alive[k] for k in from_table]
-        if rows:
+        if rows.size:
             tf[from_table] = self.counts.tf(name, vocabulary, rows)
-            length[from_table] = [self.lengths[i][name] for i in rows]
-        for k, i in enumerate(alive):
-            if i in self.vectors:
-                doc = self.vectors[i][name]
-                tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
-                length[k] = doc.length
+            length[from_table] = self.lengths[rows, self.names.index(name)]
+        for k in np.flatnonzero(~from_table).tolist():
+            doc = self.vectors[int(alive[k])][name]
+            tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
+            length[k] = doc.length
         return Candidates(tf, length)
 
     def terms(self) -> list[HitTerms | None]:
         """Each hit's entries per field, as the term-vector cache keeps them (None: dropped)."""
         refs = doc_refs(self.hits, nameless=any("_id" not in h for h in self.hits))
+        lengths = self.lengths.tolist()
+        scored = self.scored.tolist()
         out: list[HitTerms | None] = []
         for i, hit in enumerate(self.hits):
             if i in self.vectors:
                 out.append(self.vectors[i])
-            elif i in self.scored and (tf := self.counts.of(i)) is not None:
-                n = self.lengths[i]
-                out.append({f: tf_probe.probed_doc(refs[i], hit, tf[f], n[f]) for f in self.names})  # type: ignore[arg-type]
+            elif scored[i] and (tf := self.counts.of(i)) is not None:
+                n = dict(zip(self.names, lengths[i], strict=True))
+                out.append({f: tf_probe.probed_doc(refs[i], hit, tf[f], n[f]) for f in self.names})
             else:
                 out.append(None)
         return out
@@ -181,7 +191,7 @@ class TermFrequencies:
 
     async def from_probes(
         self,
-        hits: Sequence[Mapping[str, Any]],
+        columns: HitColumns,
         counts: tf_probe.ProbeCounts,
         names: Sequence[str],
         versions: Sequence[VersionKey | None],
@@ -202,27 +212,24 @@ class TermFrequencies:
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
         Hits of a lean first stage carry no `_id` (`nameless`): those `_mtermvectors` needs are named
         first (one that cannot be named any more is dropped)."""
-        usable = counts.usable.tolist()
-        keys = field_keys(versions, names)
-        probed = [i for i, ok in enumerate(usable) if ok]
-        lengths: list[dict[str, int | None]] = [{} for _ in hits]  # unprobed: unknown, fetched below
-        if probed:
+        hits, usable = columns.hits, counts.usable
+        lengths = np.full((len(hits), len(names)), -1, np.int64)  # unprobed: unknown, fetched below
+        if usable.any():
             views = await asyncio.gather(*(stats[f] for f in names))
-            for i, found_lengths in zip(
-                probed, table_lengths([hits[i] for i in probed], names, views), strict=True
-            ):
-                lengths[i] = found_lengths
+            lengths = table_lengths(columns, names, views)
+            lengths[~usable] = -1
         get, looked_up, known = self.lengths.get, 0, 0
-        for i in _unknown(lengths, names):
-            if usable[i]:
-                for f in names:
-                    if lengths[i].get(f) is None:
-                        n = lengths[i][f] = get(keys[i][f])
-                        looked_up, known = looked_up + 1, known + (n is not None)
+        for i in np.flatnonzero(usable & (lengths < 0).any(axis=1)).tolist():
+            for j, f in enumerate(names):
+                if lengths[i, j] < 0:
+                    n = get(_field_key(versions[i], f))
+                    if n is not None:
+                        lengths[i, j] = n
+                    looked_up, known = looked_up + 1, known + (n is not None)
         self._count(known, looked_up)
-        missing = _unknown(lengths, names)
-        found = ProbedTerms(hits, counts, names, lengths, scored=set(probed) - set(missing))
-        missing = await _named(hits, missing, nameless)  # the others stay dropped
+        unknown = (lengths < 0).any(axis=1) | ~usable
+        found = ProbedTerms(hits, counts, names, lengths, scored=~unknown)
+        missing = await _named(hits, np.flatnonzero(unknown).tolist(), nameless)  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -232,9 +239,9 @@ class TermFrequencies:
                     found.vectors[i] = dict(by_field)
                     continue
                 for f, terms in by_field.items():
-                    self.lengths.put(keys[i][f], terms.length)
-                    lengths[i][f] = terms.length
-                found.scored.add(i)
+                    self.lengths.put(_field_key(versions[i], f), terms.length)
+                    lengths[i, names.index(f)] = terms.length
+                found.scored[i] = True
         return found, len(missing)
 
     def remember(
@@ -269,33 +276,40 @@ class TermFrequencies:
         self.metrics.cache.labels("miss").inc(looked_up - hit)
 
 
-def table_lengths(
-    hits: Sequence[Mapping[str, Any]], names: Sequence[str], views: Sequence[StatsView]
-) -> list[dict[str, int | None]]:
-    """Each hit's length per field from the length table of its index in that field's view: None
-    where the view has no table for the index or the table not this version of the document."""
-    out: list[dict[str, int | None]] = [{} for _ in hits]
+def table_lengths(hits: HitColumns, names: Sequence[str], views: Sequence[StatsView]) -> np.ndarray:
+    """Each hit's length per field (`[hit, field]`) from the length table of its index in that field's
+    view: -1 where the view has no table for the index or the table not this version of the document."""
+    out = np.full((len(hits), len(names)), -1, np.int64)
     by_index: dict[str, list[int]] = {}
-    for i, hit in enumerate(hits):
-        by_index.setdefault(str(hit.get("_index")), []).append(i)
-    for name, view in zip(names, views, strict=True):
+    indices = list(map(str, hits.index))
+    if len(set(indices)) == 1:  # one index, as most windows: every row at once
+        by_index[indices[0]] = list(range(len(indices)))
+    else:
+        for i, index in enumerate(indices):
+            by_index.setdefault(index, []).append(i)
+    # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a table keyed
+    # by version looks; a hit without its shard (None) is routed by `_id`.
+    ids = _strings(hits.column("_id", ""))
+    routings = [None if r is None else str(r) for r in hits.column("_routing")]
+    seqs, terms, shards = hits.seq_no, hits.primary_term, hits.shard
+    for j, view in enumerate(views):
         tables = view.lengths or {}
         for index, rows in by_index.items():
             table = tables.get(index)
-            found: list[int | None] = [None] * len(rows)
             if table is not None:
-                # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a
-                # table keyed by version looks; a hit without its shard (None) is routed by `_id`.
-                found = table.lookup(
-                    [str(hits[i].get("_id", "")) for i in rows],
-                    [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
-                    [hits[i].get("_seq_no") for i in rows],
-                    [hits[i].get("_primary_term") for i in rows],
-                    [hits[i].get(SHARD) for i in rows],
-                )
-            for i, n in zip(rows, found, strict=True):
-                out[i][name] = n
+                pick = itemgetter(*rows) if len(rows) > 1 else (lambda c, i=rows[0]: (c[i],))
+                out[rows, j] = table.find(*(list(pick(c)) for c in (ids, routings, seqs, terms, shards)))
     return out
+
+
+def _field_key(version: VersionKey | None, name: str) -> CacheKey | None:
+    """A hit's cache key in field `name`, from its `version_key`."""
+    return None if version is None else (*version, name)
+
+
+def _strings(values: list[Any]) -> list[str]:
+    """`values` as strings (already so, as a hit's `_id` is, without a call each)."""
+    return values if set(map(type, values)) <= {str} else list(map(str, values))
 
 
 async def _named(
@@ -331,8 +345,3 @@ def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
     (when the hit carries one)."""
     version = hit.get("_version")
     return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)
-
-
-def _unknown(lengths: Sequence[Mapping[str, int | None]], names: Sequence[str]) -> list[int]:
-    """The hits some field's length is not known for."""
-    return [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]

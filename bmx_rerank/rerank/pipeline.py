@@ -40,6 +40,7 @@ from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies
+from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -495,8 +496,9 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
+        columns = HitColumns(hits)  # what every step reads of each hit, read once
         if window.lean:
-            lean.check_hits(window, hits)
+            lean.check_hits(window, columns)
         try:
             tokens = await self._tokens(window, hits, headers)
         except AnalysisDeclined as declined:
@@ -510,7 +512,7 @@ class Reranker:
         again = self.prober.had(window, who)
         # each hit's version, named once for the window's digest and every cache
         tables = lean.tables(window) if window.lean else None
-        hit_versions = version_keys(hits, who, tables=tables)
+        hit_versions = version_keys(columns, who, tables=tables)
         digest, seen = (None, None)
         if not prf:
             # a probed window's probes are read (their guess checked) as they came: kept, not looked up
@@ -523,7 +525,7 @@ class Reranker:
             alive = list(range(len(hits)))
         else:
             found, source, views = await self._frequencies(
-                window, hits, frequencies, names, tokens, hit_versions, headers, prf=prf
+                window, columns, frequencies, names, tokens, hit_versions, headers, prf=prf
             )
             if isinstance(found, ProbedTerms):
                 probed, alive = found, found.alive
@@ -610,7 +612,7 @@ class Reranker:
     async def _frequencies(
         self,
         window: Window,
-        hits: Sequence[Mapping[str, Any]],
+        columns: HitColumns,
         frequencies: tf_probe.ProbeCounts | None,
         names: Sequence[str],
         tokens: Tokens,
@@ -633,7 +635,7 @@ class Reranker:
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}
         (terms, fetched), views = await asyncio.gather(
             self.frequencies.from_probes(
-                hits,
+                columns,
                 frequencies,  # type: ignore[arg-type]  # not None where probed
                 names,
                 versions,
@@ -643,7 +645,7 @@ class Reranker:
             )
             if probed
             else self.frequencies.from_term_vectors(
-                hits,
+                columns.hits,
                 names,
                 versions,
                 headers,

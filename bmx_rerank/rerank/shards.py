@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bmx_rerank.rerank.term_vector_cache import SHARD
+from bmx_rerank.rerank.hits import SHARD
 from bmx_rerank.rerank.window import Window
 
 # Shard preferences tried in turn, until the cluster takes one: Elasticsearch keeps the caller's

@@ -49,6 +49,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from functools import cached_property
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -56,13 +57,11 @@ import orjson
 from cachetools import LRUCache
 
 from bmx_rerank import defaults
+from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.rescore import Folded
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocTerms
 
-# Where a hit of a lean window over several shards lives: its shard's number, set by the proxy (never
-# shown: the page's hits are replaced by their documents), since `_seq_no` is unique only in a shard
-SHARD = "_bmx_shard"
 CacheKey = tuple[str, str, str, int, int, str]
 VersionKey = tuple[str, str, str, int, int]  # a `CacheKey` less its field: one document version
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
@@ -84,10 +83,10 @@ RECENT_SHARE = 32
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
-def numbered_in(table: str, hit: Mapping[str, Any]) -> str:
+def numbered_in(table: str, shard: Any) -> str:
     """What a lean hit's `_seq_no` and `_primary_term` count within: its index's length table (an index
     re-created under its name has another) and its shard (`SHARD`; 0 in an index of one)."""
-    return f"{table}/{hit.get(SHARD, 0)}"
+    return f"{table}/{shard}"
 
 
 def version_key(
@@ -103,17 +102,34 @@ def version_key(
         return None
     if tables is not None:
         table = tables.get(hit["_index"])
-        return None if table is None else (who, hit["_index"], f"@{numbered_in(table, hit)}", seq, term)
+        if table is None:
+            return None
+        return (who, hit["_index"], f"@{numbered_in(table, hit.get(SHARD, 0))}", seq, term)
     if "_id" not in hit:
         return None
     return (who, hit["_index"], str(hit["_id"]), seq, term)
 
 
 def version_keys(
-    hits: Sequence[Mapping[str, Any]], who: str, *, tables: Mapping[str, str] | None = None
+    hits: HitColumns, who: str, *, tables: Mapping[str, str] | None = None
 ) -> list[VersionKey | None]:
-    """Each hit's `version_key`: what the window's digest and every cache name it by."""
-    return [version_key(h, who, tables=tables) for h in hits]
+    """Each hit's `version_key`: what the window's digest and every cache name it by. Made from the
+    hits' columns at once where every hit is named alike (an integer version, an index, an `_id`
+    string or, lean, a table for its index), else hit by hit."""
+    indices, seqs = hits.index, hits.seq_no
+    if not hits.versioned or min(seqs, default=0) < 0 or None in indices:
+        return [version_key(h, who, tables=tables) for h in hits.hits]
+    if tables is None:
+        names = hits.column("_id")
+        if not set(map(type, names)) <= {str}:
+            return [version_key(h, who, tables=tables) for h in hits.hits]
+    elif not set(indices) <= tables.keys():
+        return [version_key(h, who, tables=tables) for h in hits.hits]
+    else:
+        at = list(zip(indices, hits.column(SHARD, 0), strict=True))
+        tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1])}" for pair in set(at)}
+        names = list(map(tags.__getitem__, at))
+    return list(zip(repeat(who), indices, names, seqs, hits.primary_term))  # noqa: B905  # `repeat` never ends
 
 
 def cache_key(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bmx_rerank.rerank.hits import SHARD
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.shards import FORMS, items, merge, msearch_body, preference
-from bmx_rerank.rerank.term_vector_cache import SHARD
 from bmx_rerank.rerank.tf_probe import PARAM
 from bmx_rerank.rerank.window import Window
 

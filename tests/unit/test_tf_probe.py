@@ -12,12 +12,12 @@ import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     FEATURE_OVERHEAD,
     RECENT_SHARE,
-    SHARD,
     WINDOW_OVERHEAD,
     KeptScores,
     ProbedDoc,
@@ -111,13 +111,24 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
         for term in (1, 2, None)
         for shard in (0, 2)
     ] + [{"_seq_no": 1, "_primary_term": 1}, {"_index": "a", "_id": "x", "_seq_no": 1, "_primary_term": 1}]
-    for tables in (None, {"a": "T1", "b": "T2"}):
-        assert version_keys(hits, "alice", tables=tables) == [
-            version_key(h, "alice", tables=tables) for h in hits
-        ]
-    assert version_keys(hits[:1], "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
+    named = [
+        {"_index": ix, "_id": f"d{seq}", "_seq_no": seq, "_primary_term": term, SHARD: shard}
+        for ix in ("a", "b")
+        for seq in (0, 7)
+        for term in (1, 2)
+        for shard in (0, 2)
+    ] + [{"_index": "b", "_id": "x", "_seq_no": 3, "_primary_term": 1}]  # no shard: 0
+    # hit by hit (some hit is named otherwise) and at once (every hit is named alike): the same keys
+    for window in (hits, named, named[:1], []):
+        for tables in (None, {"a": "T1", "b": "T2"}):
+            assert version_keys(HitColumns(window), "alice", tables=tables) == [
+                version_key(h, "alice", tables=tables) for h in window
+            ]
+    assert None not in version_keys(HitColumns(named), "alice", tables={"a": "T1", "b": "T2"})
+    one = HitColumns(hits[:1])
+    assert version_keys(one, "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
     lean = {"_index": "a", "_seq_no": 7, "_primary_term": 1, SHARD: 2}
-    assert version_keys([lean], "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
+    assert version_keys(HitColumns([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
