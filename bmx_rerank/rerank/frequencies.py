@@ -248,7 +248,10 @@ class TermFrequencies:
         self, versions: Sequence[VersionKey | None], names: Sequence[str], found: ProbedTerms
     ) -> None:
         """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
-        from it, so that the pipeline does it while the cluster answers the page's fetch."""
+        from it, so that the pipeline does it while the cluster answers the page's fetch. None are made
+        when the cache keeps nothing."""
+        if self.cache.max_bytes <= 0:
+            return
         put = self.cache.put
         for key, by_field in zip(field_keys(versions, names), found.terms(), strict=True):
             for f, doc in (by_field or {}).items():
