@@ -22,7 +22,9 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.term_vector_cache import (
     CacheKey,
+    ProbedDoc,
     SeenWindow,
+    Terms,
     TermVectorCache,
     VersionKey,
     WindowKey,
@@ -34,7 +36,7 @@ from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
-HitTerms = dict[str, DocTerms]  # one hit's terms per field
+HitTerms = dict[str, Terms]  # one hit's terms per field
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ class ProbedTerms:
     """A probed window's terms: the probes' table (`counts`) for the hits `scored` from it, with their
     lengths per field (`lengths[hit, field]`), and the term vectors of the hits whose probes could not
     be read (`vectors`); any other hit is dropped. Scoring reads the table's columns (`features`); the
-    per-hit entries the term-vector cache keeps are made only when asked for (`terms`), after the answer
-    is on its way."""
+    per-hit entries the term-vector cache keeps are made only when asked for (`entries`), after the
+    answer is on its way."""
 
     hits: Sequence[Mapping[str, Any]]
     counts: tf_probe.ProbeCounts
@@ -90,21 +92,18 @@ class ProbedTerms:
             length[k] = doc.length
         return Candidates(tf, length)
 
-    def terms(self) -> list[HitTerms | None]:
-        """Each hit's entries per field, as the term-vector cache keeps them (None: dropped)."""
-        refs = doc_refs(self.hits, nameless=any("_id" not in h for h in self.hits))
-        lengths = self.lengths.tolist()
-        scored = self.scored.tolist()
-        out: list[HitTerms | None] = []
-        for i, hit in enumerate(self.hits):
-            if i in self.vectors:
-                out.append(self.vectors[i])
-            elif scored[i] and (tf := self.counts.of(i)) is not None:
-                n = dict(zip(self.names, lengths[i], strict=True))
-                out.append({f: tf_probe.probed_doc(refs[i], hit, tf[f], n[f]) for f in self.names})
-            else:
-                out.append(None)
-        return out
+    def entries(self) -> list[tuple[int, HitTerms]]:
+        """Each alive hit's entries per field, in the window's order, as the term-vector cache keeps
+        them: partial ones (`ProbedDoc`) of the table's rows, made a field at a time."""
+        rows = np.flatnonzero(self.scored).tolist()
+        maps = [self.counts.maps(f, rows) for f in self.names]
+        lengths = self.lengths[rows].tolist()
+        found: dict[int, HitTerms] = {
+            i: {f: ProbedDoc(maps[j][k], lengths[k][j]) for j, f in enumerate(self.names)}
+            for k, i in enumerate(rows)
+        }
+        found.update(self.vectors)
+        return sorted(found.items())
 
 
 class TermFrequencies:
@@ -253,9 +252,10 @@ class TermFrequencies:
         if self.cache.max_bytes <= 0:
             return
         put = self.cache.put
-        for key, by_field in zip(field_keys(versions, names), found.terms(), strict=True):
-            for f, doc in (by_field or {}).items():
-                put(key[f], doc)
+        for i, by_field in found.entries():
+            if (version := versions[i]) is not None:
+                for f, doc in by_field.items():
+                    put((*version, f), doc)
 
     async def _fetch(
         self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]

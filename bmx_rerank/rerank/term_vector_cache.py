@@ -47,10 +47,9 @@ import hashlib
 import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
@@ -147,23 +146,22 @@ def field_keys(
     return [{f: None if v is None else (*v, f) for f in names} for v in versions]
 
 
-@dataclass(frozen=True)
-class ProbedDoc(DocTerms):
-    """Some tokens' frequencies in one document version, and its exact field length.
+@dataclass(slots=True)
+class ProbedDoc:
+    """Some tokens' frequencies in one document version, and its exact field length: a partial entry,
+    read as a `DocTerms` is (`tf`, `length`). Slotted and not frozen: a window makes one a hit, and
+    `learn` grows it in place.
 
     `tf` holds every token it knows, those the document lacks with 0 (exact for that token); any
     other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`)."""
 
-    doc_length: int = 0
+    tf: dict[str, int]
+    length: int
+    held: int = field(init=False)  # its tokens' `token_bytes`, kept exact by `learn`
+    found: ClassVar[bool] = True  # as a `DocTerms` of a document found
 
-    @property
-    def length(self) -> int:  # type: ignore[override]
-        return self.doc_length
-
-    @cached_property
-    def held(self) -> int:
-        """Its tokens' `token_bytes`: counted once, then kept by `learn`."""
-        return token_bytes(self.tf)
+    def __post_init__(self) -> None:
+        self.held = token_bytes(self.tf)
 
     def learn(self, added: Mapping[str, int], held: int) -> None:
         """Know `added` too (whose `token_bytes` are `held`): tokens it lacked, exact for this same
@@ -171,9 +169,11 @@ class ProbedDoc(DocTerms):
         (a popular document's entry grows with every query that probed it: 9 µs a merge at 400 tokens,
         where a copy took them all). A window reading this entry meanwhile sees more tokens, never
         another count of one."""
-        before = self.held
         self.tf.update(added)
-        self.__dict__["held"] = before + held  # the cached property, kept exact
+        self.held += held
+
+
+Terms = DocTerms | ProbedDoc  # a document's terms in one field, as an entry holds them
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def versions_digest(
     return hashlib.blake2b(orjson.dumps([keys, list(tokens.items())]), digest_size=16).digest()
 
 
-def entry_bytes(entry: DocTerms | SeenWindow) -> int:
+def entry_bytes(entry: Terms | SeenWindow) -> int:
     """Estimated memory of one cached document's term frequencies (a partial entry's 0s included), or
     of a kept window."""
     if type(entry) is SeenWindow:
@@ -293,14 +293,14 @@ class TermVectorCache:
 
     def __init__(self, max_bytes: int = defaults.CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._items: LRUCache[CacheKey | WindowKey, DocTerms | SeenWindow] = LRUCache(
+        self._items: LRUCache[CacheKey | WindowKey, Terms | SeenWindow] = LRUCache(
             max(1, max_bytes), getsizeof=entry_bytes
         )
         self._recent: LRUCache[WindowKey, SeenWindow] = LRUCache(
             max(1, max_bytes // RECENT_SHARE), getsizeof=entry_bytes
         )
 
-    def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> DocTerms | None:
+    def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> Terms | None:
         """The entry, if it answers for every token in `needs` (None: every term, so full term
         vectors only); a partial entry that does not is a miss."""
         if key is None or self.max_bytes <= 0:
@@ -313,14 +313,14 @@ class TermVectorCache:
             return None
         return entry  # type: ignore[return-value]  # a `CacheKey` names a document
 
-    def put(self, key: CacheKey | None, terms: DocTerms) -> None:
+    def put(self, key: CacheKey | None, terms: Terms) -> None:
         """Keep `terms` under `key`: a partial entry merges with a partial one already there and
         never replaces a full one."""
         if key is None or self.max_bytes <= 0 or not terms.found:
             return
-        if isinstance(terms, ProbedDoc):
+        if type(terms) is ProbedDoc:
             old = self._items.get(key)
-            if old is not None and not isinstance(old, ProbedDoc):
+            if old is not None and type(old) is not ProbedDoc:
                 return  # full term vectors know every token
             if old is not None:  # the union of what both know (each exact for this document version)
                 added = {t: n for t, n in terms.tf.items() if t not in old.tf}

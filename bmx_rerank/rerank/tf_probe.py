@@ -28,8 +28,7 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from bmx_rerank.rerank.term_vector_cache import CacheKey, ProbedDoc
-from bmx_rerank.upstream import DocRef
+from bmx_rerank.rerank.term_vector_cache import CacheKey
 
 PARAM = "include_named_queries_score"
 # what asks the cluster whether it takes a parameter (or a preference): a search that matches nothing
@@ -141,6 +140,12 @@ class ProbeCounts:
     def rows(self) -> list[Frequencies | None]:
         return [self.of(h) for h in range(len(self.usable))]
 
+    def maps(self, field: str, rows: Sequence[int]) -> list[dict[str, int]]:
+        """`rows`' frequencies of the tokens probed in `field`, a map of its own each (the cache grows
+        it in place), from one slice of the table."""
+        columns, tokens = self._columns[field]
+        return [dict(zip(tokens, row, strict=True)) for row in self.counts[np.ix_(rows, columns)].tolist()]
+
     def tf(self, field: str, vocabulary: Sequence[str], rows: Sequence[int]) -> np.ndarray:
         """The frequency of each vocabulary token in `field` for each of `rows` (float64, as the
         scoring core reads it); 0 for a token not probed, as a probed entry's `tf.get(token, 0)`."""
@@ -200,13 +205,6 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCount
     table = np.zeros((len(hits), len(pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]
     return ProbeCounts(probe, table, usable)
-
-
-def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:
-    """The hit's terms in one field as the scoring core reads them: probed tfs (0 for a probed token
-    the field lacks), its exact length."""
-    version, seq, term = hit.get("_version"), hit.get("_seq_no"), hit.get("_primary_term")
-    return ProbedDoc(ref, True, tf, version, seq, term, doc_length=length)  # `tf` is its own (not copied)
 
 
 class LengthCache:

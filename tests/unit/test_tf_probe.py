@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.frequencies import ProbedTerms, TermFrequencies
 from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import score_tree
@@ -103,6 +104,45 @@ def test_take_frequencies_reads_each_field_of_interleaved_probes():
     assert got.of(0) is not got.of(0), "each hit's maps its own: the cache grows them in place"
 
 
+def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cache_that_keeps_them():
+    probe = tf_probe.Probe((("body", "a"), ("title", "a"), ("body", "b")))
+    ok = tf_probe.CANARY
+    hits = [
+        {"matched_queries": {"_bmx_tf_0": 0.75, "_bmx_tf_1": 0.5, ok: 1.0}},
+        {"matched_queries": {"_bmx_tf_2": 0.5}},  # no canary: read from its term vectors
+        {"matched_queries": {ok: 1.0}},
+        {"matched_queries": {ok: 1.0}},  # its length unknown: dropped
+    ]
+    counts = tf_probe.take_frequencies(hits, probe)
+    assert counts.maps("body", [2, 0]) == [{"a": 0, "b": 0}, {"a": 3, "b": 0}]
+    assert counts.maps("title", [0]) == [{"a": 1}]
+    one, again = counts.maps("body", [0, 0])
+    assert one == again and one is not again, "each a map of its own: the cache grows it in place"
+    vectors = {"body": _full({"a": 2, "b": 1, "c": 4}), "title": _full({"x": 1})}
+    lengths = np.array([[7, 2], [-1, -1], [5, 1], [-1, 3]])
+    found = ProbedTerms(
+        hits, counts, ["body", "title"], lengths, np.array([True, False, True, False]), {1: vectors}
+    )
+    entries = found.entries()
+    assert [i for i, _ in entries] == [0, 1, 2], "in the window's order, the dropped hit left out"
+    assert entries[0][1] == {"body": ProbedDoc({"a": 3, "b": 0}, 7), "title": ProbedDoc({"a": 1}, 2)}
+    assert entries[1][1] is vectors and entries[2][1]["body"] == ProbedDoc({"a": 0, "b": 0}, 5)
+    versions = [("u", "i", "1", 1, 1), ("u", "i", "2", 1, 1), None, ("u", "i", "4", 1, 1)]
+    frequencies = TermFrequencies(None, None, cache=TermVectorCache(), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
+    frequencies.remember(versions, ["body", "title"], found)
+    cache = frequencies.cache
+    assert len(cache) == 4, "two fields of two named hits; the third has no version"
+    assert cache.get(("u", "i", "1", 1, 1, "title"), {"a"}) == ProbedDoc({"a": 1}, 2)
+    assert cache.get(("u", "i", "2", 1, 1, "body")) is vectors["body"]
+
+    class Unmade(ProbedTerms):
+        def entries(self):
+            raise AssertionError("no entry is made for a cache that keeps none")
+
+    off = TermFrequencies(None, None, cache=TermVectorCache(0), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
+    off.remember(versions, ["body", "title"], Unmade(hits, counts, ["body"], lengths, found.scored))
+
+
 def test_version_keys_name_a_window_as_version_key_names_each_hit():
     hits = [
         {"_index": ix, "_seq_no": seq, "_primary_term": term, SHARD: shard}
@@ -132,7 +172,7 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
-    return ProbedDoc(DocRef("i", "d"), True, tf, 1, 5, 1, doc_length=length)
+    return ProbedDoc(tf, length)
 
 
 def _full(tf: dict[str, int]) -> DocTerms:
