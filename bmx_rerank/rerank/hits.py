@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from operator import methodcaller
 from typing import Any
 
@@ -17,36 +16,32 @@ SHARD = "_bmx_shard"
 
 @dataclass(frozen=True, eq=False)
 class HitColumns:
-    """The hits of one answer, in its order, and their fields as lists (None where a hit lacks one),
-    each read when first asked for."""
+    """The hits of one answer, in its order, and the fields every rerank reads as lists (None where a
+    hit lacks one); `column` reads any other."""
 
     hits: Sequence[Mapping[str, Any]]
+    index: list[Any]
+    seq_no: list[Any]
+    primary_term: list[Any]
+    shard: list[Any]  # each hit's shard (`SHARD`), None in a window searched whole
+    # every hit carries an integer `_seq_no` and `_primary_term` (not a bool: no number here)
+    versioned: bool
+
+    @classmethod
+    def of(cls, hits: Sequence[Mapping[str, Any]]) -> HitColumns:
+        index, seq_no, primary_term, shard = (
+            _column(hits, k) for k in ("_index", "_seq_no", "_primary_term", SHARD)
+        )
+        versioned = set(map(type, seq_no)) | set(map(type, primary_term)) <= {int}
+        return cls(hits, index, seq_no, primary_term, shard, versioned)
 
     def __len__(self) -> int:
         return len(self.hits)
 
     def column(self, key: str, default: Any = None) -> list[Any]:
         """Every hit's `key` (`default` where it has none)."""
-        return list(map(methodcaller("get", key, default), self.hits))
+        return _column(self.hits, key, default)
 
-    @cached_property
-    def index(self) -> list[Any]:
-        return self.column("_index")
 
-    @cached_property
-    def seq_no(self) -> list[Any]:
-        return self.column("_seq_no")
-
-    @cached_property
-    def primary_term(self) -> list[Any]:
-        return self.column("_primary_term")
-
-    @cached_property
-    def shard(self) -> list[Any]:
-        """Each hit's shard (`SHARD`), None in a window searched whole."""
-        return self.column(SHARD)
-
-    @cached_property
-    def versioned(self) -> bool:
-        """Every hit carries an integer `_seq_no` and `_primary_term` (not a bool: no number here)."""
-        return set(map(type, self.seq_no)) | set(map(type, self.primary_term)) <= {int}
+def _column(hits: Sequence[Mapping[str, Any]], key: str, default: Any = None) -> list[Any]:
+    return list(map(methodcaller("get", key, default), hits))

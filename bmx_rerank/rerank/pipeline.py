@@ -496,7 +496,7 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
-        columns = HitColumns(hits)  # what every step reads of each hit, read once
+        columns = HitColumns.of(hits)  # what every step reads of each hit, read once
         if window.lean:
             lean.check_hits(window, columns)
         try:

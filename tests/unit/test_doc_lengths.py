@@ -104,10 +104,10 @@ def test_table_lengths_per_field_and_index() -> None:
         {"_index": "i1", "_id": "c", "_routing": "r1", "_seq_no": 3, "_primary_term": 2},
         {"_index": "i1", "_id": "b"},  # no sequence number: uncertain
     ]
-    got = table_lengths(HitColumns(hits), ["f", "g"], views)
+    got = table_lengths(HitColumns.of(hits), ["f", "g"], views)
     assert got.tolist() == [[5, -1], [-1, -1], [9, -1], [-1, -1]]
     one = [hits[0], hits[2], hits[3]]  # of one index: every row in one lookup
-    assert table_lengths(HitColumns(one), ["f", "g"], views).tolist() == [[5, -1], [9, -1], [-1, -1]]
+    assert table_lengths(HitColumns.of(one), ["f", "g"], views).tolist() == [[5, -1], [9, -1], [-1, -1]]
 
 
 def _info(table: DocLengths, chunks: int) -> SnapshotInfo:

@@ -161,14 +161,14 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
     # hit by hit (some hit is named otherwise) and at once (every hit is named alike): the same keys
     for window in (hits, named, named[:1], []):
         for tables in (None, {"a": "T1", "b": "T2"}):
-            assert version_keys(HitColumns(window), "alice", tables=tables) == [
+            assert version_keys(HitColumns.of(window), "alice", tables=tables) == [
                 version_key(h, "alice", tables=tables) for h in window
             ]
-    assert None not in version_keys(HitColumns(named), "alice", tables={"a": "T1", "b": "T2"})
-    one = HitColumns(hits[:1])
+    assert None not in version_keys(HitColumns.of(named), "alice", tables={"a": "T1", "b": "T2"})
+    one = HitColumns.of(hits[:1])
     assert version_keys(one, "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
     lean = {"_index": "a", "_seq_no": 7, "_primary_term": 1, SHARD: 2}
-    assert version_keys(HitColumns([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
+    assert version_keys(HitColumns.of([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
