@@ -19,6 +19,7 @@ How the text score meets the first stage's (`ext.bmx.combine`), within the windo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -75,14 +76,18 @@ def combine(
     return final, np.where(matched, final, -np.inf)
 
 
-def first_stage_scores(hits: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """The cluster's `_score` of each hit (0 where it sent none)."""
-    return np.array([float(h.get("_score") or 0.0) for h in hits], dtype=np.float64)
+def first_stage_scores(hits: Sequence[dict[str, Any]]) -> np.ndarray:
+    """The cluster's `_score` of each hit (0 where it sent none): read in one C-level pass where every
+    hit has a number."""
+    scores = list(map(dict.get, hits, repeat("_score")))
+    if set(map(type, scores)) <= {float, int}:
+        return np.array(scores, dtype=np.float64)
+    return np.array([float(s or 0.0) for s in scores], dtype=np.float64)
 
 
 def pack(
     response: Mapping[str, Any],
-    hits: Sequence[Mapping[str, Any]],
+    hits: Sequence[dict[str, Any]],
     tree: Folded,
     plan: Plan,
     marker: Mapping[str, Any],
@@ -101,9 +106,10 @@ def pack(
         float(getattr(spec, "weight", 0.5)),
         int(getattr(spec, "rank_constant", 60)),
     )
-    order = [int(i) for i in np.argsort(-keys, kind="stable")]
+    ranked = np.argsort(-keys, kind="stable")
     if spec.min_score is not None:
-        order = [i for i in order if final[i] >= spec.min_score]
+        ranked = ranked[final[ranked] >= spec.min_score]
+    order = ranked.tolist()
     out = dict(response)
     hits_obj = dict(out.get("hits", {}))
     page = []

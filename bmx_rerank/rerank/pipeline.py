@@ -586,7 +586,7 @@ class Reranker:
             scores = KeptScores.of(how, corpora, folded, whole=explain)
             window_kept = seen.scored(scores) if seen is not None else SeenWindow.of(digest, features, scores)
             self.frequencies.keep_window(kept_as, window_kept, again=again)
-        kept = [hits[i] for i in alive]
+        kept = hits if len(alive) == len(hits) else [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
             body = await asyncio.to_thread(pack, response, kept, folded, packed, marker)
