@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -179,28 +179,22 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCount
     (float32 as the engine computed them, then tf): a window is ~100 hits x ~15 probes."""
     pairs = probe.pairs
     number = {f"{PREFIX}{i}": i for i in range(len(pairs))}  # a probe's name -> its pair
-    hit_of: list[int] = []
-    pair_of: list[int] = []
-    scores: list[Any] = []
-    usable = np.ones(len(hits), dtype=bool)
-    for h, hit in enumerate(hits):
-        named = hit.pop("matched_queries", None)
-        # `type() is dict` first: an `isinstance` of an abstract class costs more, once a hit
-        if (type(named) is not dict and not isinstance(named, Mapping)) or CANARY not in named:
-            usable[h] = False
-            continue
-        pair_of += map(number.get, named, repeat(-1))  # -1: the canary, or no probe of ours
-        scores += named.values()
-        hit_of += repeat(h, len(named))
+    named = list(map(dict.pop, hits, repeat("matched_queries"), repeat(None)))
+    if not set(map(type, named)) <= {dict}:  # a hit without them, or another kind of map: read as a dict
+        named = [n if type(n) is dict else dict(n) if isinstance(n, Mapping) else {} for n in named]
+    usable = np.fromiter(map(dict.__contains__, named, repeat(CANARY)), bool, len(named))
+    names = list(chain.from_iterable(named))
+    scores: list[Any] = list(chain.from_iterable(map(dict.values, named)))
     if not set(map(type, scores)) <= {float, int}:
         scores = [x if type(x) in (float, int) else float("nan") for x in scores]
-    pair = np.array(pair_of, dtype=np.int64)
-    ours = pair >= 0
+    pair = np.fromiter(map(number.get, names, repeat(-1)), np.int64, len(names))  # -1: not a probe of ours
+    hit_of = np.repeat(np.arange(len(named)), np.fromiter(map(len, named), np.int64, len(named)))
+    ours = (pair >= 0) & usable[hit_of]  # a hit without the canary: its probes were not evaluated
     s = np.array(scores, dtype=np.float32).astype(np.float64)[ours]
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
-    rows = np.array(hit_of, dtype=np.int64)[ours]
+    rows = hit_of[ours]
     usable[rows[~readable]] = False
     table = np.zeros((len(hits), len(pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]

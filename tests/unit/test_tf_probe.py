@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import tracemalloc
+from types import MappingProxyType
 
 import numpy as np
 import orjson
@@ -78,9 +79,20 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
         {"_id": "4"},  # nothing at all
         {"_id": "5", "matched_queries": {"_bmx_tf_0": 1.0, ok: 1.0}},  # saturated: tf too large
         {"_id": "6", "matched_queries": {"_bmx_tf_1": "NaN", ok: 1.0}},
+        {"_id": "7", "matched_queries": MappingProxyType({"_bmx_tf_1": 0.5, ok: 1.0})},  # any map
+        {"_id": "8", "matched_queries": ["_bmx_tf_0", ok]},  # names without scores
     ]
     got = tf_probe.take_frequencies(hits, probe)
-    assert got.rows() == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
+    assert got.rows() == [
+        {"body": {"a": 3, "b": 1}},
+        {"body": {"a": 0, "b": 0}},
+        None,
+        None,
+        None,
+        None,
+        {"body": {"a": 0, "b": 1}},
+        None,
+    ]
     # the table's columns as scoring reads them: a token not probed has tf 0, as an entry's `get`
     assert got.tf("body", ["b", "zz", "a"], [1, 0]).tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 3.0]]
     assert all("matched_queries" not in h for h in hits)
