@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -283,25 +282,29 @@ def table_lengths(hits: HitColumns, names: Sequence[str], views: Sequence[StatsV
     """Each hit's length per field (`[hit, field]`) from the length table of its index in that field's
     view: -1 where the view has no table for the index or the table not this version of the document."""
     out = np.full((len(hits), len(names)), -1, np.int64)
-    by_index: dict[str, list[int]] = {}
-    indices = list(map(str, hits.index))
-    if len(set(indices)) == 1:  # one index, as most windows: every row at once
-        by_index[indices[0]] = list(range(len(indices)))
-    else:
-        for i, index in enumerate(indices):
-            by_index.setdefault(index, []).append(i)
+    indices = _strings(hits.index)
     # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a table keyed
     # by version looks; a hit without its shard (None) is routed by `_id`.
-    ids = _strings(hits.column("_id", ""))
-    routings = [None if r is None else str(r) for r in hits.column("_routing")]
-    seqs, terms, shards = hits.seq_no, hits.primary_term, hits.shard
+    columns = (
+        _strings(hits.column("_id", "")),
+        _strings(hits.column("_routing"), keep_none=True),
+        hits.seq_no,
+        hits.primary_term,
+        hits.shard,
+    )
+    by_index: dict[str, list[int]] = {}
+    if len(set(indices)) > 1:
+        for i, index in enumerate(indices):
+            by_index.setdefault(index, []).append(i)
     for j, view in enumerate(views):
         tables = view.lengths or {}
+        if len(set(indices)) == 1:  # one index, as most windows: every hit in one lookup
+            if (table := tables.get(indices[0])) is not None:
+                out[:, j] = table.find(*columns)
+            continue
         for index, rows in by_index.items():
-            table = tables.get(index)
-            if table is not None:
-                pick = itemgetter(*rows) if len(rows) > 1 else (lambda c, i=rows[0]: (c[i],))
-                out[rows, j] = table.find(*(list(pick(c)) for c in (ids, routings, seqs, terms, shards)))
+            if (table := tables.get(index)) is not None:
+                out[rows, j] = table.find(*([c[i] for i in rows] for c in columns))
     return out
 
 
@@ -310,9 +313,12 @@ def _field_key(version: VersionKey | None, name: str) -> CacheKey | None:
     return None if version is None else (*version, name)
 
 
-def _strings(values: list[Any]) -> list[str]:
-    """`values` as strings (already so, as a hit's `_id` is, without a call each)."""
-    return values if set(map(type, values)) <= {str} else list(map(str, values))
+def _strings(values: list[Any], *, keep_none: bool = False) -> list[Any]:
+    """`values` as strings (already so, as a hit's `_id` is, without a call each); `keep_none`: None
+    stays None."""
+    if set(map(type, values)) <= ({str, type(None)} if keep_none else {str}):
+        return values
+    return [None if keep_none and v is None else str(v) for v in values]
 
 
 async def _named(

@@ -63,11 +63,15 @@ _SEEDS_A = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7)
 _SEEDS_B = (0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
 
 
+_SEEDS = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None]  # both lanes at once: (2, 3, 1)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def _fmix(z: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijection of 64-bit words with full avalanche."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
 
 
 def version_keys(keys: np.ndarray, seq_nos: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,11 +80,10 @@ def version_keys(keys: np.ndarray, seq_nos: np.ndarray, terms: np.ndarray) -> tu
     k = np.asarray(keys, np.uint64)
     s = np.asarray(seq_nos, np.int64).astype(np.uint64)
     t = np.asarray(terms, np.int64).astype(np.uint64)
-    seeds = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None]  # both lanes at once: (2, 3, 1)
     with np.errstate(over="ignore"):
-        z = _fmix(k ^ seeds[:, 0])
-        z = _fmix(z ^ (s + seeds[:, 1]))
-        z = _fmix(z ^ (t * seeds[:, 2]))
+        z = _fmix(k ^ _SEEDS[:, 0])
+        z = _fmix(z ^ (s + _SEEDS[:, 1]))
+        z = _fmix(z ^ (t * _SEEDS[:, 2]))
     return z[0], z[1]
 
 
@@ -176,14 +179,17 @@ class LengthIndex:
         self.layout = layout
         self._data = data  # the whole file, uint8, read-only memmap
         sec = layout.sections()
+        # The sections as plain arrays over the same mapping: a `memmap` runs Python code at each
+        # indexing (`__getitem__`, `__array_finalize__`), five of them a lookup
+        whole = data.view(np.ndarray)
 
         def view(name: str, dtype: str) -> np.ndarray:
             at, size = sec[name]
-            return data[at : at + size].view(dtype)
+            return whole[at : at + size].view(dtype)
 
         self.anchors = view("anchors", "<u8")
         self.offsets = view("offsets", "<u2")
-        self.records = data[sec["records"][0] : sec["records"][0] + sec["records"][1]]
+        self.records = view("records", "u1")
         esc = view("escapes", "<u8").reshape(layout.escapes, 3)
         self._esc_a, self._esc_b, self._esc_len = esc[:, 0], esc[:, 1], esc[:, 2]
 
