@@ -202,8 +202,10 @@ class Reranker:
                     await self.prober.add(window, who, headers)
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
-                    searched = asyncio.ensure_future(self._search(window, first_stage, msearch, headers))
-                    window.analyse()  # after the first stage's request is written: it goes first
+                    searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers)
+                    if window.analysis_gate is not None:  # the analysis goes once the search is written
+                        searched = asyncio.ensure_future(searched)
+                        window.analyse()
                     try:
                         answer = await searched
                     except lean.Miss:
@@ -396,7 +398,7 @@ class Reranker:
             guessed = self.analysis.guess(index_expr, plan)
             gate = asyncio.Event() if analyse_later and guessed is not None else None
             tokens = asyncio.ensure_future(self._analysed(index_expr, plan, headers, gate))
-        stats = {f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(plan.scored)}
+        stats = {f: self._statistics(index_expr, f, headers) for f in fields(plan.scored)}
         digest = window_digest(index_expr, plan)
         body, params = window_request(index_expr, plan, digest)
         window = Window(index_expr, plan, digest, body, params, tokens, stats)
@@ -657,7 +659,11 @@ class Reranker:
         return terms, "probes" if probed else "termvectors" if fetched else "cache", views
 
     async def _views(self, window: Window, names: Sequence[str], tokens: Tokens) -> list[StatsView]:
-        """Each field's statistics, completed for the window's tokens."""
+        """Each field's statistics, completed for the window's tokens: as they are where they hold
+        every term (exact statistics), else every field's terms fetched at once."""
+        views = [await window.stats[f] for f in names]
+        if all(v.complete for v in views):
+            return views
         return list(
             await asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names))
         )
@@ -710,6 +716,19 @@ class Reranker:
         if gate is not None:
             await gate.wait()
         return await self.analysis.tokens(index_expr, plan, headers)
+
+    def _statistics(
+        self, index_expr: str, field: str, headers: Mapping[str, str]
+    ) -> asyncio.Future[StatsView]:
+        """A field's statistics: at once where the source holds them in memory (`cached`: no task,
+        nothing to wait for), else looked up beside the first stage."""
+        cached = getattr(self.stats, "cached", None)  # a source may only `get`
+        view = cached(index_expr, field, headers) if cached is not None else None
+        if view is None:
+            return asyncio.ensure_future(self._stats(index_expr, field, headers))
+        done: asyncio.Future[StatsView] = asyncio.get_running_loop().create_future()
+        done.set_result(view)
+        return done
 
     async def _stats(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then

@@ -322,6 +322,18 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
         assert await decide(reranker("on", Tables(None), lengths=cache), alice) is None
     highlight = plan_search({**body, "highlight": {"fields": {"body": {}}}}, {})
     assert await decide(auto, bob, highlight) == "highlight"
+    # statistics in memory (a source that has them `cached`): no task for them, probes decided at once
+    known = FixedStats({("docs", "body"): CorpusStats.empty()}, {("docs", "body"): {}})
+    in_memory = reranker("auto", known)
+    side = in_memory.open("docs", plan, alice)
+    assert all(not isinstance(t, asyncio.Task) and t.done() for t in side.stats.values())
+    side.tokens = asyncio.get_running_loop().create_future()
+    side.tokens.set_result({("body", "a b"): ["a", "b"]})
+    in_memory.prober._named_scores = True
+    in_memory.prober._inputs = None  # type: ignore[assignment]  # never waited for: all is in
+    await in_memory.prober.add(side, caller_of(in_memory, alice), alice)
+    assert side.unprobed_because is None and side.probe is not None
+    side.close()
 
 
 def caller_of(r, headers) -> str:
