@@ -28,6 +28,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     VersionKey,
     WindowKey,
     field_keys,
+    token_bytes,
     versions_digest,
 )
 from bmx_rerank.scoring import Candidates
@@ -96,9 +97,10 @@ class ProbedTerms:
         them: partial ones (`ProbedDoc`) of the table's rows, made a field at a time."""
         rows = np.flatnonzero(self.scored).tolist()
         maps = [self.counts.maps(f, rows) for f in self.names]
+        held = [token_bytes(m[0]) if m else 0 for m in maps]  # a field's entries know the same tokens
         lengths = self.lengths[rows].tolist()
         found: dict[int, HitTerms] = {
-            i: {f: ProbedDoc(maps[j][k], lengths[k][j]) for j, f in enumerate(self.names)}
+            i: {f: ProbedDoc(maps[j][k], lengths[k][j], held[j]) for j, f in enumerate(self.names)}
             for k, i in enumerate(rows)
         }
         found.update(self.vectors)

@@ -47,7 +47,7 @@ import hashlib
 import weakref
 from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import Any, ClassVar
 
@@ -157,11 +157,14 @@ class ProbedDoc:
 
     tf: dict[str, int]
     length: int
-    held: int = field(init=False)  # its tokens' `token_bytes`, kept exact by `learn`
+    # its tokens' `token_bytes`, kept exact by `learn` (-1: counted when made; a window's entries of
+    # one field know the same tokens, counted once for all)
+    held: int = -1
     found: ClassVar[bool] = True  # as a `DocTerms` of a document found
 
     def __post_init__(self) -> None:
-        self.held = token_bytes(self.tf)
+        if self.held < 0:
+            self.held = token_bytes(self.tf)
 
     def learn(self, added: Mapping[str, int], held: int) -> None:
         """Know `added` too (whose `token_bytes` are `held`): tokens it lacked, exact for this same
@@ -318,17 +321,17 @@ class TermVectorCache:
         never replaces a full one."""
         if key is None or self.max_bytes <= 0 or not terms.found:
             return
-        if type(terms) is ProbedDoc:
-            old = self._items.get(key)
-            if old is not None and type(old) is not ProbedDoc:
+        if type(terms) is ProbedDoc and key in self._items:  # (a new entry needs no lookup)
+            old = self._items[key]
+            if type(old) is not ProbedDoc:
                 return  # full term vectors know every token
-            if old is not None:  # the union of what both know (each exact for this document version)
-                added = {t: n for t, n in terms.tf.items() if t not in old.tf}
-                held = token_bytes(added)
-                if not added or entry_bytes(old) + held > self.max_bytes:
-                    return  # nothing new, or a merge that outgrows the whole cache: the entry stays
-                old.learn(added, held)
-                terms = old  # counted again at its new size
+            # the union of what both know (each exact for this document version)
+            added = {t: n for t, n in terms.tf.items() if t not in old.tf}
+            held = token_bytes(added)
+            if not added or entry_bytes(old) + held > self.max_bytes:
+                return  # nothing new, or a merge that outgrows the whole cache: the entry stays
+            old.learn(added, held)
+            terms = old  # counted again at its new size
         with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
             self._items[key] = terms
 
