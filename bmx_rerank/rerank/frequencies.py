@@ -28,8 +28,8 @@ from bmx_rerank.rerank.term_vector_cache import (
     VersionKey,
     WindowKey,
     field_keys,
+    hits_digest,
     token_bytes,
-    versions_digest,
 )
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.stats.cache import StatsView
@@ -126,21 +126,23 @@ class TermFrequencies:
     def seen_window(
         self,
         key: WindowKey,
-        versions: Sequence[VersionKey | None],
+        hits: HitColumns,
+        who: str,
         names: Sequence[str],
         tokens: Mapping[tuple[str, str], Sequence[str]],
         *,
+        tables: Mapping[str, str] | None = None,
         look: bool = True,
     ) -> tuple[bytes | None, SeenWindow | None]:
-        """The digest of the hits' `versions` and `tokens` (`versions_digest`; None when a hit has no
-        version or the cache is off), and the window the cache kept under `key` for that digest (None:
-        not kept, or not `look`ed for)."""
-        if self.cache.max_bytes <= 0 or None in versions:
-            return None, None  # nothing is kept, or a hit cannot be named: no digest to compute
-        digest = versions_digest(versions, tokens)
-        seen = self.cache.window(key, digest) if look else None
+        """The window's digest (`hits_digest`; None when a hit has no version or the cache is off),
+        and the window the cache kept under `key` for that digest (None: not kept, or not `look`ed
+        for)."""
+        if self.cache.max_bytes <= 0:
+            return None, None  # nothing is kept: no digest to compute
+        digest = hits_digest(hits, who, tokens, tables=tables)
+        seen = self.cache.window(key, digest) if look and digest is not None else None
         if seen is not None:
-            self._count(len(versions) * len(names), len(versions) * len(names))
+            self._count(len(hits) * len(names), len(hits) * len(names))
         return digest, seen
 
     def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:

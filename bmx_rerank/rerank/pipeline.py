@@ -512,20 +512,24 @@ class Reranker:
         prf = spec.augment.provider == "prf"
         kept_as = (who, window.digest)
         again = self.prober.had(window, who)
-        # each hit's version, named once for the window's digest and every cache
         tables = lean.tables(window) if window.lean else None
-        hit_versions = version_keys(columns, who, tables=tables)
         digest, seen = (None, None)
         if not prf:
             # a probed window's probes are read (their guess checked) as they came: kept, not looked up
             look = window.probe is None
-            digest, seen = self.frequencies.seen_window(kept_as, hit_versions, names, tokens, look=look)
+            digest, seen = self.frequencies.seen_window(
+                kept_as, columns, who, names, tokens, tables=tables, look=look
+            )
         terms: list[HitTerms | None] | None = None
         probed: ProbedTerms | None = None
+        hit_versions: list[
+            VersionKey | None
+        ] = []  # each hit's, for the caches: a window kept whole needs none
         if seen is not None:
             source, views = "window", await self._views(window, names, tokens)
             alive = list(range(len(hits)))
         else:
+            hit_versions = version_keys(columns, who, tables=tables)
             found, source, views = await self._frequencies(
                 window, columns, frequencies, names, tokens, hit_versions, headers, prf=prf
             )

@@ -112,23 +112,53 @@ def version_key(
 def version_keys(
     hits: HitColumns, who: str, *, tables: Mapping[str, str] | None = None
 ) -> list[VersionKey | None]:
-    """Each hit's `version_key`: what the window's digest and every cache name it by. Made from the
-    hits' columns at once where every hit is named alike (an integer version, an index, an `_id`
-    string or, lean, a table for its index), else hit by hit."""
-    indices, seqs = hits.index, hits.seq_no
-    if not hits.versioned or min(seqs, default=0) < 0 or None in indices:
+    """Each hit's `version_key`: what every cache names it by. Made from the hits' columns at once
+    where every hit is named alike (`_alike`), else hit by hit."""
+    if not _alike(hits, tables):
         return [version_key(h, who, tables=tables) for h in hits.hits]
+    names = _names(hits, tables)
+    return list(zip(repeat(who), hits.index, names, hits.seq_no, hits.primary_term))  # noqa: B905  # `repeat` never ends
+
+
+def hits_digest(
+    hits: HitColumns,
+    who: str,
+    tokens: Mapping[tuple[str, str], Sequence[str]],
+    *,
+    tables: Mapping[str, str] | None = None,
+) -> bytes | None:
+    """What names a window kept whole: `versions_digest` of its hits' `version_keys` and its tokens,
+    None where a hit has none. Hits named alike (`_alike`) are digested from their columns, the same
+    versions without a key a hit (a window of 1,000 hits makes none)."""
+    if not _alike(hits, tables):
+        keys = version_keys(hits, who, tables=tables)
+        return None if None in keys else versions_digest(keys, tokens)
+    indices = hits.index
     if tables is None:
-        names = hits.column("_id")
-        if not set(map(type, names)) <= {str}:
-            return [version_key(h, who, tables=tables) for h in hits.hits]
-    elif not set(indices) <= tables.keys():
-        return [version_key(h, who, tables=tables) for h in hits.hits]
-    else:
-        at = list(zip(indices, hits.column(SHARD, 0), strict=True))
-        tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1])}" for pair in set(at)}
-        names = list(map(tags.__getitem__, at))
-    return list(zip(repeat(who), indices, names, seqs, hits.primary_term))  # noqa: B905  # `repeat` never ends
+        named: list[Any] = hits.column("_id")
+    else:  # each index's table, then each hit's shard: `_names` without a string a hit
+        named = [[(ix, tables[ix]) for ix in sorted(set(indices))], hits.column(SHARD, 0)]
+    columns = ["columns", who, indices, named, hits.seq_no, hits.primary_term, list(tokens.items())]
+    return hashlib.blake2b(orjson.dumps(columns), digest_size=16).digest()
+
+
+def _alike(hits: HitColumns, tables: Mapping[str, str] | None) -> bool:
+    """Every hit is named alike, as `version_key` names it: an integer version, an index and an `_id`
+    string or, lean, a table for its index."""
+    if not hits.versioned or min(hits.seq_no, default=0) < 0 or None in hits.index:
+        return False
+    if tables is None:
+        return set(map(type, hits.column("_id"))) <= {str}
+    return set(hits.index) <= tables.keys()
+
+
+def _names(hits: HitColumns, tables: Mapping[str, str] | None) -> list[str]:
+    """Each hit's name within its index (`version_key`'s third part), for hits named alike."""
+    if tables is None:
+        return hits.column("_id")
+    at = list(zip(hits.index, hits.column(SHARD, 0), strict=True))
+    tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1])}" for pair in set(at)}
+    return list(map(tags.__getitem__, at))
 
 
 def cache_key(

@@ -27,6 +27,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     TermVectorCache,
     cache_key,
     entry_bytes,
+    hits_digest,
     version_key,
     version_keys,
     versions_digest,
@@ -181,6 +182,38 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
     assert version_keys(one, "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
     lean = {"_index": "a", "_seq_no": 7, "_primary_term": 1, SHARD: 2}
     assert version_keys(HitColumns.of([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
+
+
+def test_a_windows_digest_names_exactly_its_hits_versions_and_tokens():
+    tokens = {("body", "a b"): ["a", "b"]}
+    lean = [{"_index": "a", "_seq_no": n, "_primary_term": 1, SHARD: n % 2} for n in range(6)]
+    named = [{"_index": "a", "_id": f"d{n}", "_seq_no": n, "_primary_term": 1} for n in range(6)]
+    tables = {"a": "T1"}
+
+    def digest(hits, who="alice", tokens=tokens, tables=None):
+        return hits_digest(HitColumns.of(hits), who, tokens, tables=tables)
+
+    for hits, on in ((lean, tables), (named, None)):
+        one = digest(hits, tables=on)
+        assert one is not None and len(one) == 16 and one == digest([dict(h) for h in hits], tables=on)
+        changed = [{**hits[0], "_seq_no": 99}, *hits[1:]]
+        others = [
+            digest(changed, tables=on),
+            digest(hits[::-1], tables=on),
+            digest(hits[:-1], tables=on),
+            digest(hits, "bob", tables=on),
+            digest(hits, tokens={("body", "a b"): ["a"]}, tables=on),
+        ]
+        assert len({one, *others}) == 1 + len(others), "another version, order, caller or token: another"
+    assert digest(lean, tables={"a": "T2"}) != digest(lean, tables=tables), "a re-created index's table"
+    moved = [{**lean[0], SHARD: 1}, *lean[1:]]
+    assert digest(moved, tables=tables) != digest(lean, tables=tables), "the same version in another shard"
+    # a hit named otherwise: the digest of its keys, as each is named hit by hit; none for a hit without
+    odd = [*named, {"_index": "a", "_id": 7, "_seq_no": 7, "_primary_term": 1}]
+    keys = version_keys(HitColumns.of(odd), "alice")
+    assert None not in keys and digest(odd) == versions_digest(keys, tokens)
+    assert digest([*named, {"_index": "a", "_id": "x"}]) is None, "no version: no digest"
+    assert digest(lean, tables={"b": "T1"}) is None, "no table for its index"
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
