@@ -136,8 +136,9 @@ def hits_digest(
     indices = hits.index
     if tables is None:
         named: list[Any] = hits.column("_id")
-    else:  # each index's table, then each hit's shard: `_names` without a string a hit
-        named = [[(ix, tables[ix]) for ix in sorted(set(indices))], hits.column(SHARD, 0)]
+    else:  # each index's table, then each hit's shard (None in a window searched whole): `_names`
+        # without a string a hit
+        named = [[(ix, tables[ix]) for ix in sorted(set(indices))], hits.shard]
     columns = ["columns", who, indices, named, hits.seq_no, hits.primary_term, list(tokens.items())]
     return hashlib.blake2b(orjson.dumps(columns), digest_size=16).digest()
 
