@@ -21,6 +21,7 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.term_vector_cache import (
     CacheKey,
+    Naming,
     ProbedDoc,
     SeenWindow,
     Terms,
@@ -196,17 +197,17 @@ class TermFrequencies:
         columns: HitColumns,
         counts: tf_probe.ProbeCounts,
         names: Sequence[str],
-        versions: Sequence[VersionKey | None],
+        naming: Naming,
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
         nameless: Nameless | None = None,
     ) -> tuple[ProbedTerms, int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the statistics snapshot's length table
-        (`StatsView.lengths`, exact document versions only), else from the length cache (`versions`:
-        each hit's `version_key`); `_mtermvectors` only for the hits both miss (their lengths are then
-        remembered), dropped as `from_term_vectors` drops them. What it finds is for the term-vector
-        cache too (`remember`), as fetched term vectors are.
+        (`StatsView.lengths`, exact document versions only), else from the length cache (by the hit's
+        `version_key`, named for those alone); `_mtermvectors` only for the hits both miss (their
+        lengths are then remembered), dropped as `from_term_vectors` drops them. What it finds is for
+        the term-vector cache too (`remember`), as fetched term vectors are.
 
         The table first: it answers a window's hits in one vectorised lookup, where the cache takes one
         a hit and field (both are exact, so which answers does not change a length).
@@ -222,9 +223,10 @@ class TermFrequencies:
             lengths[~usable] = -1
         get, looked_up, known = self.lengths.get, 0, 0
         for i in np.flatnonzero(usable & (lengths < 0).any(axis=1)).tolist():
+            version = naming.key(hits[i])
             for j, f in enumerate(names):
                 if lengths[i, j] < 0:
-                    n = get(_field_key(versions[i], f))
+                    n = get(_field_key(version, f))
                     if n is not None:
                         lengths[i, j] = n
                     looked_up, known = looked_up + 1, known + (n is not None)
@@ -240,21 +242,21 @@ class TermFrequencies:
                 if not usable[i]:
                     found.vectors[i] = dict(by_field)
                     continue
+                version = naming.key(hits[i])
                 for f, terms in by_field.items():
-                    self.lengths.put(_field_key(versions[i], f), terms.length)
+                    self.lengths.put(_field_key(version, f), terms.length)
                     lengths[i, names.index(f)] = terms.length
                 found.scored[i] = True
         return found, len(missing)
 
-    def remember(
-        self, versions: Sequence[VersionKey | None], names: Sequence[str], found: ProbedTerms
-    ) -> None:
+    def remember(self, columns: HitColumns, naming: Naming, names: Sequence[str], found: ProbedTerms) -> None:
         """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
         from it, so that the pipeline does it while the cluster answers the page's fetch. None are made
-        when the cache keeps nothing."""
+        (nor the hits' keys) when the cache keeps nothing."""
         if self.cache.max_bytes <= 0:
             return
         put = self.cache.put
+        versions = naming.keys(columns)
         for i, by_field in found.entries():
             if (version := versions[i]) is not None:
                 for f, doc in by_field.items():

@@ -49,10 +49,9 @@ from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     Features,
     KeptScores,
+    Naming,
     SeenWindow,
     TermVectorCache,
-    VersionKey,
-    version_keys,
 )
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
@@ -522,16 +521,13 @@ class Reranker:
             )
         terms: list[HitTerms | None] | None = None
         probed: ProbedTerms | None = None
-        hit_versions: list[
-            VersionKey | None
-        ] = []  # each hit's, for the caches: a window kept whole needs none
+        naming = Naming(who, tables)  # the hits' keys are made only where a cache is asked hit by hit
         if seen is not None:
             source, views = "window", await self._views(window, names, tokens)
             alive = list(range(len(hits)))
         else:
-            hit_versions = version_keys(columns, who, tables=tables)
             found, source, views = await self._frequencies(
-                window, columns, frequencies, names, tokens, hit_versions, headers, prf=prf
+                window, columns, frequencies, names, tokens, naming, headers, prf=prf
             )
             if isinstance(found, ProbedTerms):
                 probed, alive = found, found.alive
@@ -540,7 +536,7 @@ class Reranker:
         if alive:
             self.prober.saw(window, who)
         # a probed window's entries, kept for next time while its page is fetched (see below)
-        remember = partial(self.frequencies.remember, hit_versions, names, probed) if probed else None
+        remember = partial(self.frequencies.remember, columns, naming, names, probed) if probed else None
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
         marker = {
             "reranked": True,
@@ -622,14 +618,14 @@ class Reranker:
         frequencies: tf_probe.ProbeCounts | None,
         names: Sequence[str],
         tokens: Tokens,
-        versions: Sequence[VersionKey | None],
+        naming: Naming,
         headers: Mapping[str, str],
         *,
         prf: bool,
     ) -> tuple[list[HitTerms | None] | ProbedTerms, str, list[StatsView]]:
         """Each hit's terms (from the probes when they cover the query, as a `ProbedTerms`; else from
-        the term-vector cache and `_mtermvectors`; `versions`: each hit's `version_key`), where they
-        came from, and each field's statistics completed for the tokens."""
+        the term-vector cache and `_mtermvectors`, each hit named by `naming`), where they came from,
+        and each field's statistics completed for the tokens."""
         probe = window.probe
         covered = probe is not None and probe.covers(tokens)
         if window.probes_guessed:  # probes made of a guess: did it hold? (`rerank/word_tokens.py`)
@@ -644,7 +640,7 @@ class Reranker:
                 columns,
                 frequencies,  # type: ignore[arg-type]  # not None where probed
                 names,
-                versions,
+                naming,
                 headers,
                 window.stats,
                 self._nameless(window, headers) if window.lean else None,
@@ -653,7 +649,7 @@ class Reranker:
             else self.frequencies.from_term_vectors(
                 columns.hits,
                 names,
-                versions,
+                naming.keys(columns),
                 headers,
                 needs,
                 self._nameless(window, headers) if window.lean else None,

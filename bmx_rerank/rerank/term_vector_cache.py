@@ -109,6 +109,21 @@ def version_key(
     return (who, hit["_index"], str(hit["_id"]), seq, term)
 
 
+@dataclass(frozen=True)
+class Naming:
+    """How a window's hits are named for the caches: by caller `who` and, for a lean window's hits,
+    each index's length table (`tables`, see `version_key`)."""
+
+    who: str
+    tables: Mapping[str, str] | None = None
+
+    def key(self, hit: Mapping[str, Any]) -> VersionKey | None:
+        return version_key(hit, self.who, tables=self.tables)
+
+    def keys(self, hits: HitColumns) -> list[VersionKey | None]:
+        return version_keys(hits, self.who, tables=self.tables)
+
+
 def version_keys(
     hits: HitColumns, who: str, *, tables: Mapping[str, str] | None = None
 ) -> list[VersionKey | None]:

@@ -22,6 +22,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     RECENT_SHARE,
     WINDOW_OVERHEAD,
     KeptScores,
+    Naming,
     ProbedDoc,
     SeenWindow,
     TermVectorCache,
@@ -140,9 +141,10 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
     assert [i for i, _ in entries] == [0, 1, 2], "in the window's order, the dropped hit left out"
     assert entries[0][1] == {"body": ProbedDoc({"a": 3, "b": 0}, 7), "title": ProbedDoc({"a": 1}, 2)}
     assert entries[1][1] is vectors and entries[2][1]["body"] == ProbedDoc({"a": 0, "b": 0}, 5)
-    versions = [("u", "i", "1", 1, 1), ("u", "i", "2", 1, 1), None, ("u", "i", "4", 1, 1)]
+    for n, hit in enumerate(hits, start=1):  # named by version; the third hit has none
+        hit.update({"_index": "i", "_id": str(n), "_seq_no": 1 if n != 3 else None, "_primary_term": 1})
     frequencies = TermFrequencies(None, None, cache=TermVectorCache(), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
-    frequencies.remember(versions, ["body", "title"], found)
+    frequencies.remember(HitColumns.of(hits), Naming("u"), ["body", "title"], found)
     cache = frequencies.cache
     assert len(cache) == 4, "two fields of two named hits; the third has no version"
     assert cache.get(("u", "i", "1", 1, 1, "title"), {"a"}) == ProbedDoc({"a": 1}, 2)
@@ -152,8 +154,13 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
         def entries(self):
             raise AssertionError("no entry is made for a cache that keeps none")
 
+    class Unnamed(Naming):
+        def keys(self, hits):
+            raise AssertionError("nor are the hits' keys")
+
     off = TermFrequencies(None, None, cache=TermVectorCache(0), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
-    off.remember(versions, ["body", "title"], Unmade(hits, counts, ["body"], lengths, found.scored))
+    unmade = Unmade(hits, counts, ["body"], lengths, found.scored)
+    off.remember(HitColumns.of(hits), Unnamed("u"), ["body", "title"], unmade)
 
 
 def test_version_keys_name_a_window_as_version_key_names_each_hit():
