@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+import numpy as np
+
 # Where a hit of a lean window over several shards lives: its shard's number, set by the proxy (never
 # shown: the page's hits are replaced by their documents), since `_seq_no` is unique only in a shard
 SHARD = "_bmx_shard"
@@ -47,3 +49,12 @@ def _column(hits: Sequence[dict[str, Any]], key: str, default: Any = None) -> li
     # `dict.get` mapped over the hits: three times as fast as a `methodcaller`, a third faster than a
     # comprehension
     return list(map(dict.get, hits, repeat(key), repeat(default)))
+
+
+def scores(hits: Sequence[dict[str, Any]]) -> np.ndarray:
+    """The cluster's `_score` of each hit (0 where it sent none): read in one C-level pass where every
+    hit has a number."""
+    found = _column(hits, "_score")
+    if set(map(type, found)) <= {float, int}:
+        return np.array(found, dtype=np.float64)
+    return np.array([float(s or 0.0) for s in found], dtype=np.float64)

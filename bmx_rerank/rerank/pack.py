@@ -19,11 +19,11 @@ How the text score meets the first stage's (`ext.bmx.combine`), within the windo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
 
+from bmx_rerank.rerank.hits import scores
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import Folded, Scored
@@ -76,15 +76,6 @@ def combine(
     return final, np.where(matched, final, -np.inf)
 
 
-def first_stage_scores(hits: Sequence[dict[str, Any]]) -> np.ndarray:
-    """The cluster's `_score` of each hit (0 where it sent none): read in one C-level pass where every
-    hit has a number."""
-    scores = list(map(dict.get, hits, repeat("_score")))
-    if set(map(type, scores)) <= {float, int}:
-        return np.array(scores, dtype=np.float64)
-    return np.array([float(s or 0.0) for s in scores], dtype=np.float64)
-
-
 def pack(
     response: Mapping[str, Any],
     hits: Sequence[dict[str, Any]],
@@ -97,7 +88,7 @@ def pack(
     spec = plan.spec
     assert spec is not None
     how = getattr(spec, "combine", None) or "replace"
-    first = first_stage_scores(hits)
+    first = scores(hits)
     final, keys = combine(
         first,
         tree.scores,

@@ -11,7 +11,7 @@ import pytest
 from bmx_rerank import scoring
 from bmx_rerank.identity import caller
 from bmx_rerank.rerank.frequencies import doc_refs
-from bmx_rerank.rerank.pack import combine, fallback, first_stage_scores, minmax, pack, ranking
+from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.query import Combine, Text
 from bmx_rerank.rerank.rescore import Folded, candidate_features, features_of, rescore, score_tree
@@ -100,13 +100,6 @@ def test_pack_orders_slices_and_keeps_the_rest():
     assert all("_source" in h for h in out["hits"]["hits"])
     assert out["_bmx"] == {"reranked": True, "unmatched": 1}, "d holds neither t0 nor t3"
     assert len(response["hits"]["hits"]) == 5, "the upstream answer is not mutated"
-
-
-def test_first_stage_scores_read_every_hits_score_and_0_where_there_is_none():
-    assert first_stage_scores([{"_score": 2.5}, {"_score": 3}]).tolist() == [2.5, 3.0]
-    got = first_stage_scores([{"_score": 2.5}, {"_score": None}, {}, {"_score": 1}])
-    assert got.dtype == np.float64 and got.tolist() == [2.5, 0.0, 0.0, 1.0]
-    assert first_stage_scores([]).shape == (0,)
 
 
 def test_min_score_and_explain():
