@@ -79,6 +79,12 @@ class ProbedTerms:
     def features(self, name: str, vocabulary: Sequence[str]) -> Candidates:
         """`rescore.candidate_features` of the alive hits in field `name`: the table's columns where
         the probes were read, the term vectors' counts where not."""
+        j = self.names.index(name)
+        if not self.vectors:  # every hit scored from the table, as most windows are
+            rows = np.flatnonzero(self.scored)
+            return Candidates(
+                self.counts.tf(name, vocabulary, rows), self.lengths[rows, j].astype(np.float64)
+            )
         alive = np.flatnonzero(self._alive)
         from_table = self.scored[alive]
         rows = alive[from_table]
@@ -86,7 +92,7 @@ class ProbedTerms:
         length = np.empty(len(alive), dtype=np.float64)
         if rows.size:
             tf[from_table] = self.counts.tf(name, vocabulary, rows)
-            length[from_table] = self.lengths[rows, self.names.index(name)]
+            length[from_table] = self.lengths[rows, j]
         for k in np.flatnonzero(~from_table).tolist():
             doc = self.vectors[int(alive[k])][name]
             tf[k] = [doc.tf.get(t, 0) for t in vocabulary]

@@ -151,7 +151,10 @@ class ProbeCounts:
         scoring core reads it); 0 for a token not probed, as a probed entry's `tf.get(token, 0)`."""
         column = self._column
         picked = [column.get((field, t), -1) for t in vocabulary]
-        table = self.counts[np.asarray(rows, dtype=np.int64)]
+        rows = np.asarray(rows, dtype=np.int64)
+        if -1 not in picked:  # every token probed (probes that cover the query): its columns at once
+            return self.counts[np.ix_(rows, picked)].astype(np.float64)
+        table = self.counts[rows]
         padded = np.concatenate([table, np.zeros((len(rows), 1), dtype=np.int64)], axis=1)  # -1: zeros
         return padded[:, picked].astype(np.float64)
 

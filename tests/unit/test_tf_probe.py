@@ -97,6 +97,7 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
     ]
     # the table's columns as scoring reads them: a token not probed has tf 0, as an entry's `get`
     assert got.tf("body", ["b", "zz", "a"], [1, 0]).tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 3.0]]
+    assert got.tf("body", ["b", "a"], [1, 0]).tolist() == [[0.0, 0.0], [1.0, 3.0]], "every token probed"
     assert all("matched_queries" not in h for h in hits)
 
 
@@ -137,6 +138,14 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
     found = ProbedTerms(
         hits, counts, ["body", "title"], lengths, np.array([True, False, True, False]), {1: vectors}
     )
+    # scored from the table where probed, from the term vectors where not, in the window's order
+    features = found.features("body", ["a", "c", "b"])
+    assert features.tf.tolist() == [[3.0, 0.0, 0.0], [2.0, 4.0, 1.0], [0.0, 0.0, 0.0]]
+    assert features.length.tolist() == [7.0, 7.0, 5.0]  # the term vectors' length: their sum
+    table_only = ProbedTerms(hits, counts, ["body", "title"], lengths, np.array([True, False, True, False]))
+    assert table_only.alive == [0, 2]
+    assert table_only.features("title", ["a"]).tf.tolist() == [[1.0], [0.0]]
+    assert table_only.features("title", ["a"]).length.tolist() == [2.0, 1.0]
     entries = found.entries()
     assert [i for i, _ in entries] == [0, 1, 2], "in the window's order, the dropped hit left out"
     assert entries[0][1] == {"body": ProbedDoc({"a": 3, "b": 0}, 7), "title": ProbedDoc({"a": 1}, 2)}
