@@ -4,7 +4,7 @@ a shared machine, where wall-clock timings are not).
     .venv/bin/python -m benchmarks.first_sight_cpu record OUT [--upstream URL] [--mode first|warm]
         [--window 100] [--shards 1] [--queries 50]
     .venv/bin/python -m benchmarks.first_sight_cpu replay OUT [--repeats 3] [--check] [--fresh-caches]
-    .venv/bin/python -m benchmarks.first_sight_cpu count OUT [--repeats 1,3] [--fresh-caches]
+    .venv/bin/python -m benchmarks.first_sight_cpu count OUT [--repeats 3] [--fresh-caches]   # valgrind
 
 `record` indexes SciFact into a fresh index, sweeps its statistics and length table, and reranks each
 query through an in-process `Reranker` (as the proxy makes it: `first`, every cache off, each search a
@@ -14,9 +14,10 @@ each rerank answered. `replay` does the same reranks again with no engine: the c
 answering from the recording (a request not recorded fails: the requests did not change either), the
 first stage's answer decoded as the proxy decodes it, the reranked body serialized as the proxy
 serializes it (`--fresh-caches`: first sights of a proxy whose caches are on, emptied before each pass
-over the queries). `--check` compares every answer with the recorded one, byte for byte. `count` runs
-`replay` under callgrind with two numbers of repeats and prints the instructions per rerank (the
-difference, so imports and the recording's setup do not count)."""
+over the queries); one pass goes before the `--repeats` measured ones. `--check` compares every
+answer with the recorded one, byte for byte. `count` runs `replay` under callgrind, counting the
+measured passes alone (imports, the recording's setup and the first pass do not count), and prints
+the instructions per rerank."""
 
 from __future__ import annotations
 
@@ -253,7 +254,7 @@ def _answered(rec: Recording, key: Key) -> tuple[int, bytes]:
 # ---- replaying ------------------------------------------------------------------------------------------
 
 
-async def _replay(rec: Recording, passes: int, fresh: bool) -> list[bytes]:
+async def _replay(rec: Recording, passes: int, fresh: bool, *, instrument: bool = False) -> list[bytes]:
     from bmx_rerank.upstream import Cluster
 
     class Stub(Cluster):
@@ -268,9 +269,19 @@ async def _replay(rec: Recording, passes: int, fresh: bool) -> list[bytes]:
 
     first_stage, msearch = front_end(rec, send)
     rr = reranker(Stub(None, "http://recorded"), rec, caches=True if fresh else None)  # type: ignore[arg-type]
-    if rec.mode == "warm":
-        await rerank_all(rec, rr, first_stage, msearch, 1)
-    return await rerank_all(rec, rr, first_stage, msearch, passes, fresh=fresh)
+    # one pass first, not measured: `warm` needs its windows seen once; every mode its imports done
+    # and what the proxy learns once of a cluster (the field's analyzer, the probes' parameter) learned
+    await rerank_all(rec, rr, first_stage, msearch, 1, fresh=fresh)
+    _callgrind("on" if instrument else None)
+    got = await rerank_all(rec, rr, first_stage, msearch, passes, fresh=fresh)
+    _callgrind("off" if instrument else None)
+    return got
+
+
+def _callgrind(state: str | None) -> None:
+    """Turn callgrind's counting of this process on or off (`callgrind_control -i`)."""
+    if state is not None:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
 
 
 def replay(args: argparse.Namespace) -> None:
@@ -284,7 +295,7 @@ def replay(args: argparse.Namespace) -> None:
         run = asyncio.run
     if args.fresh_caches and rec.mode != "first":
         raise SystemExit("--fresh-caches replays first sights")
-    got = run(_replay(rec, args.repeats, args.fresh_caches))
+    got = run(_replay(rec, args.repeats, args.fresh_caches, instrument=args.instrument))
     if args.check:
         expected = rec.expected_fresh if args.fresh_caches else rec.expected
         differ = sum(a != b for a, b in zip(got, expected * args.repeats, strict=True))
@@ -299,12 +310,11 @@ def _load(path: str) -> Recording:
 
 def count(args: argparse.Namespace) -> None:
     rec = _load(args.recording)
-    low, high = (int(r) for r in args.repeats.split(","))
-    totals = [_instructions(args.recording, r, args.fresh_caches) for r in (low, high)]
-    per = (totals[1] - totals[0]) / ((high - low) * len(rec.queries))
+    total = _instructions(args.recording, args.repeats, args.fresh_caches)
+    reranks = args.repeats * len(rec.queries)
     print(
-        f"{_what(rec, args.fresh_caches)}, {len(rec.queries)} queries: "
-        f"{per:,.0f} instructions a rerank (repeats {low}: {totals[0]:,}, {high}: {totals[1]:,})"
+        f"{_what(rec, args.fresh_caches)}, {len(rec.queries)} queries x {args.repeats}: "
+        f"{total / reranks:,.0f} instructions a rerank ({total:,} in all)"
     )
 
 
@@ -314,10 +324,11 @@ def _what(rec: Recording, fresh: bool) -> str:
 
 
 def _instructions(recording: str, repeats: int, fresh: bool) -> int:
-    """Instructions of one `replay` under callgrind (its `Collected` total; hash seed fixed)."""
-    argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable]
-    argv += ["-m", "benchmarks.first_sight_cpu", "replay", recording, "--repeats", str(repeats)]
-    argv += ["--fresh-caches"] if fresh else []
+    """Instructions of a `replay`'s measured passes under callgrind (counting only while `replay
+    --instrument` turns it on; hash seed fixed)."""
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null"]
+    argv += [sys.executable, "-m", "benchmarks.first_sight_cpu", "replay", recording, "--instrument"]
+    argv += ["--repeats", str(repeats), *(["--fresh-caches"] if fresh else [])]
     done = subprocess.run(
         argv, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True
     )
@@ -341,9 +352,10 @@ def main() -> None:
     rep.add_argument("--repeats", type=int, default=1)
     rep.add_argument("--check", action="store_true", help="every answer as recorded, byte for byte")
     rep.add_argument("--fresh-caches", action="store_true", help="first: caches on, emptied each pass")
+    rep.add_argument("--instrument", action="store_true", help="under callgrind: count the passes alone")
     cnt = sub.add_parser("count")
     cnt.add_argument("recording")
-    cnt.add_argument("--repeats", default="1,3", help="the two numbers of passes compared")
+    cnt.add_argument("--repeats", type=int, default=3, help="passes over the queries counted")
     cnt.add_argument("--fresh-caches", action="store_true", help="first: caches on, emptied each pass")
     args = parser.parse_args()
     {"record": record, "replay": replay, "count": count}[args.command](args)
