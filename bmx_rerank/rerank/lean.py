@@ -324,12 +324,12 @@ async def fill_page(
         if doc is not None and keys is not None:
             cache.put(keys[i], doc)
     page = []
+    drop = {"_score", "sort", "matched_queries"}
+    drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
+    drop |= set() if keep_version else {"_version"}
     for hit, doc in zip(hits, docs, strict=True):
         if doc is None:
             raise Miss
-        drop = {"_score", "sort", "matched_queries"}
-        drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
-        drop |= set() if keep_version else {"_version"}
         shown = {k: v for k, v in doc.items() if k not in drop}
         shown["_score"] = hit["_score"]
         if "_bmx_explanation" in hit:
