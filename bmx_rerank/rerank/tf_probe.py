@@ -188,12 +188,14 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCount
     usable = np.fromiter(map(dict.__contains__, named, repeat(CANARY)), bool, len(named))
     names = list(chain.from_iterable(named))
     scores: list[Any] = list(chain.from_iterable(map(dict.values, named)))
-    if not set(map(type, scores)) <= {float, int}:
+    # every score a float, as the engines send them (counting is cheaper than a set of the types)
+    if list(map(type, scores)).count(float) != len(scores) and not set(map(type, scores)) <= {float, int}:
         scores = [x if type(x) in (float, int) else float("nan") for x in scores]
     pair = np.fromiter(map(number.get, names, repeat(-1)), np.int64, len(names))  # -1: not a probe of ours
     hit_of = np.repeat(np.arange(len(named)), np.fromiter(map(len, named), np.int64, len(named)))
     ours = (pair >= 0) & usable[hit_of]  # a hit without the canary: its probes were not evaluated
-    s = np.array(scores, dtype=np.float32).astype(np.float64)[ours]
+    # as the engine computed them, in float32 (through float64, which holds every score exactly)
+    s = np.fromiter(scores, np.float64, len(scores)).astype(np.float32).astype(np.float64)[ours]
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
