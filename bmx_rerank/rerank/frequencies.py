@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -99,19 +100,21 @@ class ProbedTerms:
             length[k] = doc.length
         return Candidates(tf, length)
 
-    def entries(self) -> list[tuple[int, HitTerms]]:
-        """Each alive hit's entries per field, in the window's order, as the term-vector cache keeps
-        them: partial ones (`ProbedDoc`) of the table's rows, made a field at a time."""
+    def entries(self) -> list[tuple[int, str, Terms]]:
+        """Each alive hit's entry in each field (hit, field, entry), in the window's order, as the
+        term-vector cache keeps them: partial ones (`ProbedDoc`) of the table's rows."""
         rows = np.flatnonzero(self.scored).tolist()
-        maps = [self.counts.maps(f, rows) for f in self.names]
-        held = [token_bytes(m[0]) if m else 0 for m in maps]  # a field's entries know the same tokens
         lengths = self.lengths[rows].tolist()
-        found: dict[int, HitTerms] = {
-            i: {f: ProbedDoc(maps[j][k], lengths[k][j], held[j]) for j, f in enumerate(self.names)}
-            for k, i in enumerate(rows)
-        }
-        found.update(self.vectors)
-        return sorted(found.items())
+        out: list[tuple[int, str, Terms]] = []
+        for j, f in enumerate(self.names):
+            tokens = self.counts.tokens(f)
+            held = token_bytes(dict.fromkeys(tokens, 0))  # a field's entries know the same tokens
+            counts = self.counts.counts_of(f, rows)
+            out += [(i, f, ProbedDoc.of(tokens, counts[k], lengths[k][j], held)) for k, i in enumerate(rows)]
+        out += [(i, f, doc) for i, by_field in self.vectors.items() for f, doc in by_field.items()]
+        if len(self.names) > 1 or self.vectors:
+            out.sort(key=itemgetter(0))  # stable: each hit's fields in their order
+        return out
 
 
 class TermFrequencies:
@@ -263,10 +266,9 @@ class TermFrequencies:
             return
         put = self.cache.put
         versions = naming.keys(columns)
-        for i, by_field in found.entries():
+        for i, f, doc in found.entries():
             if (version := versions[i]) is not None:
-                for f, doc in by_field.items():
-                    put((*version, f), doc)
+                put((*version, f), doc)
 
     async def _fetch(
         self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]

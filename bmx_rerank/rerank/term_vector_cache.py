@@ -45,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from itertools import repeat
@@ -192,25 +192,46 @@ def field_keys(
     return [{f: None if v is None else (*v, f) for f in names} for v in versions]
 
 
-@dataclass(slots=True)
 class ProbedDoc:
     """Some tokens' frequencies in one document version, and its exact field length: a partial entry,
-    read as a `DocTerms` is (`tf`, `length`). Slotted and not frozen: a window makes one a hit, and
-    `learn` grows it in place.
+    read as a `DocTerms` is (`tf`, `length`).
 
     `tf` holds every token it knows, those the document lacks with 0 (exact for that token); any
-    other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`)."""
+    other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`).
 
-    tf: dict[str, int]
-    length: int
-    # its tokens' `token_bytes`, kept exact by `learn` (-1: counted when made; a window's entries of
-    # one field know the same tokens, counted once for all)
-    held: int = -1
+    A window makes one a hit and field (`of`: its row of the probes' table and the field's tokens,
+    shared by the window's entries), and most are never read again: the map is made when first read.
+    Not frozen: `learn` grows it in place."""
+
+    __slots__ = ("_counts", "_tf", "_tokens", "held", "length")
     found: ClassVar[bool] = True  # as a `DocTerms` of a document found
 
-    def __post_init__(self) -> None:
-        if self.held < 0:
-            self.held = token_bytes(self.tf)
+    def __init__(self, tf: dict[str, int], length: int, held: int = -1) -> None:
+        self._tf: dict[str, int] | None = tf
+        self._tokens: Sequence[str] = ()
+        self._counts: Sequence[int] = ()
+        self.length = length
+        # its tokens' `token_bytes`, kept exact by `learn` (-1: counted here; a window's entries of one
+        # field know the same tokens, counted once for all)
+        self.held = token_bytes(tf) if held < 0 else held
+
+    @classmethod
+    def of(cls, tokens: Sequence[str], counts: Sequence[int], length: int, held: int) -> ProbedDoc:
+        """The entry of `tokens` with `counts` (in their order), its map made when first read."""
+        doc = cls.__new__(cls)
+        doc._tf, doc._tokens, doc._counts, doc.length, doc.held = None, tokens, counts, length, held
+        return doc
+
+    def items(self) -> Iterable[tuple[str, int]]:
+        """Its (token, frequency) pairs, without making its map."""
+        return self._tf.items() if self._tf is not None else zip(self._tokens, self._counts, strict=True)
+
+    @property
+    def tf(self) -> dict[str, int]:
+        if self._tf is None:
+            self._tf = dict(zip(self._tokens, self._counts, strict=True))
+            self._tokens = self._counts = ()
+        return self._tf
 
     def learn(self, added: Mapping[str, int], held: int) -> None:
         """Know `added` too (whose `token_bytes` are `held`): tokens it lacked, exact for this same
@@ -220,6 +241,18 @@ class ProbedDoc:
         another count of one."""
         self.tf.update(added)
         self.held += held
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ProbedDoc and (self.tf, self.length, self.held) == (
+            other.tf,
+            other.length,
+            other.held,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ProbedDoc({self.tf!r}, {self.length!r})"
 
 
 Terms = DocTerms | ProbedDoc  # a document's terms in one field, as an entry holds them
@@ -372,14 +405,17 @@ class TermVectorCache:
             if type(old) is not ProbedDoc:
                 return  # full term vectors know every token
             # the union of what both know (each exact for this document version)
-            added = {t: n for t, n in terms.tf.items() if t not in old.tf}
+            known = old.tf
+            added = {t: n for t, n in terms.items() if t not in known}
             held = token_bytes(added)
             if not added or entry_bytes(old) + held > self.max_bytes:
                 return  # nothing new, or a merge that outgrows the whole cache: the entry stays
             old.learn(added, held)
             terms = old  # counted again at its new size
-        with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
+        try:
             self._items[key] = terms
+        except ValueError:  # a document bigger than the whole cache is not kept
+            pass
 
     def window(self, key: WindowKey, versions: bytes) -> SeenWindow | None:
         """The window kept under `key`, if its hits and tokens were these (`versions_digest`); one seen

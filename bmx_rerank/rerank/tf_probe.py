@@ -140,11 +140,20 @@ class ProbeCounts:
     def rows(self) -> list[Frequencies | None]:
         return [self.of(h) for h in range(len(self.usable))]
 
+    def tokens(self, field: str) -> tuple[str, ...]:
+        """The tokens probed in `field`, in the order of `counts_of`'s columns."""
+        return tuple(self._columns[field][1])
+
+    def counts_of(self, field: str, rows: Sequence[int]) -> list[list[int]]:
+        """`rows`' frequencies of the tokens probed in `field` (`tokens`), a list each, from one slice
+        of the table."""
+        return self.counts[np.ix_(rows, self._columns[field][0])].tolist()  # type: ignore[no-any-return]
+
     def maps(self, field: str, rows: Sequence[int]) -> list[dict[str, int]]:
         """`rows`' frequencies of the tokens probed in `field`, a map of its own each (the cache grows
-        it in place), from one slice of the table."""
-        columns, tokens = self._columns[field]
-        return [dict(zip(tokens, row, strict=True)) for row in self.counts[np.ix_(rows, columns)].tolist()]
+        it in place)."""
+        tokens = self.tokens(field)
+        return [dict(zip(tokens, row, strict=True)) for row in self.counts_of(field, rows)]
 
     def tf(self, field: str, vocabulary: Sequence[str], rows: Sequence[int]) -> np.ndarray:
         """The frequency of each vocabulary token in `field` for each of `rows` (float64, as the

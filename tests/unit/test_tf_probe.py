@@ -29,6 +29,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     cache_key,
     entry_bytes,
     hits_digest,
+    token_bytes,
     version_key,
     version_keys,
     versions_digest,
@@ -147,9 +148,13 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
     assert table_only.features("title", ["a"]).tf.tolist() == [[1.0], [0.0]]
     assert table_only.features("title", ["a"]).length.tolist() == [2.0, 1.0]
     entries = found.entries()
-    assert [i for i, _ in entries] == [0, 1, 2], "in the window's order, the dropped hit left out"
-    assert entries[0][1] == {"body": ProbedDoc({"a": 3, "b": 0}, 7), "title": ProbedDoc({"a": 1}, 2)}
-    assert entries[1][1] is vectors and entries[2][1]["body"] == ProbedDoc({"a": 0, "b": 0}, 5)
+    assert [(i, f) for i, f, _ in entries] == [(h, f) for h in (0, 1, 2) for f in ("body", "title")], (
+        "in the window's order, each hit's fields in theirs, the dropped hit left out"
+    )
+    assert entries[0][2] == ProbedDoc({"a": 3, "b": 0}, 7) and entries[1][2] == ProbedDoc({"a": 1}, 2)
+    assert entries[2][2] is vectors["body"] and entries[4][2] == ProbedDoc({"a": 0, "b": 0}, 5)
+    made = entries[0][2]
+    assert dict(made.items()) == {"a": 3, "b": 0} and made.held == ProbedDoc({"a": 3, "b": 0}, 7).held
     for n, hit in enumerate(hits, start=1):  # named by version; the third hit has none
         hit.update({"_index": "i", "_id": str(n), "_seq_no": 1 if n != 3 else None, "_primary_term": 1})
     frequencies = TermFrequencies(None, None, cache=TermVectorCache(), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
@@ -252,6 +257,19 @@ def test_a_partial_entry_answers_only_for_the_tokens_it_knows():
     assert cache.get(KEY) is None, "a reader of every term (PRF) wants full term vectors"
     assert cache.get(("bob", *KEY[1:]), {"a"}) is None, "never shared across callers"
     assert cache.get((*KEY[:3], 6, 1, "body"), {"a"}) is None, "another version of the document"
+
+
+def test_a_partial_entry_of_a_tables_row_reads_weighs_and_merges_as_one_of_a_map():
+    def row(tokens: tuple[str, ...], counts: list[int]) -> ProbedDoc:
+        return ProbedDoc.of(tokens, counts, 9, token_bytes(dict.fromkeys(tokens, 0)))
+
+    assert row(("a", "b"), [2, 0]) == _probed({"a": 2, "b": 0})
+    assert entry_bytes(row(("a", "b"), [2, 0])) == entry_bytes(_probed({"a": 2, "b": 0}))
+    cache = TermVectorCache()
+    cache.put(KEY, row(("a", "b"), [2, 0]))
+    cache.put(KEY, row(("b", "c"), [0, 1]))
+    assert cache.get(KEY, {"a", "b", "c"}) == _probed({"a": 2, "b": 0, "c": 1})
+    assert cache.bytes == entry_bytes(_probed({"a": 2, "b": 0, "c": 1}))
 
 
 def test_partial_entries_merge_and_a_full_entry_always_wins():
