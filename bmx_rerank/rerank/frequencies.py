@@ -69,7 +69,7 @@ class ProbedTerms:
     @property
     def alive(self) -> list[int]:
         """The hits that are scored, in the window's order."""
-        return np.flatnonzero(self._alive).tolist()
+        return self._alive.nonzero()[0].tolist()
 
     @property
     def _alive(self) -> np.ndarray:
@@ -82,11 +82,11 @@ class ProbedTerms:
         the probes were read, the term vectors' counts where not."""
         j = self.names.index(name)
         if not self.vectors:  # every hit scored from the table, as most windows are
-            rows = np.flatnonzero(self.scored)
+            rows = self.scored.nonzero()[0]
             return Candidates(
                 self.counts.tf(name, vocabulary, rows), self.lengths[rows, j].astype(np.float64)
             )
-        alive = np.flatnonzero(self._alive)
+        alive = self._alive.nonzero()[0]
         from_table = self.scored[alive]
         rows = alive[from_table]
         tf = np.zeros((len(alive), len(vocabulary)), dtype=np.float64)
@@ -103,7 +103,7 @@ class ProbedTerms:
     def entries(self) -> list[tuple[int, str, Terms]]:
         """Each alive hit's entry in each field (hit, field, entry), in the window's order, as the
         term-vector cache keeps them: partial ones (`ProbedDoc`) of the table's rows."""
-        rows = np.flatnonzero(self.scored).tolist()
+        rows = self.scored.nonzero()[0].tolist()
         lengths = self.lengths[rows].tolist()
         out: list[tuple[int, str, Terms]] = []
         for j, f in enumerate(self.names):
@@ -231,7 +231,7 @@ class TermFrequencies:
             lengths = table_lengths(columns, names, views)
             lengths[~usable] = -1
         get, looked_up, known = self.lengths.get, 0, 0
-        for i in np.flatnonzero(usable & (lengths < 0).any(axis=1)).tolist():
+        for i in (usable & (lengths < 0).any(axis=1)).nonzero()[0].tolist():
             version = naming.key(hits[i])
             for j, f in enumerate(names):
                 if lengths[i, j] < 0:

@@ -57,5 +57,5 @@ def scores(hits: Sequence[dict[str, Any]]) -> np.ndarray:
     hit has a number."""
     found = _column(hits, "_score")
     if set(map(type, found)) <= {float, int}:
-        return np.array(found, dtype=np.float64)
+        return np.fromiter(found, np.float64, len(found))
     return np.array([float(s or 0.0) for s in found], dtype=np.float64)

@@ -372,13 +372,13 @@ class LengthIndex:
         match = (word >> self._length_bits) == (b >> self._fingerprint_shift)[owner]
         matches = np.bincount(owner[match], minlength=n)
         lengths = (word & self._length_mask).astype(np.int64)
-        one = np.flatnonzero(matches == 1)
+        one = (matches == 1).nonzero()[0]
         if one.size:
             # the matching record of each hit with exactly one: the last matching position per owner
             got = np.zeros(n, np.int64)
             got[owner[match]] = lengths[match]
             result[one] = got[one]
-        escaped = np.flatnonzero(result == (1 << lay.length_bits) - 1)
+        escaped = (result == (1 << lay.length_bits) - 1).nonzero()[0]
         if escaped.size:
             result[escaped] = self._escaped(a[escaped], b[escaped])
         return result

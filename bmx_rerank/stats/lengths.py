@@ -203,7 +203,7 @@ def int_column(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
     0 where not. One C-level pass where every value is one, as the cluster's hits give them."""
     if set(map(type, values)) <= {int}:
         with contextlib.suppress(OverflowError):
-            return np.array(values, np.int64).reshape(-1), np.ones(len(values), bool)
+            return np.fromiter(values, np.int64, len(values)), np.ones(len(values), bool)
     ok = [type(v) is int and INT64[0] <= v <= INT64[1] for v in values]  # type: ignore[operator]
     return np.array([v if k else 0 for v, k in zip(values, ok, strict=True)], np.int64), np.array(ok, bool)
 
@@ -242,10 +242,10 @@ def versions(
             given = [0 if g is None else g for g in given]
         shard, shard_ok = int_column(given)
         ok &= shard_ok & (shard >= 0) & (shard < shard_count)
-        usable = np.flatnonzero(ok)
+        usable = ok.nonzero()[0]
         keys = shard[usable].astype(np.uint64)
     else:
-        usable = np.flatnonzero(ok)
+        usable = ok.nonzero()[0]
         keys = _u64(doc_key(ids[i], routings[i]) for i in usable.tolist())
     return usable, keys, seq[usable], term[usable]
 
