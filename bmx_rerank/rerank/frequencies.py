@@ -59,7 +59,6 @@ class ProbedTerms:
     per-hit entries the term-vector cache keeps are made only when asked for (`entries`), after the
     answer is on its way."""
 
-    hits: Sequence[Mapping[str, Any]]
     counts: tf_probe.ProbeCounts
     names: Sequence[str]
     lengths: np.ndarray  # (hits, fields) int64, -1 where not known
@@ -94,7 +93,7 @@ class ProbedTerms:
         if rows.size:
             tf[from_table] = self.counts.tf(name, vocabulary, rows)
             length[from_table] = self.lengths[rows, j]
-        for k in np.flatnonzero(~from_table).tolist():
+        for k in (~from_table).nonzero()[0].tolist():
             doc = self.vectors[int(alive[k])][name]
             tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
             length[k] = doc.length
@@ -241,7 +240,7 @@ class TermFrequencies:
                     looked_up, known = looked_up + 1, known + (n is not None)
         self._count(known, looked_up)
         unknown = (lengths < 0).any(axis=1) | ~usable
-        found = ProbedTerms(hits, counts, names, lengths, scored=~unknown)
+        found = ProbedTerms(counts, names, lengths, scored=~unknown)
         missing = await _named(hits, np.flatnonzero(unknown).tolist(), nameless)  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)

@@ -137,13 +137,13 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
     vectors = {"body": _full({"a": 2, "b": 1, "c": 4}), "title": _full({"x": 1})}
     lengths = np.array([[7, 2], [-1, -1], [5, 1], [-1, 3]])
     found = ProbedTerms(
-        hits, counts, ["body", "title"], lengths, np.array([True, False, True, False]), {1: vectors}
+        counts, ["body", "title"], lengths, np.array([True, False, True, False]), {1: vectors}
     )
     # scored from the table where probed, from the term vectors where not, in the window's order
     features = found.features("body", ["a", "c", "b"])
     assert features.tf.tolist() == [[3.0, 0.0, 0.0], [2.0, 4.0, 1.0], [0.0, 0.0, 0.0]]
     assert features.length.tolist() == [7.0, 7.0, 5.0]  # the term vectors' length: their sum
-    table_only = ProbedTerms(hits, counts, ["body", "title"], lengths, np.array([True, False, True, False]))
+    table_only = ProbedTerms(counts, ["body", "title"], lengths, np.array([True, False, True, False]))
     assert table_only.alive == [0, 2]
     assert table_only.features("title", ["a"]).tf.tolist() == [[1.0], [0.0]]
     assert table_only.features("title", ["a"]).length.tolist() == [2.0, 1.0]
@@ -173,7 +173,7 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
             raise AssertionError("nor are the hits' keys")
 
     off = TermFrequencies(None, None, cache=TermVectorCache(0), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
-    unmade = Unmade(hits, counts, ["body"], lengths, found.scored)
+    unmade = Unmade(counts, ["body"], lengths, found.scored)
     off.remember(HitColumns.of(hits), Unnamed("u"), ["body", "title"], unmade)
 
 
