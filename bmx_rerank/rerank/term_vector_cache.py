@@ -142,9 +142,10 @@ def hits_digest(
     *,
     tables: Mapping[str, str] | None = None,
 ) -> bytes | None:
-    """What names a window kept whole: `versions_digest` of its hits' `version_keys` and its tokens,
-    None where a hit has none. Hits named alike (`_alike`) are digested from their columns, the same
-    versions without a key a hit (a window of 1,000 hits makes none)."""
+    """What names a window kept whole: a 16-byte digest of its hits' versions, as `version_keys` names
+    them, and its tokens; None where a hit has none. Hits named alike (`_alike`) are digested from their
+    columns (no key a hit: a window of 1,000 hits makes none), any others as `versions_digest` of their
+    keys; a window's hits always take the same of the two, so it always finds itself."""
     if not _alike(hits, tables):
         keys = version_keys(hits, who, tables=tables)
         return None if None in keys else versions_digest(keys, tokens)
