@@ -238,6 +238,9 @@ def versions(
         given = [None] * len(seq_nos) if shards is None else list(shards)
         if len(given) != len(seq_nos):
             raise ValueError("one shard number (or None) a hit")
+        if shard_count == 1 and given.count(None) == len(given):  # a window searched whole: shard 0
+            usable = ok.nonzero()[0]
+            return usable, np.zeros(usable.size, np.uint64), seq[usable], term[usable]
         if shard_count == 1:
             given = [0 if g is None else g for g in given]
         shard, shard_ok = int_column(given)
