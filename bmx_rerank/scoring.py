@@ -46,9 +46,9 @@ class TermStats:
             raise ValueError(f"n_docs must be >= 0, got {self.n_docs}")
         if self.n_docs > 0 and not (math.isfinite(self.avgdl) and self.avgdl > 0):
             raise ValueError(f"avgdl must be finite and > 0 when n_docs > 0, got {self.avgdl}")
-        if np.any(self.df < 0) or np.any(self.df > self.n_docs):
+        if (self.df < 0).any() or (self.df > self.n_docs).any():
             raise ValueError("df must lie in [0, n_docs]")
-        if np.any(self.entropy < 0):
+        if (self.entropy < 0).any():
             raise ValueError("entropy must be >= 0")
 
     @property
@@ -68,7 +68,7 @@ class Candidates:
         object.__setattr__(self, "length", _array("length", self.length, ndim=1))
         if self.tf.shape[0] != self.length.shape[0]:
             raise ValueError(f"tf has {self.tf.shape[0]} rows but length has {self.length.shape[0]} entries")
-        if np.any(self.tf < 0) or np.any(self.length < 0):
+        if (self.tf < 0).any() or (self.length < 0).any():
             raise ValueError("tf and length must be >= 0")
 
     @property
@@ -92,7 +92,7 @@ class Query:
         weights = np.ones(tokens.shape[0]) if self.weights is None else _array("weights", self.weights, 1)
         if weights.shape != tokens.shape:
             raise ValueError(f"weights must have one entry per token, got {weights.shape} for {tokens.shape}")
-        if np.any(weights < 0):
+        if (weights < 0).any():
             raise ValueError("weights must be >= 0")
         object.__setattr__(self, "weights", weights)
 
@@ -158,7 +158,7 @@ def live_tokens(stats: TermStats, query: Query) -> Query:
     """Drop query tokens whose term no document holds (df = 0), as the reference does."""
     _check_tokens(stats, query)
     keep = stats.df[query.tokens] > 0
-    if np.all(keep):
+    if keep.all():
         return query
     return Query(query.tokens[keep], query.weights[keep])
 
@@ -180,8 +180,19 @@ class _Columns:
 def _columns(stats: TermStats, cands: Candidates, query: Query) -> _Columns:
     _check_candidates(stats, cands)
     query = live_tokens(stats, query)
-    distinct, inverse = np.unique(query.tokens, return_inverse=True)
-    return _Columns(query, inverse.reshape(-1), cands.tf[:, distinct], stats.df[distinct])
+    distinct, inverse = _distinct(query.tokens)
+    return _Columns(query, inverse, cands.tf[:, distinct], stats.df[distinct])
+
+
+def _distinct(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(tokens, return_inverse=True)` of term indices (small integers >= 0): the distinct
+    ones in ascending order and each token's place among them, by marking them (a few C calls where
+    `unique` sorts in Python-level steps)."""
+    if not tokens.size:
+        return tokens.copy(), np.zeros(0, np.intp)
+    marked = np.zeros(int(tokens.max()) + 1, bool)
+    marked[tokens] = True
+    return np.flatnonzero(marked), (np.cumsum(marked) - 1)[tokens]
 
 
 def _ratio(num: np.ndarray, den: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -360,7 +371,7 @@ def _query_weight(query: Query) -> float:
     if query.m == 0:
         return 0.0
     w = query.weights
-    if np.any(w != w[0]):
+    if (w != w[0]).any():
         raise ValueError("in wqa_mode 'sum' every token of one query must carry the same weight")
     return float(w[0])
 
@@ -373,7 +384,7 @@ def _array(name: str, value: object, ndim: int) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be a {ndim}-d array, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         raise ValueError(f"{name} must be finite")
     return arr
 

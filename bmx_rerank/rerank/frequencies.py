@@ -12,27 +12,33 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.term_vector_cache import (
-    SHARD,
+    CacheKey,
+    Naming,
+    ProbedDoc,
     SeenWindow,
+    Terms,
     TermVectorCache,
     VersionKey,
     WindowKey,
     field_keys,
-    versions_digest,
+    hits_digest,
+    token_bytes,
 )
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster, DocRef, DocTerms
 
 TERMVECTOR_BATCH = 500  # documents per `_mtermvectors` call: bounded answers, each parsed on its own
-HitTerms = dict[str, DocTerms]  # one hit's terms per field
+HitTerms = dict[str, Terms]  # one hit's terms per field
 
 
 @dataclass(frozen=True)
@@ -48,52 +54,65 @@ class Nameless:
 @dataclass
 class ProbedTerms:
     """A probed window's terms: the probes' table (`counts`) for the hits `scored` from it, with their
-    lengths per field, and the term vectors of the hits whose probes could not be read (`vectors`); any
-    other hit is dropped. Scoring reads the table's columns (`features`); the per-hit entries the
-    term-vector cache keeps are made only when asked for (`terms`), after the answer is on its way."""
+    lengths per field (`lengths[hit, field]`), and the term vectors of the hits whose probes could not
+    be read (`vectors`); any other hit is dropped. Scoring reads the table's columns (`features`); the
+    per-hit entries the term-vector cache keeps are made only when asked for (`entries`), after the
+    answer is on its way."""
 
-    hits: Sequence[Mapping[str, Any]]
     counts: tf_probe.ProbeCounts
     names: Sequence[str]
-    lengths: list[dict[str, int | None]]
-    scored: set[int]
+    lengths: np.ndarray  # (hits, fields) int64, -1 where not known
+    scored: np.ndarray  # (hits,) bool
     vectors: dict[int, HitTerms] = field(default_factory=dict)
 
     @property
     def alive(self) -> list[int]:
         """The hits that are scored, in the window's order."""
-        return sorted(self.scored.union(self.vectors))
+        return self._alive.nonzero()[0].tolist()
+
+    @property
+    def _alive(self) -> np.ndarray:
+        alive = self.scored.copy()
+        alive[list(self.vectors)] = True
+        return alive
 
     def features(self, name: str, vocabulary: Sequence[str]) -> Candidates:
         """`rescore.candidate_features` of the alive hits in field `name`: the table's columns where
         the probes were read, the term vectors' counts where not."""
-        alive = self.alive
+        j = self.names.index(name)
+        if not self.vectors:  # every hit scored from the table, as most windows are
+            rows = self.scored.nonzero()[0]
+            return Candidates(
+                self.counts.tf(name, vocabulary, rows), self.lengths[rows, j].astype(np.float64)
+            )
+        alive = self._alive.nonzero()[0]
+        from_table = self.scored[alive]
+        rows = alive[from_table]
         tf = np.zeros((len(alive), len(vocabulary)), dtype=np.float64)
         length = np.empty(len(alive), dtype=np.float64)
-        from_table = [k for k, i in enumerate(alive) if i in self.scored]
-        rows = [alive[k] for k in from_table]
-        if rows:
+        if rows.size:
             tf[from_table] = self.counts.tf(name, vocabulary, rows)
-            length[from_table] = [self.lengths[i][name] for i in rows]
-        for k, i in enumerate(alive):
-            if i in self.vectors:
-                doc = self.vectors[i][name]
-                tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
-                length[k] = doc.length
+            length[from_table] = self.lengths[rows, j]
+        for k in (~from_table).nonzero()[0].tolist():
+            doc = self.vectors[int(alive[k])][name]
+            tf[k] = [doc.tf.get(t, 0) for t in vocabulary]
+            length[k] = doc.length
         return Candidates(tf, length)
 
-    def terms(self) -> list[HitTerms | None]:
-        """Each hit's entries per field, as the term-vector cache keeps them (None: dropped)."""
-        refs = doc_refs(self.hits, nameless=any("_id" not in h for h in self.hits))
-        out: list[HitTerms | None] = []
-        for i, hit in enumerate(self.hits):
-            if i in self.vectors:
-                out.append(self.vectors[i])
-            elif i in self.scored and (tf := self.counts.of(i)) is not None:
-                n = self.lengths[i]
-                out.append({f: tf_probe.probed_doc(refs[i], hit, tf[f], n[f]) for f in self.names})  # type: ignore[arg-type]
-            else:
-                out.append(None)
+    def entries(self) -> list[tuple[int, str, Terms]]:
+        """Each alive hit's entry in each field (hit, field, entry), in the window's order, as the
+        term-vector cache keeps them: partial ones (`ProbedDoc`) of the table's rows."""
+        rows = self.scored.nonzero()[0].tolist()
+        lengths = self.lengths[rows].tolist()
+        out: list[tuple[int, str, Terms]] = []
+        for j, f in enumerate(self.names):
+            tokens = self.counts.tokens(f)
+            held = token_bytes(dict.fromkeys(tokens, 0))  # a field's entries know the same tokens
+            counts = self.counts.counts_of(f, rows)
+            out += [(i, f, ProbedDoc.of(tokens, counts[k], lengths[k][j], held)) for k, i in enumerate(rows)]
+        out += [(i, f, doc) for i, by_field in self.vectors.items() for f, doc in by_field.items()]
+        if len(self.names) > 1 or self.vectors:
+            out.sort(key=itemgetter(0))  # stable: each hit's fields in their order
         return out
 
 
@@ -116,21 +135,23 @@ class TermFrequencies:
     def seen_window(
         self,
         key: WindowKey,
-        versions: Sequence[VersionKey | None],
+        hits: HitColumns,
+        who: str,
         names: Sequence[str],
         tokens: Mapping[tuple[str, str], Sequence[str]],
         *,
+        tables: Mapping[str, str] | None = None,
         look: bool = True,
     ) -> tuple[bytes | None, SeenWindow | None]:
-        """The digest of the hits' `versions` and `tokens` (`versions_digest`; None when a hit has no
-        version or the cache is off), and the window the cache kept under `key` for that digest (None:
-        not kept, or not `look`ed for)."""
-        if self.cache.max_bytes <= 0 or None in versions:
-            return None, None  # nothing is kept, or a hit cannot be named: no digest to compute
-        digest = versions_digest(versions, tokens)
-        seen = self.cache.window(key, digest) if look else None
+        """The window's digest (`hits_digest`; None when a hit has no version or the cache is off),
+        and the window the cache kept under `key` for that digest (None: not kept, or not `look`ed
+        for)."""
+        if self.cache.max_bytes <= 0:
+            return None, None  # nothing is kept: no digest to compute
+        digest = hits_digest(hits, who, tokens, tables=tables)
+        seen = self.cache.window(key, digest) if look and digest is not None else None
         if seen is not None:
-            self._count(len(versions) * len(names), len(versions) * len(names))
+            self._count(len(hits) * len(names), len(hits) * len(names))
         return digest, seen
 
     def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:
@@ -181,20 +202,20 @@ class TermFrequencies:
 
     async def from_probes(
         self,
-        hits: Sequence[Mapping[str, Any]],
+        columns: HitColumns,
         counts: tf_probe.ProbeCounts,
         names: Sequence[str],
-        versions: Sequence[VersionKey | None],
+        naming: Naming,
         headers: Mapping[str, str],
         stats: Mapping[str, Awaitable[StatsView]],
         nameless: Nameless | None = None,
     ) -> tuple[ProbedTerms, int]:
         """`from_term_vectors`' answer from the probes: each hit's query-term frequencies as the first
         stage reported them, its lengths from the statistics snapshot's length table
-        (`StatsView.lengths`, exact document versions only), else from the length cache (`versions`:
-        each hit's `version_key`); `_mtermvectors` only for the hits both miss (their lengths are then
-        remembered), dropped as `from_term_vectors` drops them. What it finds is for the term-vector
-        cache too (`remember`), as fetched term vectors are.
+        (`StatsView.lengths`, exact document versions only), else from the length cache (by the hit's
+        `version_key`, named for those alone); `_mtermvectors` only for the hits both miss (their
+        lengths are then remembered), dropped as `from_term_vectors` drops them. What it finds is for
+        the term-vector cache too (`remember`), as fetched term vectors are.
 
         The table first: it answers a window's hits in one vectorised lookup, where the cache takes one
         a hit and field (both are exact, so which answers does not change a length).
@@ -202,27 +223,25 @@ class TermFrequencies:
         A hit whose probes cannot be read exactly is scored from its term vectors, as without probes.
         Hits of a lean first stage carry no `_id` (`nameless`): those `_mtermvectors` needs are named
         first (one that cannot be named any more is dropped)."""
-        usable = counts.usable.tolist()
-        keys = field_keys(versions, names)
-        probed = [i for i, ok in enumerate(usable) if ok]
-        lengths: list[dict[str, int | None]] = [{} for _ in hits]  # unprobed: unknown, fetched below
-        if probed:
+        hits, usable = columns.hits, counts.usable
+        lengths = np.full((len(hits), len(names)), -1, np.int64)  # unprobed: unknown, fetched below
+        if usable.any():
             views = await asyncio.gather(*(stats[f] for f in names))
-            for i, found_lengths in zip(
-                probed, table_lengths([hits[i] for i in probed], names, views), strict=True
-            ):
-                lengths[i] = found_lengths
+            lengths = table_lengths(columns, names, views)
+            lengths[~usable] = -1
         get, looked_up, known = self.lengths.get, 0, 0
-        for i in _unknown(lengths, names):
-            if usable[i]:
-                for f in names:
-                    if lengths[i].get(f) is None:
-                        n = lengths[i][f] = get(keys[i][f])
-                        looked_up, known = looked_up + 1, known + (n is not None)
+        for i in (usable & (lengths < 0).any(axis=1)).nonzero()[0].tolist():
+            version = naming.key(hits[i])
+            for j, f in enumerate(names):
+                if lengths[i, j] < 0:
+                    n = get(_field_key(version, f))
+                    if n is not None:
+                        lengths[i, j] = n
+                    looked_up, known = looked_up + 1, known + (n is not None)
         self._count(known, looked_up)
-        missing = _unknown(lengths, names)
-        found = ProbedTerms(hits, counts, names, lengths, scored=set(probed) - set(missing))
-        missing = await _named(hits, missing, nameless)  # the others stay dropped
+        unknown = (lengths < 0).any(axis=1) | ~usable
+        found = ProbedTerms(counts, names, lengths, scored=~unknown)
+        missing = await _named(hits, np.flatnonzero(unknown).tolist(), nameless)  # the others stay dropped
         if missing:
             fetched = await self._fetch([hits[i] for i in missing], names, headers)
             for i, by_field in zip(missing, fetched, strict=True):
@@ -231,21 +250,24 @@ class TermFrequencies:
                 if not usable[i]:
                     found.vectors[i] = dict(by_field)
                     continue
+                version = naming.key(hits[i])
                 for f, terms in by_field.items():
-                    self.lengths.put(keys[i][f], terms.length)
-                    lengths[i][f] = terms.length
-                found.scored.add(i)
+                    self.lengths.put(_field_key(version, f), terms.length)
+                    lengths[i, names.index(f)] = terms.length
+                found.scored[i] = True
         return found, len(missing)
 
-    def remember(
-        self, versions: Sequence[VersionKey | None], names: Sequence[str], found: ProbedTerms
-    ) -> None:
+    def remember(self, columns: HitColumns, naming: Naming, names: Sequence[str], found: ProbedTerms) -> None:
         """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
-        from it, so that the pipeline does it while the cluster answers the page's fetch."""
+        from it, so that the pipeline does it while the cluster answers the page's fetch. None are made
+        (nor the hits' keys) when the cache keeps nothing."""
+        if self.cache.max_bytes <= 0:
+            return
         put = self.cache.put
-        for key, by_field in zip(field_keys(versions, names), found.terms(), strict=True):
-            for f, doc in (by_field or {}).items():
-                put(key[f], doc)
+        versions = naming.keys(columns)
+        for i, f, doc in found.entries():
+            if (version := versions[i]) is not None:
+                put((*version, f), doc)
 
     async def _fetch(
         self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]
@@ -269,33 +291,47 @@ class TermFrequencies:
         self.metrics.cache.labels("miss").inc(looked_up - hit)
 
 
-def table_lengths(
-    hits: Sequence[Mapping[str, Any]], names: Sequence[str], views: Sequence[StatsView]
-) -> list[dict[str, int | None]]:
-    """Each hit's length per field from the length table of its index in that field's view: None
-    where the view has no table for the index or the table not this version of the document."""
-    out: list[dict[str, int | None]] = [{} for _ in hits]
+def table_lengths(hits: HitColumns, names: Sequence[str], views: Sequence[StatsView]) -> np.ndarray:
+    """Each hit's length per field (`[hit, field]`) from the length table of its index in that field's
+    view: -1 where the view has no table for the index or the table not this version of the document."""
+    out = np.full((len(hits), len(names)), -1, np.int64)
+    indices = _strings(hits.index)
+    # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a table keyed
+    # by version looks; a hit without its shard (None) is routed by `_id`.
+    columns = (
+        _strings(hits.column("_id", "")),
+        _strings(hits.column("_routing"), keep_none=True),
+        hits.seq_no,
+        hits.primary_term,
+        hits.shard,
+    )
     by_index: dict[str, list[int]] = {}
-    for i, hit in enumerate(hits):
-        by_index.setdefault(str(hit.get("_index")), []).append(i)
-    for name, view in zip(names, views, strict=True):
+    if len(set(indices)) > 1:
+        for i, index in enumerate(indices):
+            by_index.setdefault(index, []).append(i)
+    for j, view in enumerate(views):
         tables = view.lengths or {}
+        if len(set(indices)) == 1:  # one index, as most windows: every hit in one lookup
+            if (table := tables.get(indices[0])) is not None:
+                out[:, j] = table.find(*columns)
+            continue
         for index, rows in by_index.items():
-            table = tables.get(index)
-            found: list[int | None] = [None] * len(rows)
-            if table is not None:
-                # A lean hit has no `_id` ("": never routed by one) but its shard (`SHARD`), where a
-                # table keyed by version looks; a hit without its shard (None) is routed by `_id`.
-                found = table.lookup(
-                    [str(hits[i].get("_id", "")) for i in rows],
-                    [None if (r := hits[i].get("_routing")) is None else str(r) for i in rows],
-                    [hits[i].get("_seq_no") for i in rows],
-                    [hits[i].get("_primary_term") for i in rows],
-                    [hits[i].get(SHARD) for i in rows],
-                )
-            for i, n in zip(rows, found, strict=True):
-                out[i][name] = n
+            if (table := tables.get(index)) is not None:
+                out[rows, j] = table.find(*([c[i] for i in rows] for c in columns))
     return out
+
+
+def _field_key(version: VersionKey | None, name: str) -> CacheKey | None:
+    """A hit's cache key in field `name`, from its `version_key`."""
+    return None if version is None else (*version, name)
+
+
+def _strings(values: list[Any], *, keep_none: bool = False) -> list[Any]:
+    """`values` as strings (already so, as a hit's `_id` is, without a call each); `keep_none`: None
+    stays None."""
+    if set(map(type, values)) <= ({str, type(None)} if keep_none else {str}):
+        return values
+    return [None if keep_none and v is None else str(v) for v in values]
 
 
 async def _named(
@@ -331,8 +367,3 @@ def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
     (when the hit carries one)."""
     version = hit.get("_version")
     return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)
-
-
-def _unknown(lengths: Sequence[Mapping[str, int | None]], names: Sequence[str]) -> list[int]:
-    """The hits some field's length is not known for."""
-    return [i for i, n in enumerate(lengths) if len(n) < len(names) or None in n.values()]

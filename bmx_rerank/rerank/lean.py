@@ -30,7 +30,8 @@ from cachetools import LRUCache
 
 from bmx_rerank.errors import UpstreamError
 from bmx_rerank.rerank import shards, tf_probe
-from bmx_rerank.rerank.term_vector_cache import SHARD, numbered_in
+from bmx_rerank.rerank.hits import SHARD, HitColumns
+from bmx_rerank.rerank.term_vector_cache import numbered_in
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.upstream import Cluster
@@ -159,19 +160,18 @@ def page_body(by_index: Mapping[str, Sequence[int]], shown: Mapping[str, Any]) -
     }
 
 
-def check_hits(window: Window, hits: Sequence[Mapping[str, Any]]) -> None:
+def check_hits(window: Window, hits: HitColumns) -> None:
     """Every hit is named by its version: its index has a table keyed so in every field, over as many
     shards as the window searched (a pattern may reach an index that has none, or another), and it
     carries `_seq_no` and `_primary_term`. `Miss` if not."""
-    indices = {h.get("_index") for h in hits}
+    indices = set(hits.index)
     for task in window.stats.values():
         tables = task.result().lengths or {}
         if not all(
             ix in tables and tables[ix].by_version and tables[ix].shards == window.shards for ix in indices
         ):
             raise Miss
-    # `type() is int`: a bool is no sequence number, and the check runs for each of up to 10,000 hits
-    if not all(type(h.get("_seq_no")) is int and type(h.get("_primary_term")) is int for h in hits):
+    if not hits.versioned:
         raise Miss
 
 
@@ -275,7 +275,7 @@ class PageCache:
         return [
             (
                 who,
-                numbered_in(named[h["_index"]], h),
+                numbered_in(named[h["_index"]], h.get(SHARD, 0)),
                 h["_index"],
                 h["_seq_no"],
                 h["_primary_term"],
@@ -324,12 +324,12 @@ async def fill_page(
         if doc is not None and keys is not None:
             cache.put(keys[i], doc)
     page = []
+    drop = {"_score", "sort", "matched_queries"}
+    drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
+    drop |= set() if keep_version else {"_version"}
     for hit, doc in zip(hits, docs, strict=True):
         if doc is None:
             raise Miss
-        drop = {"_score", "sort", "matched_queries"}
-        drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
-        drop |= set() if keep_version else {"_version"}
         shown = {k: v for k, v in doc.items() if k not in drop}
         shown["_score"] = hit["_score"]
         if "_bmx_explanation" in hit:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from bmx_rerank.rerank.hits import scores
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import Folded, Scored
@@ -75,14 +76,9 @@ def combine(
     return final, np.where(matched, final, -np.inf)
 
 
-def first_stage_scores(hits: Sequence[Mapping[str, Any]]) -> np.ndarray:
-    """The cluster's `_score` of each hit (0 where it sent none)."""
-    return np.array([float(h.get("_score") or 0.0) for h in hits], dtype=np.float64)
-
-
 def pack(
     response: Mapping[str, Any],
-    hits: Sequence[Mapping[str, Any]],
+    hits: Sequence[dict[str, Any]],
     tree: Folded,
     plan: Plan,
     marker: Mapping[str, Any],
@@ -92,7 +88,7 @@ def pack(
     spec = plan.spec
     assert spec is not None
     how = getattr(spec, "combine", None) or "replace"
-    first = first_stage_scores(hits)
+    first = scores(hits)
     final, keys = combine(
         first,
         tree.scores,
@@ -101,9 +97,10 @@ def pack(
         float(getattr(spec, "weight", 0.5)),
         int(getattr(spec, "rank_constant", 60)),
     )
-    order = [int(i) for i in np.argsort(-keys, kind="stable")]
+    ranked = np.argsort(-keys, kind="stable")
     if spec.min_score is not None:
-        order = [i for i in order if final[i] >= spec.min_score]
+        ranked = ranked[final[ranked] >= spec.min_score]
+    order = ranked.tolist()
     out = dict(response)
     hits_obj = dict(out.get("hits", {}))
     page = []

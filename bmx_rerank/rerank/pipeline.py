@@ -40,6 +40,7 @@ from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies
+from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -48,10 +49,9 @@ from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     Features,
     KeptScores,
+    Naming,
     SeenWindow,
     TermVectorCache,
-    VersionKey,
-    version_keys,
 )
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
@@ -201,8 +201,10 @@ class Reranker:
                     await self.prober.add(window, who, headers)
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
-                    searched = asyncio.ensure_future(self._search(window, first_stage, msearch, headers))
-                    window.analyse()  # after the first stage's request is written: it goes first
+                    searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers)
+                    if window.analysis_gate is not None:  # the analysis goes once the search is written
+                        searched = asyncio.ensure_future(searched)
+                        window.analyse()
                     try:
                         answer = await searched
                     except lean.Miss:
@@ -395,7 +397,7 @@ class Reranker:
             guessed = self.analysis.guess(index_expr, plan)
             gate = asyncio.Event() if analyse_later and guessed is not None else None
             tokens = asyncio.ensure_future(self._analysed(index_expr, plan, headers, gate))
-        stats = {f: asyncio.ensure_future(self._stats(index_expr, f, headers)) for f in fields(plan.scored)}
+        stats = {f: self._statistics(index_expr, f, headers) for f in fields(plan.scored)}
         digest = window_digest(index_expr, plan)
         body, params = window_request(index_expr, plan, digest)
         window = Window(index_expr, plan, digest, body, params, tokens, stats)
@@ -495,8 +497,9 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
+        columns = HitColumns.of(hits)  # what every step reads of each hit, read once
         if window.lean:
-            lean.check_hits(window, hits)
+            lean.check_hits(window, columns)
         try:
             tokens = await self._tokens(window, hits, headers)
         except AnalysisDeclined as declined:
@@ -508,22 +511,23 @@ class Reranker:
         prf = spec.augment.provider == "prf"
         kept_as = (who, window.digest)
         again = self.prober.had(window, who)
-        # each hit's version, named once for the window's digest and every cache
         tables = lean.tables(window) if window.lean else None
-        hit_versions = version_keys(hits, who, tables=tables)
         digest, seen = (None, None)
         if not prf:
             # a probed window's probes are read (their guess checked) as they came: kept, not looked up
             look = window.probe is None
-            digest, seen = self.frequencies.seen_window(kept_as, hit_versions, names, tokens, look=look)
+            digest, seen = self.frequencies.seen_window(
+                kept_as, columns, who, names, tokens, tables=tables, look=look
+            )
         terms: list[HitTerms | None] | None = None
         probed: ProbedTerms | None = None
+        naming = Naming(who, tables)  # the hits' keys are made only where a cache is asked hit by hit
         if seen is not None:
             source, views = "window", await self._views(window, names, tokens)
             alive = list(range(len(hits)))
         else:
             found, source, views = await self._frequencies(
-                window, hits, frequencies, names, tokens, hit_versions, headers, prf=prf
+                window, columns, frequencies, names, tokens, naming, headers, prf=prf
             )
             if isinstance(found, ProbedTerms):
                 probed, alive = found, found.alive
@@ -532,7 +536,7 @@ class Reranker:
         if alive:
             self.prober.saw(window, who)
         # a probed window's entries, kept for next time while its page is fetched (see below)
-        remember = partial(self.frequencies.remember, hit_versions, names, probed) if probed else None
+        remember = partial(self.frequencies.remember, columns, naming, names, probed) if probed else None
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
         marker = {
             "reranked": True,
@@ -584,7 +588,7 @@ class Reranker:
             scores = KeptScores.of(how, corpora, folded, whole=explain)
             window_kept = seen.scored(scores) if seen is not None else SeenWindow.of(digest, features, scores)
             self.frequencies.keep_window(kept_as, window_kept, again=again)
-        kept = [hits[i] for i in alive]
+        kept = hits if len(alive) == len(hits) else [hits[i] for i in alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
             body = await asyncio.to_thread(pack, response, kept, folded, packed, marker)
@@ -610,18 +614,18 @@ class Reranker:
     async def _frequencies(
         self,
         window: Window,
-        hits: Sequence[Mapping[str, Any]],
+        columns: HitColumns,
         frequencies: tf_probe.ProbeCounts | None,
         names: Sequence[str],
         tokens: Tokens,
-        versions: Sequence[VersionKey | None],
+        naming: Naming,
         headers: Mapping[str, str],
         *,
         prf: bool,
     ) -> tuple[list[HitTerms | None] | ProbedTerms, str, list[StatsView]]:
         """Each hit's terms (from the probes when they cover the query, as a `ProbedTerms`; else from
-        the term-vector cache and `_mtermvectors`; `versions`: each hit's `version_key`), where they
-        came from, and each field's statistics completed for the tokens."""
+        the term-vector cache and `_mtermvectors`, each hit named by `naming`), where they came from,
+        and each field's statistics completed for the tokens."""
         probe = window.probe
         covered = probe is not None and probe.covers(tokens)
         if window.probes_guessed:  # probes made of a guess: did it hold? (`rerank/word_tokens.py`)
@@ -633,19 +637,19 @@ class Reranker:
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}
         (terms, fetched), views = await asyncio.gather(
             self.frequencies.from_probes(
-                hits,
+                columns,
                 frequencies,  # type: ignore[arg-type]  # not None where probed
                 names,
-                versions,
+                naming,
                 headers,
                 window.stats,
                 self._nameless(window, headers) if window.lean else None,
             )
             if probed
             else self.frequencies.from_term_vectors(
-                hits,
+                columns.hits,
                 names,
-                versions,
+                naming.keys(columns),
                 headers,
                 needs,
                 self._nameless(window, headers) if window.lean else None,
@@ -655,7 +659,11 @@ class Reranker:
         return terms, "probes" if probed else "termvectors" if fetched else "cache", views
 
     async def _views(self, window: Window, names: Sequence[str], tokens: Tokens) -> list[StatsView]:
-        """Each field's statistics, completed for the window's tokens."""
+        """Each field's statistics, completed for the window's tokens: as they are where they hold
+        every term (exact statistics), else every field's terms fetched at once."""
+        views = [await window.stats[f] for f in names]
+        if all(v.complete for v in views):
+            return views
         return list(
             await asyncio.gather(*(self._complete(window.stats[f], _field_tokens(tokens, f)) for f in names))
         )
@@ -708,6 +716,19 @@ class Reranker:
         if gate is not None:
             await gate.wait()
         return await self.analysis.tokens(index_expr, plan, headers)
+
+    def _statistics(
+        self, index_expr: str, field: str, headers: Mapping[str, str]
+    ) -> asyncio.Future[StatsView]:
+        """A field's statistics: at once where the source holds them in memory (`cached`: no task,
+        nothing to wait for), else looked up beside the first stage."""
+        cached = getattr(self.stats, "cached", None)  # a source may only `get`
+        view = cached(index_expr, field, headers) if cached is not None else None
+        if view is None:
+            return asyncio.ensure_future(self._stats(index_expr, field, headers))
+        done: asyncio.Future[StatsView] = asyncio.get_running_loop().create_future()
+        done.set_result(view)
+        return done
 
     async def _stats(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then

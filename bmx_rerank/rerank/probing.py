@@ -104,7 +104,10 @@ class Prober:
         timeout = self.cluster.timeout
         wait = PROBE_WAIT if timeout is None else min(PROBE_WAIT, timeout / 4)
         try:
-            tokens, views, guessed = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
+            if self._at_hand(window):
+                tokens, views, guessed = self._ready(window, tables)
+            else:
+                tokens, views, guessed = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
         except (SearchError, asyncio.TimeoutError):
             return "timeout"  # the rerank analyses again on the hits' index, or fails as it would have
         except AnalysisDeclined as declined:
@@ -123,6 +126,23 @@ class Prober:
         window.body = tf_probe.with_probes(body, probe)
         window.params = {**params, tf_probe.PARAM: "true"}
         return None
+
+    def _at_hand(self, window: Window) -> bool:
+        """Whether what `_inputs` waits for is in already: the cluster's named scores known, the
+        tokens and every field's statistics done (known words, statistics in memory)."""
+        tasks = [window.tokens, *window.stats.values()]
+        return self._named_scores is not None and all(t is not None and t.done() for t in tasks)
+
+    def _ready(self, window: Window, tables: bool) -> tuple[Tokens | None, Sequence[StatsView], bool]:
+        """`_inputs`' answer from what is in (`_at_hand`), with no wait: its failures raised as they are."""
+        if not self._named_scores:
+            return None, [], False
+        assert window.tokens is not None
+        tokens = window.tokens.result()
+        if not tables:
+            return tokens, [], False
+        done = [t for t in window.stats.values() if not t.cancelled() and t.exception() is None]
+        return tokens, [v for t in done if isinstance(v := t.result(), StatsView)], False
 
     async def _inputs(
         self, window: Window, headers: Mapping[str, str], tables: bool

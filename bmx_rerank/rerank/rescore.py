@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,9 +46,9 @@ def remembered(memo: dict[tuple[str, tuple[str, ...]], Candidates], compute: Fea
     return read
 
 
-@dataclass(frozen=True)
-class TokenLabel:
-    """What one column of the per-term breakdown is: a live query token, its query (0 = original)."""
+class TokenLabel(NamedTuple):
+    """What one column of the per-term breakdown is: a live query token, its query (0 = original). A
+    tuple: a window makes one per live token and leaf."""
 
     token: str
     query: int
@@ -78,11 +79,12 @@ def rescore(
         for tokens, w in zip(token_lists, weights, strict=True)
     ]
     parts = score_terms(stats, features(vocabulary), queries, request)
+    live = (stats.df > 0).tolist()
     labels = tuple(
         TokenLabel(t, qi, float(w))
         for qi, (tokens, w) in enumerate(zip(token_lists, weights, strict=True))
         for t in tokens
-        if stats.df[column[t]] > 0
+        if live[column[t]]
     )
     assert len(labels) == parts.shape[1], "live-token labels must line up with the scoring core's columns"
     return Scored(parts.sum(axis=1), parts, labels)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import orjson
 
-from bmx_rerank.rerank.term_vector_cache import SHARD
+from bmx_rerank.rerank.hits import SHARD, scores
 from bmx_rerank.rerank.window import Window
 
 # Shard preferences tried in turn, until the cluster takes one: Elasticsearch keeps the caller's
@@ -112,17 +113,17 @@ def merge(answers: Sequence[Mapping[str, Any]], body: Mapping[str, Any]) -> dict
     # lower shard first, and a shard's own order. Only the hits that make the window are copied (each
     # shard sent a whole window of its own); a window of 1,000 on 3 shards ranks 3,000 hits.
     each = [answer["hits"].get("hits", []) for answer in answers]
-    every = [hit for hits in each for hit in hits]
-    by_score = np.array([hit.get("_score") or 0.0 for hit in every], dtype=np.float64)
-    shard_of = np.repeat(np.arange(len(each)), [len(hits) for hits in each]).tolist()
-    ranked = np.argsort(-by_score, kind="stable")[:size].tolist()
+    every = list(chain.from_iterable(each))
+    ranked = np.argsort(-scores(every), kind="stable")[:size]
+    # each ranked hit's shard: how many shards' hits lie before it in `every`
+    shard_of = np.searchsorted(np.cumsum([len(hits) for hits in each]), ranked, side="right").tolist()
     hits: dict[str, Any] = {}
     total = _total([a["hits"].get("total") for a in answers], body.get("track_total_hits"))
     if total is not None:
         hits["total"] = total
-    scores = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
-    hits["max_score"] = max(scores) if scores else None
-    hits["hits"] = [{**every[i], SHARD: shard_of[i]} for i in ranked]
+    tops = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
+    hits["max_score"] = max(tops) if tops else None
+    hits["hits"] = [{**every[i], SHARD: shard} for i, shard in zip(ranked.tolist(), shard_of, strict=True)]
     merged: dict[str, Any] = {
         "took": max(int(a.get("took", 0)) for a in answers),
         "timed_out": any(a.get("timed_out") for a in answers),

@@ -45,24 +45,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
-from functools import cached_property
-from typing import Any
+from itertools import repeat
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 from cachetools import LRUCache
 
 from bmx_rerank import defaults
+from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.rescore import Folded
 from bmx_rerank.scoring import Candidates
 from bmx_rerank.upstream import DocTerms
 
-# Where a hit of a lean window over several shards lives: its shard's number, set by the proxy (never
-# shown: the page's hits are replaced by their documents), since `_seq_no` is unique only in a shard
-SHARD = "_bmx_shard"
 CacheKey = tuple[str, str, str, int, int, str]
 VersionKey = tuple[str, str, str, int, int]  # a `CacheKey` less its field: one document version
 ENTRY_OVERHEAD = 400  # bytes of a key, a DocTerms and its dict, whatever the document
@@ -84,10 +82,10 @@ RECENT_SHARE = 32
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
-def numbered_in(table: str, hit: Mapping[str, Any]) -> str:
+def numbered_in(table: str, shard: Any) -> str:
     """What a lean hit's `_seq_no` and `_primary_term` count within: its index's length table (an index
     re-created under its name has another) and its shard (`SHARD`; 0 in an index of one)."""
-    return f"{table}/{hit.get(SHARD, 0)}"
+    return f"{table}/{shard}"
 
 
 def version_key(
@@ -103,17 +101,81 @@ def version_key(
         return None
     if tables is not None:
         table = tables.get(hit["_index"])
-        return None if table is None else (who, hit["_index"], f"@{numbered_in(table, hit)}", seq, term)
+        if table is None:
+            return None
+        return (who, hit["_index"], f"@{numbered_in(table, hit.get(SHARD, 0))}", seq, term)
     if "_id" not in hit:
         return None
     return (who, hit["_index"], str(hit["_id"]), seq, term)
 
 
+@dataclass(frozen=True)
+class Naming:
+    """How a window's hits are named for the caches: by caller `who` and, for a lean window's hits,
+    each index's length table (`tables`, see `version_key`)."""
+
+    who: str
+    tables: Mapping[str, str] | None = None
+
+    def key(self, hit: Mapping[str, Any]) -> VersionKey | None:
+        return version_key(hit, self.who, tables=self.tables)
+
+    def keys(self, hits: HitColumns) -> list[VersionKey | None]:
+        return version_keys(hits, self.who, tables=self.tables)
+
+
 def version_keys(
-    hits: Sequence[Mapping[str, Any]], who: str, *, tables: Mapping[str, str] | None = None
+    hits: HitColumns, who: str, *, tables: Mapping[str, str] | None = None
 ) -> list[VersionKey | None]:
-    """Each hit's `version_key`: what the window's digest and every cache name it by."""
-    return [version_key(h, who, tables=tables) for h in hits]
+    """Each hit's `version_key`: what every cache names it by. Made from the hits' columns at once
+    where every hit is named alike (`_alike`), else hit by hit."""
+    if not _alike(hits, tables):
+        return [version_key(h, who, tables=tables) for h in hits.hits]
+    names = _names(hits, tables)
+    return list(zip(repeat(who), hits.index, names, hits.seq_no, hits.primary_term))  # noqa: B905  # `repeat` never ends
+
+
+def hits_digest(
+    hits: HitColumns,
+    who: str,
+    tokens: Mapping[tuple[str, str], Sequence[str]],
+    *,
+    tables: Mapping[str, str] | None = None,
+) -> bytes | None:
+    """What names a window kept whole: a 16-byte digest of its hits' versions, as `version_keys` names
+    them, and its tokens; None where a hit has none. Hits named alike (`_alike`) are digested from their
+    columns (no key a hit: a window of 1,000 hits makes none), any others as `versions_digest` of their
+    keys; a window's hits always take the same of the two, so it always finds itself."""
+    if not _alike(hits, tables):
+        keys = version_keys(hits, who, tables=tables)
+        return None if None in keys else versions_digest(keys, tokens)
+    indices = hits.index
+    if tables is None:
+        named: list[Any] = hits.column("_id")
+    else:  # each index's table, then each hit's shard (None in a window searched whole): `_names`
+        # without a string a hit
+        named = [[(ix, tables[ix]) for ix in sorted(set(indices))], hits.shard]
+    columns = ["columns", who, indices, named, hits.seq_no, hits.primary_term, list(tokens.items())]
+    return hashlib.blake2b(orjson.dumps(columns), digest_size=16).digest()
+
+
+def _alike(hits: HitColumns, tables: Mapping[str, str] | None) -> bool:
+    """Every hit is named alike, as `version_key` names it: an integer version, an index and an `_id`
+    string or, lean, a table for its index."""
+    if not hits.versioned or min(hits.seq_no, default=0) < 0 or None in hits.index:
+        return False
+    if tables is None:
+        return set(map(type, hits.column("_id"))) <= {str}
+    return set(hits.index) <= tables.keys()
+
+
+def _names(hits: HitColumns, tables: Mapping[str, str] | None) -> list[str]:
+    """Each hit's name within its index (`version_key`'s third part), for hits named alike."""
+    if tables is None:
+        return hits.column("_id")
+    at = list(zip(hits.index, hits.column(SHARD, 0), strict=True))
+    tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1])}" for pair in set(at)}
+    return list(map(tags.__getitem__, at))
 
 
 def cache_key(
@@ -131,23 +193,46 @@ def field_keys(
     return [{f: None if v is None else (*v, f) for f in names} for v in versions]
 
 
-@dataclass(frozen=True)
-class ProbedDoc(DocTerms):
-    """Some tokens' frequencies in one document version, and its exact field length.
+class ProbedDoc:
+    """Some tokens' frequencies in one document version, and its exact field length: a partial entry,
+    read as a `DocTerms` is (`tf`, `length`).
 
     `tf` holds every token it knows, those the document lacks with 0 (exact for that token); any
-    other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`)."""
+    other token is unknown, so the entry answers only for `tf`'s keys (see `TermVectorCache.get`).
 
-    doc_length: int = 0
+    A window makes one a hit and field (`of`: its row of the probes' table and the field's tokens,
+    shared by the window's entries), and most are never read again: the map is made when first read.
+    Not frozen: `learn` grows it in place."""
+
+    __slots__ = ("_counts", "_tf", "_tokens", "held", "length")
+    found: ClassVar[bool] = True  # as a `DocTerms` of a document found
+
+    def __init__(self, tf: dict[str, int], length: int, held: int = -1) -> None:
+        self._tf: dict[str, int] | None = tf
+        self._tokens: Sequence[str] = ()
+        self._counts: Sequence[int] = ()
+        self.length = length
+        # its tokens' `token_bytes`, kept exact by `learn` (-1: counted here; a window's entries of one
+        # field know the same tokens, counted once for all)
+        self.held = token_bytes(tf) if held < 0 else held
+
+    @classmethod
+    def of(cls, tokens: Sequence[str], counts: Sequence[int], length: int, held: int) -> ProbedDoc:
+        """The entry of `tokens` with `counts` (in their order), its map made when first read."""
+        doc = cls.__new__(cls)
+        doc._tf, doc._tokens, doc._counts, doc.length, doc.held = None, tokens, counts, length, held
+        return doc
+
+    def items(self) -> Iterable[tuple[str, int]]:
+        """Its (token, frequency) pairs, without making its map."""
+        return self._tf.items() if self._tf is not None else zip(self._tokens, self._counts, strict=True)
 
     @property
-    def length(self) -> int:  # type: ignore[override]
-        return self.doc_length
-
-    @cached_property
-    def held(self) -> int:
-        """Its tokens' `token_bytes`: counted once, then kept by `learn`."""
-        return token_bytes(self.tf)
+    def tf(self) -> dict[str, int]:
+        if self._tf is None:
+            self._tf = dict(zip(self._tokens, self._counts, strict=True))
+            self._tokens = self._counts = ()
+        return self._tf
 
     def learn(self, added: Mapping[str, int], held: int) -> None:
         """Know `added` too (whose `token_bytes` are `held`): tokens it lacked, exact for this same
@@ -155,9 +240,23 @@ class ProbedDoc(DocTerms):
         (a popular document's entry grows with every query that probed it: 9 µs a merge at 400 tokens,
         where a copy took them all). A window reading this entry meanwhile sees more tokens, never
         another count of one."""
-        before = self.held
         self.tf.update(added)
-        self.__dict__["held"] = before + held  # the cached property, kept exact
+        self.held += held
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ProbedDoc and (self.tf, self.length, self.held) == (
+            other.tf,
+            other.length,
+            other.held,
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"ProbedDoc({self.tf!r}, {self.length!r})"
+
+
+Terms = DocTerms | ProbedDoc  # a document's terms in one field, as an entry holds them
 
 
 @dataclass(frozen=True)
@@ -256,7 +355,7 @@ def versions_digest(
     return hashlib.blake2b(orjson.dumps([keys, list(tokens.items())]), digest_size=16).digest()
 
 
-def entry_bytes(entry: DocTerms | SeenWindow) -> int:
+def entry_bytes(entry: Terms | SeenWindow) -> int:
     """Estimated memory of one cached document's term frequencies (a partial entry's 0s included), or
     of a kept window."""
     if type(entry) is SeenWindow:
@@ -277,14 +376,14 @@ class TermVectorCache:
 
     def __init__(self, max_bytes: int = defaults.CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._items: LRUCache[CacheKey | WindowKey, DocTerms | SeenWindow] = LRUCache(
+        self._items: LRUCache[CacheKey | WindowKey, Terms | SeenWindow] = LRUCache(
             max(1, max_bytes), getsizeof=entry_bytes
         )
         self._recent: LRUCache[WindowKey, SeenWindow] = LRUCache(
             max(1, max_bytes // RECENT_SHARE), getsizeof=entry_bytes
         )
 
-    def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> DocTerms | None:
+    def get(self, key: CacheKey | None, needs: AbstractSet[str] | None = None) -> Terms | None:
         """The entry, if it answers for every token in `needs` (None: every term, so full term
         vectors only); a partial entry that does not is a miss."""
         if key is None or self.max_bytes <= 0:
@@ -297,24 +396,27 @@ class TermVectorCache:
             return None
         return entry  # type: ignore[return-value]  # a `CacheKey` names a document
 
-    def put(self, key: CacheKey | None, terms: DocTerms) -> None:
+    def put(self, key: CacheKey | None, terms: Terms) -> None:
         """Keep `terms` under `key`: a partial entry merges with a partial one already there and
         never replaces a full one."""
         if key is None or self.max_bytes <= 0 or not terms.found:
             return
-        if isinstance(terms, ProbedDoc):
-            old = self._items.get(key)
-            if old is not None and not isinstance(old, ProbedDoc):
+        if type(terms) is ProbedDoc and key in self._items:  # (a new entry needs no lookup)
+            old = self._items[key]
+            if type(old) is not ProbedDoc:
                 return  # full term vectors know every token
-            if old is not None:  # the union of what both know (each exact for this document version)
-                added = {t: n for t, n in terms.tf.items() if t not in old.tf}
-                held = token_bytes(added)
-                if not added or entry_bytes(old) + held > self.max_bytes:
-                    return  # nothing new, or a merge that outgrows the whole cache: the entry stays
-                old.learn(added, held)
-                terms = old  # counted again at its new size
-        with contextlib.suppress(ValueError):  # a document bigger than the whole cache is not kept
+            # the union of what both know (each exact for this document version)
+            known = old.tf
+            added = {t: n for t, n in terms.items() if t not in known}
+            held = token_bytes(added)
+            if not added or entry_bytes(old) + held > self.max_bytes:
+                return  # nothing new, or a merge that outgrows the whole cache: the entry stays
+            old.learn(added, held)
+            terms = old  # counted again at its new size
+        try:
             self._items[key] = terms
+        except ValueError:  # a document bigger than the whole cache is not kept
+            pass
 
     def window(self, key: WindowKey, versions: bytes) -> SeenWindow | None:
         """The window kept under `key`, if its hits and tokens were these (`versions_digest`); one seen

@@ -22,14 +22,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 from cachetools import LRUCache
 
-from bmx_rerank.rerank.term_vector_cache import CacheKey, ProbedDoc
-from bmx_rerank.upstream import DocRef
+from bmx_rerank.rerank.term_vector_cache import CacheKey
 
 PARAM = "include_named_queries_score"
 # what asks the cluster whether it takes a parameter (or a preference): a search that matches nothing
@@ -141,12 +140,30 @@ class ProbeCounts:
     def rows(self) -> list[Frequencies | None]:
         return [self.of(h) for h in range(len(self.usable))]
 
+    def tokens(self, field: str) -> tuple[str, ...]:
+        """The tokens probed in `field`, in the order of `counts_of`'s columns."""
+        return tuple(self._columns[field][1])
+
+    def counts_of(self, field: str, rows: Sequence[int]) -> list[list[int]]:
+        """`rows`' frequencies of the tokens probed in `field` (`tokens`), a list each, from one slice
+        of the table."""
+        return self.counts[np.ix_(rows, self._columns[field][0])].tolist()  # type: ignore[no-any-return]
+
+    def maps(self, field: str, rows: Sequence[int]) -> list[dict[str, int]]:
+        """`rows`' frequencies of the tokens probed in `field`, a map of its own each (the cache grows
+        it in place)."""
+        tokens = self.tokens(field)
+        return [dict(zip(tokens, row, strict=True)) for row in self.counts_of(field, rows)]
+
     def tf(self, field: str, vocabulary: Sequence[str], rows: Sequence[int]) -> np.ndarray:
         """The frequency of each vocabulary token in `field` for each of `rows` (float64, as the
         scoring core reads it); 0 for a token not probed, as a probed entry's `tf.get(token, 0)`."""
         column = self._column
         picked = [column.get((field, t), -1) for t in vocabulary]
-        table = self.counts[np.asarray(rows, dtype=np.int64)]
+        rows = np.asarray(rows, dtype=np.int64)
+        if -1 not in picked:  # every token probed (probes that cover the query): its columns at once
+            return self.counts[np.ix_(rows, picked)].astype(np.float64)
+        table = self.counts[rows]
         padded = np.concatenate([table, np.zeros((len(rows), 1), dtype=np.int64)], axis=1)  # -1: zeros
         return padded[:, picked].astype(np.float64)
 
@@ -174,39 +191,28 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCount
     (float32 as the engine computed them, then tf): a window is ~100 hits x ~15 probes."""
     pairs = probe.pairs
     number = {f"{PREFIX}{i}": i for i in range(len(pairs))}  # a probe's name -> its pair
-    hit_of: list[int] = []
-    pair_of: list[int] = []
-    scores: list[Any] = []
-    usable = np.ones(len(hits), dtype=bool)
-    for h, hit in enumerate(hits):
-        named = hit.pop("matched_queries", None)
-        # `type() is dict` first: an `isinstance` of an abstract class costs more, once a hit
-        if (type(named) is not dict and not isinstance(named, Mapping)) or CANARY not in named:
-            usable[h] = False
-            continue
-        pair_of += map(number.get, named, repeat(-1))  # -1: the canary, or no probe of ours
-        scores += named.values()
-        hit_of += repeat(h, len(named))
-    if not set(map(type, scores)) <= {float, int}:
+    named = list(map(dict.pop, hits, repeat("matched_queries"), repeat(None)))
+    if not set(map(type, named)) <= {dict}:  # a hit without them, or another kind of map: read as a dict
+        named = [n if type(n) is dict else dict(n) if isinstance(n, Mapping) else {} for n in named]
+    usable = np.fromiter(map(dict.__contains__, named, repeat(CANARY)), bool, len(named))
+    names = list(chain.from_iterable(named))
+    scores: list[Any] = list(chain.from_iterable(map(dict.values, named)))
+    # every score a float, as the engines send them (counting is cheaper than a set of the types)
+    if list(map(type, scores)).count(float) != len(scores) and not set(map(type, scores)) <= {float, int}:
         scores = [x if type(x) in (float, int) else float("nan") for x in scores]
-    pair = np.array(pair_of, dtype=np.int64)
-    ours = pair >= 0
-    s = np.array(scores, dtype=np.float32).astype(np.float64)[ours]
+    pair = np.fromiter(map(number.get, names, repeat(-1)), np.int64, len(names))  # -1: not a probe of ours
+    hit_of = np.repeat(np.arange(len(named)), np.fromiter(map(len, named), np.int64, len(named)))
+    ours = (pair >= 0) & usable[hit_of]  # a hit without the canary: its probes were not evaluated
+    # as the engine computed them, in float32 (through float64, which holds every score exactly)
+    s = np.fromiter(scores, np.float64, len(scores)).astype(np.float32).astype(np.float64)[ours]
     with np.errstate(divide="ignore", invalid="ignore"):
         counts = np.rint(s / (1.0 - s))
     readable = (s < 1.0) & (counts >= 1) & (counts <= MAX_TF)
-    rows = np.array(hit_of, dtype=np.int64)[ours]
+    rows = hit_of[ours]
     usable[rows[~readable]] = False
     table = np.zeros((len(hits), len(pairs)), dtype=np.int64)  # a probe not reported: tf 0
     table[rows[readable], pair[ours][readable]] = counts[readable]
     return ProbeCounts(probe, table, usable)
-
-
-def probed_doc(ref: DocRef, hit: Mapping[str, Any], tf: Mapping[str, int], length: int) -> ProbedDoc:
-    """The hit's terms in one field as the scoring core reads them: probed tfs (0 for a probed token
-    the field lacks), its exact length."""
-    version, seq, term = hit.get("_version"), hit.get("_seq_no"), hit.get("_primary_term")
-    return ProbedDoc(ref, True, tf, version, seq, term, doc_length=length)  # `tf` is its own (not copied)
 
 
 class LengthCache:

@@ -35,7 +35,7 @@ class Window:
     body: dict[str, Any] | None
     params: dict[str, str]
     tokens: asyncio.Task[Tokens] | None  # the query's analysis, when the index is known up front
-    stats: dict[str, asyncio.Task[StatsView]]  # one statistics lookup per scored field
+    stats: dict[str, asyncio.Future[StatsView]]  # one statistics lookup per scored field (done: in memory)
     probe: tf_probe.Probe | None = None
     unprobed_because: str | None = "not_tried"
     unprobed: tuple[dict[str, Any] | None, dict[str, str]] | None = None  # the request without probes

@@ -21,6 +21,7 @@ import re
 import unicodedata
 from bisect import bisect_right
 from collections.abc import Sequence
+from functools import lru_cache
 
 from cachetools import LRUCache, TTLCache
 
@@ -83,7 +84,7 @@ class WordTokens:
         for word in _WORD.findall(text):
             its = self._words.get((*analyzer, word))
             if its is None and ruled:
-                its = _standard(word)
+                its = _standard_known(word)
             if its is None:
                 return None
             out.extend(its)
@@ -104,11 +105,18 @@ def standard_analysis(text: str) -> list[str] | None:
         return None
     out: list[str] = []
     for word in _WORD.findall(text):
-        tokens = _standard(word)
+        tokens = _standard_known(word)
         if tokens is None:
             return None
         out.extend(tokens)
     return out
+
+
+@lru_cache(maxsize=WORDS)
+def _standard_known(word: str) -> tuple[str, ...] | None:
+    """`_standard`, remembered: a new query's words are mostly words of earlier ones."""
+    tokens = _standard(word)
+    return None if tokens is None else tuple(tokens)
 
 
 def _words(text: str) -> list[tuple[int, int, str]]:

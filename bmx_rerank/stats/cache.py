@@ -78,6 +78,11 @@ class StatsView:
         default=None, repr=False, compare=False
     )
 
+    @property
+    def complete(self) -> bool:
+        """Whether it holds every term already (exact statistics): `for_terms` would fetch nothing."""
+        return self._complete is None
+
     async def for_terms(self, terms: Sequence[str]) -> StatsView:
         """This view with `terms` guaranteed present: a no-op for exact statistics (they hold the whole
         vocabulary); in estimated mode it fetches df and ttf of the terms not yet estimated."""
@@ -178,6 +183,14 @@ class StatsCache:
         # does not cancel it for the others.
         fresh = await self._refreshing.run(key, lambda: self._refreshed(key, dict(headers), None))
         return self._for_caller(index_expr, field, headers, fresh)
+
+    def cached(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView | None:
+        """`get`'s view where it answers at once, from memory and checked within `check_interval`;
+        None where `get` would load or refresh it."""
+        entry = self._entries.get((caller(headers, self.identity_headers), index_expr, field))
+        if entry is None or self.clock() - entry.checked_at >= self.check_interval:
+            return None
+        return self._for_caller(index_expr, field, headers, entry)
 
     async def settled(self) -> None:
         """Wait for the background refreshes under way (tests, shutdown)."""

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from bmx_rerank.stats.lengths import DocLengths, versions
+from bmx_rerank.stats.lengths import DocLengths, optional, versions
 from bmx_rerank.stats.routing import routed_shards, routing_keys
 
 MAGIC = b"BMXLEN01"
@@ -63,11 +63,17 @@ _SEEDS_A = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7)
 _SEEDS_B = (0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
 
 
+# each seed word for both lanes at once, (2, 1) each
+_SEED_KEY, _SEED_SEQ, _SEED_TERM = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None].transpose(1, 0, 2)
+_RECORD_BYTES = np.arange(RECORD)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
 def _fmix(z: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer: a bijection of 64-bit words with full avalanche."""
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
 
 
 def version_keys(keys: np.ndarray, seq_nos: np.ndarray, terms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,11 +82,10 @@ def version_keys(keys: np.ndarray, seq_nos: np.ndarray, terms: np.ndarray) -> tu
     k = np.asarray(keys, np.uint64)
     s = np.asarray(seq_nos, np.int64).astype(np.uint64)
     t = np.asarray(terms, np.int64).astype(np.uint64)
-    seeds = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None]  # both lanes at once: (2, 3, 1)
     with np.errstate(over="ignore"):
-        z = _fmix(k ^ seeds[:, 0])
-        z = _fmix(z ^ (s + seeds[:, 1]))
-        z = _fmix(z ^ (t * seeds[:, 2]))
+        z = _fmix(k ^ _SEED_KEY)
+        z = _fmix(z ^ (s + _SEED_SEQ))
+        z = _fmix(z ^ (t * _SEED_TERM))
     return z[0], z[1]
 
 
@@ -176,16 +181,23 @@ class LengthIndex:
         self.layout = layout
         self._data = data  # the whole file, uint8, read-only memmap
         sec = layout.sections()
+        # The sections as plain arrays over the same mapping: a `memmap` runs Python code at each
+        # indexing (`__getitem__`, `__array_finalize__`), five of them a lookup
+        whole = data.view(np.ndarray)
 
         def view(name: str, dtype: str) -> np.ndarray:
             at, size = sec[name]
-            return data[at : at + size].view(dtype)
+            return whole[at : at + size].view(dtype)
 
         self.anchors = view("anchors", "<u8")
         self.offsets = view("offsets", "<u2")
-        self.records = data[sec["records"][0] : sec["records"][0] + sec["records"][1]]
+        self.records = view("records", "u1")
         esc = view("escapes", "<u8").reshape(layout.escapes, 3)
         self._esc_a, self._esc_b, self._esc_len = esc[:, 0], esc[:, 1], esc[:, 2]
+        # a record's word: its fingerprint (the top `r` bits of lane `b`) above its length
+        self._length_bits = np.uint64(layout.length_bits)
+        self._length_mask = np.uint64((1 << layout.length_bits) - 1)
+        self._fingerprint_shift = np.uint64(64 - layout.r)
 
     # --- opening and building ---------------------------------------------------------------------
 
@@ -290,7 +302,19 @@ class LengthIndex:
         is routed by the same rule, and an index routed otherwise failed that check and has no
         `routing_shards`. A shard outside [0, `self.shards`) is no answer. A table keyed by `_id`
         ignores `shards`."""
-        out: list[int | None] = [None] * len(ids)
+        return optional(self.find(ids, routings, seq_nos, primary_terms, shards))
+
+    def find(
+        self,
+        ids: Sequence[str],
+        routings: Sequence[str | None],
+        seq_nos: Sequence[object],
+        primary_terms: Sequence[object],
+        shards: Sequence[object] | None = None,
+    ) -> np.ndarray:
+        """`lookup`'s answer as one int64 array, -1 where it is None: a window's hits in a few numpy
+        calls."""
+        out = np.full(len(ids), -1, np.int64)
         lay = self.layout
         if self.routing_shards is not None:
             shards = self._routed(ids, routings, shards)
@@ -305,12 +329,8 @@ class LengthIndex:
             shards=shards,
             shard_count=lay.shard_count,
         )
-        if not usable or not lay.n:
-            return out
-        found = self._find(keys, seq, term)
-        for i, length in zip(usable, found.tolist(), strict=True):
-            if length >= 0:
-                out[i] = length
+        if usable.size and lay.n:
+            out[usable] = self._find(keys, seq, term)
         return out
 
     def _routed(
@@ -334,31 +354,31 @@ class LengthIndex:
     def _find(self, keys: np.ndarray, seq: np.ndarray, term: np.ndarray) -> np.ndarray:
         """Each version's length, -1 where not sure."""
         lay = self.layout
+        n = keys.shape[0]
         a, b = version_keys(keys, seq, term)
         bucket = _buckets(a, lay.k)
-        start = self._start(bucket)
-        count = self._start(bucket + 1) - start
+        edges = self._start(np.concatenate((bucket, bucket + 1)))  # each bucket's start, then its end
+        start, count = edges[:n], edges[n:] - edges[:n]
         total = int(count.sum())
-        result = np.full(keys.shape[0], -1, np.int64)
+        result = np.full(n, -1, np.int64)
         if total == 0:
             return result
-        owner = np.repeat(np.arange(keys.shape[0]), count)
-        first = np.cumsum(count) - count
-        pos = np.repeat(start, count) + (np.arange(total) - np.repeat(first, count))
+        owner = np.repeat(np.arange(n), count)
+        # each candidate record's position: its bucket's start, then the bucket's next records
+        pos = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
         raw = np.zeros((total, 8), np.uint8)
-        raw[:, :RECORD] = self.records[pos[:, None] * RECORD + np.arange(RECORD)]
+        raw[:, :RECORD] = self.records[pos[:, None] * RECORD + _RECORD_BYTES]
         word = raw.view("<u8")[:, 0]
-        mask = np.uint64((1 << lay.length_bits) - 1)
-        match = (word >> np.uint64(lay.length_bits)) == _fingerprints(b, lay.r)[owner]
-        matches = np.bincount(owner[match], minlength=keys.shape[0])
-        lengths = (word & mask).astype(np.int64)
-        one = np.flatnonzero(matches == 1)
+        match = (word >> self._length_bits) == (b >> self._fingerprint_shift)[owner]
+        matches = np.bincount(owner[match], minlength=n)
+        lengths = (word & self._length_mask).astype(np.int64)
+        one = (matches == 1).nonzero()[0]
         if one.size:
             # the matching record of each hit with exactly one: the last matching position per owner
-            got = np.zeros(keys.shape[0], np.int64)
+            got = np.zeros(n, np.int64)
             got[owner[match]] = lengths[match]
             result[one] = got[one]
-        escaped = np.flatnonzero(result == (1 << lay.length_bits) - 1)
+        escaped = (result == (1 << lay.length_bits) - 1).nonzero()[0]
         if escaped.size:
             result[escaped] = self._escaped(a[escaped], b[escaped])
         return result

@@ -21,6 +21,7 @@ The table belongs to one concrete index; a re-created index of the same name sta
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ import numpy as np
 
 BYTES_PER_DOC = 32  # key 8, _seq_no 8, _primary_term 4, length 8, shard 4 (before compression)
 UNKNOWN_SHARD = -1  # a row whose shard the scan could not tell (a scroll over several shards, an old chunk)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def doc_key(doc_id: str, routing: str | None) -> int:
@@ -170,16 +172,40 @@ class DocLengths:
         """Each document version's length, or None when the table does not hold that exact version
         (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given).
         `shards` is ignored: the document is named by its `_id` and routing."""
-        out: list[int | None] = [None] * len(ids)
+        return optional(self.find(ids, routings, seq_nos, primary_terms, shards))
+
+    def find(
+        self,
+        ids: Sequence[str],
+        routings: Sequence[str | None],
+        seq_nos: Sequence[object],
+        primary_terms: Sequence[object],
+        shards: Sequence[object] | None = None,
+    ) -> np.ndarray:
+        """`lookup`'s answer as one int64 array, -1 where it is None."""
+        out = np.full(len(ids), -1, np.int64)
         usable, keys, seq, term = versions(ids, routings, seq_nos, primary_terms)
-        if not usable or not len(self):
+        if not usable.size or not len(self):
             return out
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self) - 1)
         hit = (self.keys[pos] == keys) & (self.seq_nos[pos] == seq) & (self.primary_terms[pos] == term)
-        for i, p, ok in zip(usable, pos.tolist(), hit.tolist(), strict=True):
-            if ok:
-                out[i] = int(self.lengths[p])
+        out[usable[hit]] = self.lengths[pos[hit]]
         return out
+
+
+def optional(lengths: np.ndarray) -> list[int | None]:
+    """A `find` answer as `lookup` gives it: None where unknown (-1)."""
+    return [None if n < 0 else n for n in lengths.tolist()]
+
+
+def int_column(values: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
+    """`values` as int64, and where each is an integer (not a bool: no number here) that int64 holds;
+    0 where not. One C-level pass where every value is one, as the cluster's hits give them."""
+    if set(map(type, values)) <= {int}:
+        with contextlib.suppress(OverflowError):
+            return np.fromiter(values, np.int64, len(values)), np.ones(len(values), bool)
+    ok = [type(v) is int and INT64[0] <= v <= INT64[1] for v in values]  # type: ignore[operator]
+    return np.array([v if k else 0 for v, k in zip(values, ok, strict=True)], np.int64), np.array(ok, bool)
 
 
 def versions(
@@ -193,39 +219,38 @@ def versions(
     by_version: bool = False,
     shards: Sequence[object] | None = None,
     shard_count: int = 1,
-) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The hits that can name a version a table holds (an integer `_seq_no` >= 0 and `_primary_term`,
-    at most the given largest), with their keys, sequence numbers and primary terms.
+    at most the given largest), as positions, with their keys, sequence numbers and primary terms.
 
     A table keyed `by_version` spans `shard_count` shards and its key is the hit's shard number: a hit
     needs one in [0, shard_count), except in a table of one shard, where every hit is of shard 0
     (`shards` None, or a None in it, means 0 there). Without its shard a hit of a table of several
     shards names no version: another shard may hold the same (`_seq_no`, `_primary_term`)."""
-    hi_seq = max_seq_no if max_seq_no is not None else float("inf")
-    hi_term = max_primary_term if max_primary_term is not None else float("inf")
-    usable = [
-        i
-        for i, (s, t) in enumerate(zip(seq_nos, primary_terms, strict=True))
-        # `type() is int`, not `_is_int`: a bool is no number either, and this runs for every hit
-        if type(s) is int and type(t) is int and 0 <= s <= hi_seq and t <= hi_term  # type: ignore[operator]
-    ]
-    if not by_version:
-        keys = _u64(doc_key(ids[i], routings[i]) for i in usable)
-    else:
-        given: list[object] = [None] * len(seq_nos) if shards is None else list(shards)
+    seq, ok = int_column(seq_nos)
+    term, term_ok = int_column(primary_terms)
+    ok &= term_ok & (seq >= 0)
+    if max_seq_no is not None:
+        ok &= seq <= max_seq_no
+    if max_primary_term is not None:
+        ok &= term <= max_primary_term
+    if by_version:
+        given = [None] * len(seq_nos) if shards is None else list(shards)
         if len(given) != len(seq_nos):
             raise ValueError("one shard number (or None) a hit")
+        if shard_count == 1 and given.count(None) == len(given):  # a window searched whole: shard 0
+            usable = ok.nonzero()[0]
+            return usable, np.zeros(usable.size, np.uint64), seq[usable], term[usable]
         if shard_count == 1:
             given = [0 if g is None else g for g in given]
-        usable = [i for i in usable if _is_int(g := given[i]) and 0 <= g < shard_count]  # type: ignore[operator]
-        keys = _u64(given[i] for i in usable)  # type: ignore[misc]
-    seq = np.array([seq_nos[i] for i in usable], np.int64)
-    term = np.array([primary_terms[i] for i in usable], np.int64)
-    return usable, keys, seq, term
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        shard, shard_ok = int_column(given)
+        ok &= shard_ok & (shard >= 0) & (shard < shard_count)
+        usable = ok.nonzero()[0]
+        keys = shard[usable].astype(np.uint64)
+    else:
+        usable = ok.nonzero()[0]
+        keys = _u64(doc_key(ids[i], routings[i]) for i in usable.tolist())
+    return usable, keys, seq[usable], term[usable]
 
 
 # Documents per index beyond which a build keeps no table: the build's memory bound (the sweep holds

@@ -19,6 +19,9 @@ from bmx_rerank.stats.store import DEFAULT_STORE
 
 
 class StatsSource(Protocol):
+    """`get` answers for a search; a source may also answer at once (`cached`, see `StatsCache`), so
+    that a window with its statistics in memory starts no task for them."""
+
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView: ...
 
 
@@ -38,11 +41,18 @@ class FixedStats:
         self.lengths = dict(lengths or {})
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
-        corpus = self.table.get((index_expr, field))
-        if corpus is None:
+        view = self.cached(index_expr, field, headers)
+        if view is None:
             raise SearchError(
                 400, "bmx_statistics_missing_exception", f"no statistics for [{index_expr}] field [{field}]"
             )
+        return view
+
+    def cached(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView | None:
+        """`get`'s view (None: a pair it has no statistics for, which `get` refuses)."""
+        corpus = self.table.get((index_expr, field))
+        if corpus is None:
+            return None
         return StatsView(
             corpus, estimated=False, stale=False, built_at=None, lengths=self.lengths.get((index_expr, field))
         )

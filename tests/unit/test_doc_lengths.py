@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from bmx_rerank.rerank.frequencies import table_lengths
+from bmx_rerank.rerank.hits import HitColumns
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats
 from bmx_rerank.stats.errors import StatisticsError
@@ -103,13 +104,10 @@ def test_table_lengths_per_field_and_index() -> None:
         {"_index": "i1", "_id": "c", "_routing": "r1", "_seq_no": 3, "_primary_term": 2},
         {"_index": "i1", "_id": "b"},  # no sequence number: uncertain
     ]
-    got = table_lengths(hits, ["f", "g"], views)
-    assert got == [
-        {"f": 5, "g": None},
-        {"f": None, "g": None},
-        {"f": 9, "g": None},
-        {"f": None, "g": None},
-    ]
+    got = table_lengths(HitColumns.of(hits), ["f", "g"], views)
+    assert got.tolist() == [[5, -1], [-1, -1], [9, -1], [-1, -1]]
+    one = [hits[0], hits[2], hits[3]]  # of one index: every row in one lookup
+    assert table_lengths(HitColumns.of(one), ["f", "g"], views).tolist() == [[5, -1], [9, -1], [-1, -1]]
 
 
 def _info(table: DocLengths, chunks: int) -> SnapshotInfo:

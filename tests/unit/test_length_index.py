@@ -15,7 +15,7 @@ from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.length_files import file_lock
 from bmx_rerank.stats.length_files import ident as length_ident
 from bmx_rerank.stats.length_index import HEADER, MAGIC, LengthIndex, LengthIndexWriter, build
-from bmx_rerank.stats.lengths import DocLengths
+from bmx_rerank.stats.lengths import DocLengths, int_column
 from bmx_rerank.stats.snapshot import SnapshotInfo
 
 ROWS = (
@@ -43,6 +43,26 @@ def test_answers_as_the_table_does(tmp_path: Path) -> None:
     assert index.lookup(["a", "a", "a", "a"], [None] * 4, [None, -2, True, 0], [1, 1, 1, None]) == [None] * 4
     assert index.lookup([], [], [], []) == []
     assert not index.same_as(DocLengths.from_rows(*(r[:4] for r in ROWS)))
+    # `find`: the same answers as one array, -1 where `lookup` says None, for the store's form too
+    mixed = (
+        ["a", "c", "a", "c", "a"],
+        [None, "r1", None, "r1", None],
+        [0, 3, True, 2**70, 1],
+        [1, 2, 1, 2, 1],
+    )
+    for form in (index, table):
+        assert form.find(ids, routings, seqs, terms).tolist() == lengths
+        assert form.find(*mixed).tolist() == [5, 9, -1, -1, -1]
+        assert form.lookup(*mixed) == [5, 9, None, None, None]
+
+
+def test_int_column_reads_integers_and_nothing_else() -> None:
+    values, ok = int_column([3, 0, -2])
+    assert values.dtype == np.int64 and values.tolist() == [3, 0, -2] and ok.all()
+    values, ok = int_column([1, True, None, "2", 2.0, 2**63, -(2**63)])
+    assert ok.tolist() == [True, False, False, False, False, False, True]
+    assert values[ok].tolist() == [1, -(2**63)]
+    assert int_column([])[0].shape == (0,)
 
 
 def test_empty_and_rebuilt_files(tmp_path: Path) -> None:

@@ -262,3 +262,13 @@ def test_invalid_arrays_are_rejected_with_a_clear_message():
             [scoring.Query([0]), scoring.Query([0, 1], np.array([0.2, 0.3]))],
             scoring.Request(wqa_mode="sum"),
         )
+
+
+@given(st.lists(st.integers(0, 40), max_size=30))
+def test_distinct_terms_are_numpys_unique_with_its_inverse(tokens: list[int]) -> None:
+    """The core's distinct terms (`_distinct`, by marking) are exactly `np.unique`'s, dtypes included."""
+    array = np.array(tokens, dtype=np.int64)
+    distinct, inverse = scoring._distinct(array)
+    want, want_inverse = np.unique(array, return_inverse=True)
+    assert distinct.dtype == want.dtype and inverse.dtype == want_inverse.dtype
+    assert distinct.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bmx_rerank.rerank.hits import SHARD
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.shards import FORMS, items, merge, msearch_body, preference
-from bmx_rerank.rerank.term_vector_cache import SHARD
 from bmx_rerank.rerank.tf_probe import PARAM
 from bmx_rerank.rerank.window import Window
 
@@ -36,6 +36,10 @@ def test_hits_merge_by_score_then_shard_keeping_each_shards_order() -> None:
     assert all(SHARD not in h for a in answers for h in a["hits"]["hits"]), "the shards' answers unchanged"
     assert merged["hits"]["max_score"] == 3.0
     assert SHARD not in answers[0]["hits"]["hits"][0], "the shards' own answers are left as they are"
+    # a shard with no hit, and one whose hits all rank below the window's end
+    merged = merge([_answer([]), _answer([1.0, 0.5]), _answer([]), _answer([2.0])], {"size": 2})
+    assert merged is not None
+    assert [(h[SHARD], h["_score"]) for h in merged["hits"]["hits"]] == [(3, 2.0), (1, 1.0)]
 
 
 def test_totals_add_up_to_the_track_total_hits_bound() -> None:

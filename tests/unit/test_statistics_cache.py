@@ -157,10 +157,13 @@ async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(
     clock = Clock()
     cache = StatsCache(session, url, check_interval=5.0, clock=clock)
     headers = {"Authorization": TOKEN}
+    assert cache.cached("idx", "body", headers) is None, "nothing in memory yet: only `get` loads"
     view = await cache.get("idx", "body", headers)
     assert view.corpus.same_as(first) and not view.estimated and not view.stale
     assert view.built_at == "2026-01-01T00:00:00+00:00"
     assert fake.calls["chunk"] == 2 and fake.calls["stats"] == 1
+    assert cache.cached("idx", "body", headers) is view, "in memory and checked: at once"
+    assert cache.cached("idx", "body", {"Authorization": "Basic b3RoZXI="}) is None, "another caller's"
 
     clock.now = 4.9
     fake.seq_no = 11  # a write: not noticed before the interval is over
@@ -168,6 +171,7 @@ async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(
     assert fake.calls["stats"] == 1
 
     clock.now = 5.0
+    assert cache.cached("idx", "body", headers) is None, "due for a check: `get` serves and refreshes"
     view = await cache.get("idx", "body", headers)
     assert view.stale is False, "past the interval the cached view is served while a refresh runs"
     await cache.settled()

@@ -6,25 +6,30 @@ from __future__ import annotations
 import dataclasses
 import gc
 import tracemalloc
+from types import MappingProxyType
 
 import numpy as np
 import orjson
 import pytest
 
 from bmx_rerank.rerank import tf_probe
+from bmx_rerank.rerank.frequencies import ProbedTerms, TermFrequencies
+from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     FEATURE_OVERHEAD,
     RECENT_SHARE,
-    SHARD,
     WINDOW_OVERHEAD,
     KeptScores,
+    Naming,
     ProbedDoc,
     SeenWindow,
     TermVectorCache,
     cache_key,
     entry_bytes,
+    hits_digest,
+    token_bytes,
     version_key,
     version_keys,
     versions_digest,
@@ -77,11 +82,23 @@ def test_take_frequencies_reads_tf_and_refuses_what_it_cannot_read_exactly():
         {"_id": "4"},  # nothing at all
         {"_id": "5", "matched_queries": {"_bmx_tf_0": 1.0, ok: 1.0}},  # saturated: tf too large
         {"_id": "6", "matched_queries": {"_bmx_tf_1": "NaN", ok: 1.0}},
+        {"_id": "7", "matched_queries": MappingProxyType({"_bmx_tf_1": 0.5, ok: 1.0})},  # any map
+        {"_id": "8", "matched_queries": ["_bmx_tf_0", ok]},  # names without scores
     ]
     got = tf_probe.take_frequencies(hits, probe)
-    assert got.rows() == [{"body": {"a": 3, "b": 1}}, {"body": {"a": 0, "b": 0}}, None, None, None, None]
+    assert got.rows() == [
+        {"body": {"a": 3, "b": 1}},
+        {"body": {"a": 0, "b": 0}},
+        None,
+        None,
+        None,
+        None,
+        {"body": {"a": 0, "b": 1}},
+        None,
+    ]
     # the table's columns as scoring reads them: a token not probed has tf 0, as an entry's `get`
     assert got.tf("body", ["b", "zz", "a"], [1, 0]).tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 3.0]]
+    assert got.tf("body", ["b", "a"], [1, 0]).tolist() == [[0.0, 0.0], [1.0, 3.0]], "every token probed"
     assert all("matched_queries" not in h for h in hits)
 
 
@@ -103,6 +120,63 @@ def test_take_frequencies_reads_each_field_of_interleaved_probes():
     assert got.of(0) is not got.of(0), "each hit's maps its own: the cache grows them in place"
 
 
+def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cache_that_keeps_them():
+    probe = tf_probe.Probe((("body", "a"), ("title", "a"), ("body", "b")))
+    ok = tf_probe.CANARY
+    hits = [
+        {"matched_queries": {"_bmx_tf_0": 0.75, "_bmx_tf_1": 0.5, ok: 1.0}},
+        {"matched_queries": {"_bmx_tf_2": 0.5}},  # no canary: read from its term vectors
+        {"matched_queries": {ok: 1.0}},
+        {"matched_queries": {ok: 1.0}},  # its length unknown: dropped
+    ]
+    counts = tf_probe.take_frequencies(hits, probe)
+    assert counts.maps("body", [2, 0]) == [{"a": 0, "b": 0}, {"a": 3, "b": 0}]
+    assert counts.maps("title", [0]) == [{"a": 1}]
+    one, again = counts.maps("body", [0, 0])
+    assert one == again and one is not again, "each a map of its own: the cache grows it in place"
+    vectors = {"body": _full({"a": 2, "b": 1, "c": 4}), "title": _full({"x": 1})}
+    lengths = np.array([[7, 2], [-1, -1], [5, 1], [-1, 3]])
+    found = ProbedTerms(
+        counts, ["body", "title"], lengths, np.array([True, False, True, False]), {1: vectors}
+    )
+    # scored from the table where probed, from the term vectors where not, in the window's order
+    features = found.features("body", ["a", "c", "b"])
+    assert features.tf.tolist() == [[3.0, 0.0, 0.0], [2.0, 4.0, 1.0], [0.0, 0.0, 0.0]]
+    assert features.length.tolist() == [7.0, 7.0, 5.0]  # the term vectors' length: their sum
+    table_only = ProbedTerms(counts, ["body", "title"], lengths, np.array([True, False, True, False]))
+    assert table_only.alive == [0, 2]
+    assert table_only.features("title", ["a"]).tf.tolist() == [[1.0], [0.0]]
+    assert table_only.features("title", ["a"]).length.tolist() == [2.0, 1.0]
+    entries = found.entries()
+    assert [(i, f) for i, f, _ in entries] == [(h, f) for h in (0, 1, 2) for f in ("body", "title")], (
+        "in the window's order, each hit's fields in theirs, the dropped hit left out"
+    )
+    assert entries[0][2] == ProbedDoc({"a": 3, "b": 0}, 7) and entries[1][2] == ProbedDoc({"a": 1}, 2)
+    assert entries[2][2] is vectors["body"] and entries[4][2] == ProbedDoc({"a": 0, "b": 0}, 5)
+    made = entries[0][2]
+    assert dict(made.items()) == {"a": 3, "b": 0} and made.held == ProbedDoc({"a": 3, "b": 0}, 7).held
+    for n, hit in enumerate(hits, start=1):  # named by version; the third hit has none
+        hit.update({"_index": "i", "_id": str(n), "_seq_no": 1 if n != 3 else None, "_primary_term": 1})
+    frequencies = TermFrequencies(None, None, cache=TermVectorCache(), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
+    frequencies.remember(HitColumns.of(hits), Naming("u"), ["body", "title"], found)
+    cache = frequencies.cache
+    assert len(cache) == 4, "two fields of two named hits; the third has no version"
+    assert cache.get(("u", "i", "1", 1, 1, "title"), {"a"}) == ProbedDoc({"a": 1}, 2)
+    assert cache.get(("u", "i", "2", 1, 1, "body")) is vectors["body"]
+
+    class Unmade(ProbedTerms):
+        def entries(self):
+            raise AssertionError("no entry is made for a cache that keeps none")
+
+    class Unnamed(Naming):
+        def keys(self, hits):
+            raise AssertionError("nor are the hits' keys")
+
+    off = TermFrequencies(None, None, cache=TermVectorCache(0), lengths=tf_probe.LengthCache())  # type: ignore[arg-type]
+    unmade = Unmade(counts, ["body"], lengths, found.scored)
+    off.remember(HitColumns.of(hits), Unnamed("u"), ["body", "title"], unmade)
+
+
 def test_version_keys_name_a_window_as_version_key_names_each_hit():
     hits = [
         {"_index": ix, "_seq_no": seq, "_primary_term": term, SHARD: shard}
@@ -111,17 +185,60 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
         for term in (1, 2, None)
         for shard in (0, 2)
     ] + [{"_seq_no": 1, "_primary_term": 1}, {"_index": "a", "_id": "x", "_seq_no": 1, "_primary_term": 1}]
-    for tables in (None, {"a": "T1", "b": "T2"}):
-        assert version_keys(hits, "alice", tables=tables) == [
-            version_key(h, "alice", tables=tables) for h in hits
-        ]
-    assert version_keys(hits[:1], "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
+    named = [
+        {"_index": ix, "_id": f"d{seq}", "_seq_no": seq, "_primary_term": term, SHARD: shard}
+        for ix in ("a", "b")
+        for seq in (0, 7)
+        for term in (1, 2)
+        for shard in (0, 2)
+    ] + [{"_index": "b", "_id": "x", "_seq_no": 3, "_primary_term": 1}]  # no shard: 0
+    # hit by hit (some hit is named otherwise) and at once (every hit is named alike): the same keys
+    for window in (hits, named, named[:1], []):
+        for tables in (None, {"a": "T1", "b": "T2"}):
+            assert version_keys(HitColumns.of(window), "alice", tables=tables) == [
+                version_key(h, "alice", tables=tables) for h in window
+            ]
+    assert None not in version_keys(HitColumns.of(named), "alice", tables={"a": "T1", "b": "T2"})
+    one = HitColumns.of(hits[:1])
+    assert version_keys(one, "alice", tables={"a": "T1"}) == [None], "a negative _seq_no names nothing"
     lean = {"_index": "a", "_seq_no": 7, "_primary_term": 1, SHARD: 2}
-    assert version_keys([lean], "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
+    assert version_keys(HitColumns.of([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
+
+
+def test_a_windows_digest_names_exactly_its_hits_versions_and_tokens():
+    tokens = {("body", "a b"): ["a", "b"]}
+    lean = [{"_index": "a", "_seq_no": n, "_primary_term": 1, SHARD: n % 2} for n in range(6)]
+    named = [{"_index": "a", "_id": f"d{n}", "_seq_no": n, "_primary_term": 1} for n in range(6)]
+    tables = {"a": "T1"}
+
+    def digest(hits, who="alice", tokens=tokens, tables=None):
+        return hits_digest(HitColumns.of(hits), who, tokens, tables=tables)
+
+    for hits, on in ((lean, tables), (named, None)):
+        one = digest(hits, tables=on)
+        assert one is not None and len(one) == 16 and one == digest([dict(h) for h in hits], tables=on)
+        changed = [{**hits[0], "_seq_no": 99}, *hits[1:]]
+        others = [
+            digest(changed, tables=on),
+            digest(hits[::-1], tables=on),
+            digest(hits[:-1], tables=on),
+            digest(hits, "bob", tables=on),
+            digest(hits, tokens={("body", "a b"): ["a"]}, tables=on),
+        ]
+        assert len({one, *others}) == 1 + len(others), "another version, order, caller or token: another"
+    assert digest(lean, tables={"a": "T2"}) != digest(lean, tables=tables), "a re-created index's table"
+    moved = [{**lean[0], SHARD: 1}, *lean[1:]]
+    assert digest(moved, tables=tables) != digest(lean, tables=tables), "the same version in another shard"
+    # a hit named otherwise: the digest of its keys, as each is named hit by hit; none for a hit without
+    odd = [*named, {"_index": "a", "_id": 7, "_seq_no": 7, "_primary_term": 1}]
+    keys = version_keys(HitColumns.of(odd), "alice")
+    assert None not in keys and digest(odd) == versions_digest(keys, tokens)
+    assert digest([*named, {"_index": "a", "_id": "x"}]) is None, "no version: no digest"
+    assert digest(lean, tables={"b": "T1"}) is None, "no table for its index"
 
 
 def _probed(tf: dict[str, int], length: int = 9) -> ProbedDoc:
-    return ProbedDoc(DocRef("i", "d"), True, tf, 1, 5, 1, doc_length=length)
+    return ProbedDoc(tf, length)
 
 
 def _full(tf: dict[str, int]) -> DocTerms:
@@ -140,6 +257,19 @@ def test_a_partial_entry_answers_only_for_the_tokens_it_knows():
     assert cache.get(KEY) is None, "a reader of every term (PRF) wants full term vectors"
     assert cache.get(("bob", *KEY[1:]), {"a"}) is None, "never shared across callers"
     assert cache.get((*KEY[:3], 6, 1, "body"), {"a"}) is None, "another version of the document"
+
+
+def test_a_partial_entry_of_a_tables_row_reads_weighs_and_merges_as_one_of_a_map():
+    def row(tokens: tuple[str, ...], counts: list[int]) -> ProbedDoc:
+        return ProbedDoc.of(tokens, counts, 9, token_bytes(dict.fromkeys(tokens, 0)))
+
+    assert row(("a", "b"), [2, 0]) == _probed({"a": 2, "b": 0})
+    assert entry_bytes(row(("a", "b"), [2, 0])) == entry_bytes(_probed({"a": 2, "b": 0}))
+    cache = TermVectorCache()
+    cache.put(KEY, row(("a", "b"), [2, 0]))
+    cache.put(KEY, row(("b", "c"), [0, 1]))
+    assert cache.get(KEY, {"a", "b", "c"}) == _probed({"a": 2, "b": 0, "c": 1})
+    assert cache.bytes == entry_bytes(_probed({"a": 2, "b": 0, "c": 1}))
 
 
 def test_partial_entries_merge_and_a_full_entry_always_wins():
@@ -259,6 +389,18 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
         assert await decide(reranker("on", Tables(None), lengths=cache), alice) is None
     highlight = plan_search({**body, "highlight": {"fields": {"body": {}}}}, {})
     assert await decide(auto, bob, highlight) == "highlight"
+    # statistics in memory (a source that has them `cached`): no task for them, probes decided at once
+    known = FixedStats({("docs", "body"): CorpusStats.empty()}, {("docs", "body"): {}})
+    in_memory = reranker("auto", known)
+    side = in_memory.open("docs", plan, alice)
+    assert all(not isinstance(t, asyncio.Task) and t.done() for t in side.stats.values())
+    side.tokens = asyncio.get_running_loop().create_future()
+    side.tokens.set_result({("body", "a b"): ["a", "b"]})
+    in_memory.prober._named_scores = True
+    in_memory.prober._inputs = None  # type: ignore[assignment]  # never waited for: all is in
+    await in_memory.prober.add(side, caller_of(in_memory, alice), alice)
+    assert side.unprobed_because is None and side.probe is not None
+    side.close()
 
 
 def caller_of(r, headers) -> str:

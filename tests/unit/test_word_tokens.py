@@ -147,3 +147,15 @@ def test_a_fields_search_analyzer_is_the_builtin_standard_only_where_the_index_d
     assert FieldAnalyzers.of({"analyzer": "a", "search_quote_analyzer": "q"}, [], "g") == FieldAnalyzers(
         "a", "a", "q", False, "g"
     )
+
+
+def test_a_words_standard_tokens_are_worked_out_once() -> None:
+    from bmx_rerank.rerank.word_tokens import _standard_known, standard_analysis
+
+    _standard_known.cache_clear()
+    assert standard_analysis("IL-10 cells IL-10") == ["il", "10", "cells", "il", "10"]
+    assert _standard_known.cache_info().hits == 1, "the second IL-10 is remembered"
+    first = standard_analysis("IL-10")
+    assert first == ["il", "10"] and _standard_known.cache_info().hits == 2
+    first.append("changed")
+    assert standard_analysis("IL-10") == ["il", "10"], "a caller's list is its own"
