@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import aiohttp
 import httptools
@@ -27,6 +27,21 @@ from yarl import URL
 # slow client holds at most this much of it (aiohttp's own stream reader pauses at 2 x 64 KiB).
 HIGH_WATER = 1 << 18
 BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))  # a request without a body still says Content-Length: 0
+# Headers of an answer that say something of its connection other than its framing: an answer carrying
+# one is not relayed as its bytes came (`H1Response.pipe`) but rebuilt without them.
+UNRELAYED = frozenset(("keep-alive", "proxy-authenticate", "proxy-connection", "te", "trailer", "upgrade"))
+
+
+class Client(Protocol):
+    """Where an answer is relayed as it comes (`H1Response.pipe`): the proxy's client connection."""
+
+    closing: bool  # it ends after this answer
+
+    def send(self, data: bytes) -> None: ...
+    def abort(self) -> None: ...
+    def throttle(self, listener: Callable[[bool], None] | None) -> None:
+        """`listener(True)` while the client reads slower than it is sent to, `(False)` once it caught
+        up; None: no listener."""
 
 
 class H1Session:
@@ -138,6 +153,7 @@ class _Connection(asyncio.Protocol):
         self.lost: BaseException | None = None
         self.paused = False
         self.active = False  # an exchange under way
+        self.pipe: _Pipe | None = None  # where the answer under way is relayed as it comes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -155,6 +171,9 @@ class _Connection(asyncio.Protocol):
         self.failed: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.head_done = False
+        # the answer's bytes as they came, while it may still be relayed so (`H1Response.pipe`)
+        self.raw: list[bytes] | None = []
+        self.raw_size = 0
         self.transport.write(data)
 
     # httptools' callbacks
@@ -172,6 +191,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.pipe is not None:  # relayed as it came: the raw bytes went already
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused:
@@ -182,6 +203,8 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()
+        if self.pipe is not None:
+            self.pipe.finish()
         self._wake()
 
     # the transport's
@@ -189,11 +212,20 @@ class _Connection(asyncio.Protocol):
         if not self.active:  # bytes on an idle connection: nothing asked for them
             self.transport.abort()
             return
+        if self.pipe is not None:
+            self.pipe.relay(data)
+        elif self.raw is not None:
+            self.raw.append(data)
+            self.raw_size += len(data)
+            if self.raw_size > HIGH_WATER:  # too much to hold twice: read, not relayed as it came
+                self.raw = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self.failed = aiohttp.ClientPayloadError(f"the answer is not HTTP: {exc}")
             self.transport.abort()
+            if self.pipe is not None:
+                self.pipe.fail(self.failed)
             self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -205,10 +237,14 @@ class _Connection(asyncio.Protocol):
             return
         if self.head_done and not _announced(self.raw_headers):  # it ends when its connection does
             self.complete = True
+            if self.pipe is not None:
+                self.pipe.finish()
         elif self.head_done:
             self.failed = self.failed or aiohttp.ClientPayloadError("Response payload is not completed")
         else:
             self.failed = self.failed or aiohttp.ServerDisconnectedError()
+        if self.pipe is not None and self.failed is not None:
+            self.pipe.fail(self.failed)
         self._wake()
 
     def _wake(self) -> None:
@@ -306,6 +342,49 @@ class H1Response:
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.iter_any()])
 
+    def pipeable(self, closing: bool = False) -> bool:
+        """Whether the answer can be relayed as its bytes came (`pipe`): none of them read yet, not
+        too many held, and its head says nothing of its connection but its framing and whether it
+        closes (`closing`: the client's connection ends after it, which the relay adds, so the head
+        must say nothing of its connection at all)."""
+        conn = self._conn
+        if conn.raw is None or self._released or conn.failed is not None:
+            return False
+        for name, value in conn.raw_headers:
+            low = name.lower()
+            if low in UNRELAYED or (
+                low == "connection" and (closing or value.lower() not in ("close", "keep-alive"))
+            ):
+                return False
+        return True
+
+    def pipe(self, client: Client, extra: bytes = b"") -> asyncio.Future[bool]:
+        """Relay the answer to `client` as it comes, its bytes as the cluster sent them (head, framing,
+        body; `extra`: header lines put after its status line), each read written on at once, with no
+        task between. The future is done once all of it went: whether the answer kept its connection
+        open (it said nothing of closing); it fails where the answer broke midway (the client's
+        connection is cut then: its head went already). Only where `pipeable`."""
+        conn = self._conn
+        assert conn.raw is not None
+        data = b"".join(conn.raw)
+        if extra:
+            line = data.index(b"\r\n") + 2
+            data = data[:line] + extra + data[line:]
+        conn.raw = None
+        conn.chunks.clear()
+        conn.buffered = 0
+        done = conn.loop.create_future()
+        client.send(data)
+        if conn.complete:
+            self.release()
+            done.set_result(conn.keep_alive)
+            return done
+        conn.pipe = _Pipe(conn, self, client, done, self._sock_read)
+        if conn.paused:
+            conn.paused = False
+            conn.transport.resume_reading()
+        return done
+
     def release(self) -> None:
         """Done with the answer: its connection goes back to the pool when the answer was read whole."""
         if not self._released:
@@ -317,6 +396,76 @@ class H1Response:
 
     async def wait_for_close(self) -> None:
         self.release()
+
+
+class _Pipe:
+    """An answer under way relayed to a client as its bytes come (`H1Response.pipe`): reading paused
+    while the client lags, cut when no byte comes for `sock_read` seconds."""
+
+    def __init__(
+        self,
+        conn: _Connection,
+        response: H1Response,
+        client: Client,
+        done: asyncio.Future[bool],
+        sock_read: float | None,
+    ) -> None:
+        self.conn = conn
+        self.response = response
+        self.client = client
+        self.done = done
+        self.sock_read = sock_read
+        self.last = conn.loop.time()
+        self.slow = False  # reading paused while the client lags: no read is due meanwhile
+        self.timer = None if sock_read is None else conn.loop.call_later(sock_read, self._idle)
+        client.throttle(self._throttle)
+
+    def relay(self, data: bytes) -> None:
+        self.last = self.conn.loop.time()
+        self.client.send(data)
+
+    def finish(self) -> None:
+        """All of it went: the connection goes back to its pool."""
+        self._end()
+        self.response.release()
+        if not self.done.done():
+            self.done.set_result(self.conn.keep_alive)
+
+    def fail(self, exc: BaseException) -> None:
+        """Broken midway: the client's connection is cut (its answer's head went already)."""
+        self._end()
+        self.conn.transport.abort()
+        self.response.release()
+        self.client.abort()
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def _end(self) -> None:
+        self.conn.pipe = None
+        self.client.throttle(None)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _throttle(self, slow: bool) -> None:
+        self.slow = slow
+        self.last = self.conn.loop.time()
+        transport = self.conn.transport
+        if transport.is_closing():
+            return
+        if slow:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def _idle(self) -> None:
+        assert self.sock_read is not None
+        left = self.sock_read if self.slow else self.last + self.sock_read - self.conn.loop.time()
+        if left > 0:  # read since the timer was armed, or waiting for the client
+            self.timer = self.conn.loop.call_later(left, self._idle)
+            return
+        self.timer = None
+        self.fail(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
 
 
 def _head(method: str, url: URL, headers: CIMultiDict[str], body: bytes) -> bytes:

@@ -184,6 +184,9 @@ class FailoverSession:
         return self.request("DELETE", url, **kwargs)
 
     async def _send(self, method: str, url: str | URL, kwargs: dict[str, Any]) -> aiohttp.ClientResponse:
+        if len(self.pool.nodes) == 1:  # nowhere to fail over to: the call as it is, on the one node
+            target = url if isinstance(url, URL) else URL(url, encoded=True)
+            return await self.session.request(method, target, **kwargs)
         _, rest = self.pool.locate(url)
         resend = may_resend(method, rest, kwargs.get("data"))
         last: BaseException | None = None

@@ -47,8 +47,14 @@ def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) 
 
 
 def client_headers(request: Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
-    """What goes upstream on the client's behalf: its end-to-end headers, credentials included."""
-    return end_to_end_headers(request.headers, drop=drop)
+    """What goes upstream on the client's behalf: its end-to-end headers, credentials included (a copy
+    of its own for the caller; they are sorted out once a request)."""
+    if request.end_to_end is None:
+        request.end_to_end = end_to_end_headers(request.headers)
+    out = CIMultiDict(request.end_to_end)
+    for name in drop:
+        out.popall(name, None)
+    return out
 
 
 def json_headers(request: Request) -> CIMultiDict[str]:

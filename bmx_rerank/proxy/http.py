@@ -17,6 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
 from yarl import URL
 
 if TYPE_CHECKING:
+    from bmx_rerank.h1 import Client
     from bmx_rerank.proxy.config import ProxyState
     from bmx_rerank.proxy.memory import Account
     from bmx_rerank.rerank.pipeline import Marker
@@ -147,11 +148,13 @@ class Request:
         "headers",
         "content",
         "keep_alive",
+        "client",
         "state",
         "arrived",
         "account",
         "marker",
         "bad_encoding",
+        "end_to_end",
         "_url",
         "_path",
     )
@@ -164,6 +167,7 @@ class Request:
         headers: CIMultiDictProxy[str],
         content: Body,
         keep_alive: bool,
+        client: Client,
         state: ProxyState,
         arrived: float,
     ) -> None:
@@ -173,11 +177,13 @@ class Request:
         self.headers = headers
         self.content = content
         self.keep_alive = keep_alive
+        self.client = client  # its connection, where an answer may be relayed as it comes
         self.state = state
         self.arrived = arrived  # time.monotonic() when its head was read: its deadline counts from it
         self.account: Account | None = None  # its share of the in-flight budget (searches)
         self.marker: Marker | None = None  # what happened to a search, for the metrics and the log
         self.bad_encoding: str | None = None  # a body that does not decode as its Content-Encoding says
+        self.end_to_end: CIMultiDict[str] | None = None  # its headers less hop-by-hop ones (framing)
         self._url: URL | None = None  # made when first asked for (not every request needs it)
         self._path: str | None = None
 
@@ -218,9 +224,10 @@ class Request:
 class Response:
     """An answer: status, headers and either a body in hand or `chunks` streamed as they come (`close`:
     the connection ends after it). The server adds the framing headers (length or chunks,
-    `Connection`)."""
+    `Connection`). Or an answer relayed to the client as the cluster sent it (`sent`: done once all of
+    it went, with whether the cluster's connection stays open; `h1.H1Response.pipe`)."""
 
-    __slots__ = ("status", "reason", "headers", "body", "chunks", "close")
+    __slots__ = ("status", "reason", "headers", "body", "chunks", "sent", "close")
 
     def __init__(
         self,
@@ -230,6 +237,7 @@ class Response:
         headers: CIMultiDict[str] | None = None,
         reason: str | None = None,
         chunks: Chunks | None = None,
+        sent: asyncio.Future[bool] | None = None,
         content_type: str | None = None,
     ) -> None:
         self.status = status
@@ -237,6 +245,7 @@ class Response:
         self.headers: CIMultiDict[str] = headers if headers is not None else CIMultiDict()
         self.body = body
         self.chunks = chunks
+        self.sent = sent
         self.close = False
         if content_type is not None:
             self.headers["Content-Type"] = content_type

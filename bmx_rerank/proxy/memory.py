@@ -40,6 +40,7 @@ class InFlight:
         self.used = 0
         self.metrics = metrics
         metrics.in_flight_limit.set(limit)
+        metrics.in_flight_bytes.set_function(lambda: self.used)  # read when scraped, not set each charge
 
     def account(self) -> Account:
         return Account(self)
@@ -53,11 +54,9 @@ class InFlight:
             )
             raise CircuitBreaking(n, self.used, self.limit)
         self.used += n
-        self.metrics.in_flight_bytes.set(self.used)
 
     def _give(self, n: int) -> None:
         self.used -= n
-        self.metrics.in_flight_bytes.set(self.used)
 
 
 class Account:

@@ -37,8 +37,9 @@ async def forward(
     headers: CIMultiDict[str] | None = None,
     extra: Mapping[str, str] | None = None,
 ) -> Response:
-    """Send the request upstream and stream the answer back byte for byte (in one go when it is all in
-    hand at once)."""
+    """Send the request upstream and stream the answer back byte for byte: relayed as the cluster sent it
+    where it can be (`H1Response.pipe`), else rebuilt without its hop-by-hop headers (in one go when it
+    is all in hand at once)."""
     state = request.state
     hdrs = headers if headers is not None else client_headers(request)
     if isinstance(data, (bytes, bytearray)):
@@ -59,6 +60,13 @@ async def forward(
             ),
         )
     state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
+    closing = not request.keep_alive or request.client.closing  # the relay says so, as the server would
+    if request.version == (1, 1) and isinstance(upstream, H1Response) and upstream.pipeable(closing):
+        # as the cluster sent it, each read written on at once (no answer rebuilt, no task between)
+        lines = {**(extra or {}), **({"Connection": "close"} if closing else {})}
+        head = "".join(f"{name}: {value}\r\n" for name, value in lines.items())
+        sent = upstream.pipe(request.client, head.encode("utf-8", "surrogateescape"))
+        return Response(upstream.status, reason=upstream.reason, sent=sent)
     out = end_to_end_headers(upstream.headers)
     for name, value in (extra or {}).items():
         out[name] = value

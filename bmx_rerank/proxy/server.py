@@ -18,6 +18,7 @@ import signal
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -227,6 +228,7 @@ class Connection(asyncio.Protocol):
         self._headers: list[tuple[str, str]] = []
         self._paused: set[str] = set()  # why reading is paused: "body", "queued", "closing"
         self._writable: asyncio.Future[None] | None = None  # set while the client reads too slowly
+        self._throttle: Callable[[bool], None] | None = None  # told when the client lags (a relay)
         # Each limit's timer is armed once and, when it fires early, armed again for what is left:
         # no timer is made or cancelled a request.
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -280,11 +282,26 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self._writable is None or self._writable.done():
             self._writable = self.loop.create_future()
+        if self._throttle is not None:
+            self._throttle(True)
 
     def resume_writing(self) -> None:
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._writable = None
+        if self._throttle is not None:
+            self._throttle(False)
+
+    # ---- an answer relayed to this client as it comes (`h1.H1Response.pipe`) -----------------------
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def throttle(self, listener: Callable[[bool], None] | None) -> None:
+        self._throttle = listener
+        if listener is not None and self._writable is not None:
+            listener(True)
 
     # ---- httptools' calls -------------------------------------------------------------------------
 
@@ -328,6 +345,7 @@ class Connection(asyncio.Protocol):
             headers,
             Body(self, expects=expects),
             parser.should_keep_alive(),
+            self,
             self.server.app.state,
             time.monotonic(),
         )
@@ -405,6 +423,8 @@ class Connection(asyncio.Protocol):
             and request.version in ((1, 0), (1, 1))
             and request.content.complete  # an unread rest of a body is never read as a request
         )
+        if response.sent is not None:  # relayed as the cluster sent it, framing and all
+            return await response.sent and keep
         headers = response.headers
         empty = request.method == "HEAD" or response.status < 200 or response.status in (204, 304)
         chunks = response.chunks

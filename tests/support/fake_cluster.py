@@ -17,7 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bmx_rerank.proxy import ProxyConfig, make_app, start_server
+from bmx_rerank.proxy import ProxyApp, ProxyConfig, make_app, start_server
+from bmx_rerank.proxy.server import Server
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
 
@@ -307,12 +308,12 @@ class TaggingCluster:
         return web.json_response({"took": 1, "responses": responses})
 
 
-async def run_proxy(upstream: str, **config) -> tuple[web.AppRunner, str]:
+async def run_proxy(upstream: str, **config) -> tuple[Server, str]:
     """The proxy on an ephemeral port of this loop, with exact statistics of the corpus for `docs`."""
     return await start_server(proxy_app(upstream, ("docs", "docs,other", "docs-*"), **config))
 
 
-def proxy_app(upstream: str, indices: tuple[str, ...], **config) -> web.Application:
+def proxy_app(upstream: str, indices: tuple[str, ...], **config) -> ProxyApp:
     """The proxy app in front of `upstream`, with the corpus's exact statistics for each of `indices`."""
     stats = FixedStats({(name, "body"): CORPUS for name in indices})
     return make_app(ProxyConfig(upstream=upstream, **config), lambda session, base: stats)

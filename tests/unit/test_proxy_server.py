@@ -247,3 +247,85 @@ async def test_cleanup_waits_for_a_request_under_way(proxy):
     status, headers, body = answers(raw)[0]
     assert status == b"HTTP/1.1 200 OK" and body == b"late" and headers["connection"] == "close"
     writer.close()
+
+
+# ---- answers relayed as the cluster sent them ----
+
+
+async def raw_cluster(answer):
+    """A cluster that reads one request a connection and answers with `answer(writer)`."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")), 0
+        )
+        await reader.readexactly(length)
+        await answer(writer)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_an_answer_is_relayed_as_the_cluster_sent_it_framing_and_all():
+    wire = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nX-Twice: a\r\nX-Twice: b\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n3;ext=1\r\n{"a\r\n6\r\n":[1]}\r\n0\r\n\r\n'
+    )
+
+    async def answer(writer):
+        writer.write(wire[:40])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(wire[40:])
+        await writer.drain()
+
+    cluster, upstream = await raw_cluster(answer)
+    runner, url = await run_proxy(upstream)
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        raw = await exchange(
+            (host, int(port)), b"GET /x/_doc/1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        # the cluster's bytes, with the one line the proxy adds: it ends the connection
+        assert raw == wire.replace(b"200 OK\r\n", b"200 OK\r\nConnection: close\r\n", 1)
+    finally:
+        await runner.cleanup()
+        cluster.close()
+
+
+async def test_an_answer_that_stalls_midway_is_cut_after_the_read_timeout():
+    async def answer(writer):
+        writer.write(b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"a"')
+        await writer.drain()
+        await asyncio.sleep(30)
+
+    cluster, upstream = await raw_cluster(answer)
+    runner, url = await run_proxy(upstream, timeout=0.5)
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        started = asyncio.get_running_loop().time()
+        raw = await exchange((host, int(port)), b"GET /x/_doc/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        waited = asyncio.get_running_loop().time() - started
+        assert raw.endswith(b'{"a"') and 0.4 < waited < 5, (raw, waited)  # its head went: only a cut is left
+    finally:
+        await runner.cleanup()
+        cluster.close()
+
+
+async def test_a_cluster_that_ends_its_connection_ends_the_clients_after_its_answer():
+    async def answer(writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    cluster, upstream = await raw_cluster(answer)
+    runner, url = await run_proxy(upstream)
+    host, port = url.removeprefix("http://").split(":")
+    try:
+        ask = b"GET /x/_doc/1 HTTP/1.1\r\nHost: x\r\n\r\n"
+        raw = await exchange((host, int(port)), ask + ask)  # the second is never read
+        assert raw == b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 2\r\n\r\n{}"
+    finally:
+        await runner.cleanup()
+        cluster.close()
