@@ -12,6 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# valgrind (callgrind) for benchmarks/first_sight_cpu.py's small run: Debian's package, installed when
+# missing (a fresh machine), as root with apt; otherwise its test says what is missing.
+if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing valgrind from Debian's packages" >&2
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >&2
+fi
 state_base=${BMX_RERANK_STATE:-$(python -c 'from bmx_rerank.testing.host import state_dir; print(state_dir())')}
 
 free_port() { python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -110,3 +110,32 @@ def test_small_word_guesses_run_counts_the_rule_against_the_engine(elasticsearch
     )
     for _, words, taken, exact, wrong, _extra in rows:
         assert int(words.replace(",", "")) > 500 and taken == exact and wrong == "0", run.stdout
+
+
+def test_small_first_sight_cpu_run_replays_to_the_same_bytes_and_counts(
+    elasticsearch_url: str, tmp_path
+) -> None:
+    """benchmarks/first_sight_cpu.py on 3 queries: recorded, replayed with no cluster to the very bytes
+    the proxy answered, and counted under callgrind."""
+    recording = str(tmp_path / "first.pkl")
+    run = run_benchmark(
+        "first_sight_cpu", "record", recording, "--upstream", elasticsearch_url, "--queries", "3"
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    run = run_benchmark("first_sight_cpu", "replay", recording, "--check")
+    assert run.returncode == 0 and "answers that differ 0 of 3" in run.stdout, run.stdout + run.stderr[-2000:]
+    run = run_benchmark("first_sight_cpu", "count", recording, "--repeats", "1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    counted = re.search(r"([\d,]+) instructions a rerank", run.stdout)
+    assert counted and int(counted.group(1).replace(",", "")) > 100_000, run.stdout
+
+
+def test_small_passthrough_parts_run_times_every_part(elasticsearch_url: str) -> None:
+    """benchmarks/passthrough_parts.py on 60 searches: each cut of the proxy's handler and the whole
+    passthrough's Python in process."""
+    run = run_benchmark("passthrough_parts", "--upstream", elasticsearch_url, "--requests", "60")
+    assert run.returncode == 0, run.stderr[-2000:]
+    parts = dict(re.findall(r"^  (.+?)\s+([\d.]+) ms$", run.stdout, re.M))
+    assert set(parts) == {"at once", "exchange", "proxy", "proxy, no log"}, run.stdout
+    assert all(float(ms) > 0 for ms in parts.values()), run.stdout
+    assert re.search(r"no socket: \d+ µs", run.stdout), run.stdout
