@@ -432,13 +432,16 @@ class _Pipe:
             self.done.set_result(self.conn.keep_alive)
 
     def fail(self, exc: BaseException) -> None:
-        """Broken midway: the client's connection is cut (its answer's head went already)."""
+        """Broken midway: the client's connection is cut (its answer's head went already); the future
+        fails with a `ConnectionResetError` from `exc`."""
         self._end()
         self.conn.transport.abort()
         self.response.release()
         self.client.abort()
         if not self.done.done():
-            self.done.set_exception(exc)
+            cut = ConnectionResetError("the answer broke midway")
+            cut.__cause__ = exc
+            self.done.set_exception(cut)
 
     def _end(self) -> None:
         self.conn.pipe = None

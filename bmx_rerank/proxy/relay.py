@@ -66,6 +66,7 @@ async def forward(
         lines = {**(extra or {}), **({"Connection": "close"} if closing else {})}
         head = "".join(f"{name}: {value}\r\n" for name, value in lines.items())
         sent = upstream.pipe(request.client, head.encode("utf-8", "surrogateescape"))
+        sent.add_done_callback(_broken_midway)
         return Response(upstream.status, reason=upstream.reason, sent=sent)
     out = end_to_end_headers(upstream.headers)
     for name, value in (extra or {}).items():
@@ -78,6 +79,12 @@ async def forward(
     if whole is not None:
         return Response(upstream.status, whole, headers=out, reason=upstream.reason)
     return Response(upstream.status, headers=out, reason=upstream.reason, chunks=Relayed(upstream))
+
+
+def _broken_midway(sent: asyncio.Future[bool]) -> None:
+    if not sent.cancelled() and (cut := sent.exception()) is not None:
+        error = (cut.__cause__ or cut).__class__.__name__
+        log.warning("upstream broke mid-body", extra={"fields": {"error": error}})
 
 
 class Relayed:
