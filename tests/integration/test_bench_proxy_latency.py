@@ -137,5 +137,8 @@ def test_small_passthrough_parts_run_times_every_part(elasticsearch_url: str) ->
     assert run.returncode == 0, run.stderr[-2000:]
     parts = dict(re.findall(r"^  (.+?)\s+([\d.]+) ms$", run.stdout, re.M))
     assert set(parts) == {"at once", "exchange", "proxy", "proxy, no log"}, run.stdout
-    assert all(float(ms) > 0 for ms in parts.values()), run.stdout
-    assert re.search(r"no socket: \d+ µs", run.stdout), run.stdout
+    # /proc counts CPU in 10 ms ticks: 60 answers at once (about 0.08 ms each) may add up to none.
+    assert all(float(ms) >= 0 for ms in parts.values()), run.stdout
+    assert float(parts["proxy"]) > 0, run.stdout
+    in_process = re.search(r"no socket: (\d+) µs", run.stdout)
+    assert in_process and int(in_process.group(1)) > 0, run.stdout
