@@ -6,10 +6,9 @@ headers that say who the caller is (`caller`), never by the credentials themselv
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from collections.abc import Iterable, Mapping
-
-import aiohttp
 
 # The headers that say who is asking, on Elasticsearch and OpenSearch: credentials (basic, bearer, API
 # key, cookies), secondary authorization, run-as and impersonation, proxy authentication. Configurable
@@ -72,7 +71,10 @@ def credentials(headers: Mapping[str, str] | None) -> dict[str, str]:
 def basic_auth(user: str, password: str | None) -> str:
     """An `Authorization` value for HTTP Basic credentials (UTF-8, as Elasticsearch reads them): the one
     place URL userinfo, `--user/--password` and a client's `http_auth` become a header."""
-    return aiohttp.BasicAuth(user, password or "", encoding="utf-8").encode()
+    if ":" in user:  # RFC 7617: the first colon ends the user-id, so one inside it would move the split
+        raise ValueError('A ":" is not allowed in login (RFC 7617, section 2)')
+    pair = f"{user}:{password or ''}".encode()
+    return "Basic " + base64.b64encode(pair).decode("ascii")
 
 
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
