@@ -120,8 +120,9 @@ class ProbeCounts:
     """A window's probed term frequencies as one table: `counts[h, j]` is hit h's frequency of
     `probe.pairs[j]` (0: not in the field), read exactly only where `usable[h]` (`take_frequencies`).
 
-    Kept as a table so that scoring reads its columns as they are (`tf`); the per-hit maps the
-    term-vector cache keeps are made only when asked for (`of`), after the answer is on its way."""
+    Kept as a table so that scoring reads its columns as they are (`tf`), and the term-vector cache's
+    entries are made from a field's slice of it (`tokens`, `counts_of`) after the answer is on its way;
+    `of` reads one hit's row as maps."""
 
     probe: Probe
     counts: np.ndarray  # (hits, pairs) int64
@@ -148,12 +149,6 @@ class ProbeCounts:
         """`rows`' frequencies of the tokens probed in `field` (`tokens`), a list each, from one slice
         of the table."""
         return self.counts[np.ix_(rows, self._columns[field][0])].tolist()  # type: ignore[no-any-return]
-
-    def maps(self, field: str, rows: Sequence[int]) -> list[dict[str, int]]:
-        """`rows`' frequencies of the tokens probed in `field`, a map of its own each (the cache grows
-        it in place)."""
-        tokens = self.tokens(field)
-        return [dict(zip(tokens, row, strict=True)) for row in self.counts_of(field, rows)]
 
     def tf(self, field: str, vocabulary: Sequence[str], rows: Sequence[int]) -> np.ndarray:
         """The frequency of each vocabulary token in `field` for each of `rows` (float64, as the

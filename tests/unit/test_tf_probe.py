@@ -130,10 +130,9 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
         {"matched_queries": {ok: 1.0}},  # its length unknown: dropped
     ]
     counts = tf_probe.take_frequencies(hits, probe)
-    assert counts.maps("body", [2, 0]) == [{"a": 0, "b": 0}, {"a": 3, "b": 0}]
-    assert counts.maps("title", [0]) == [{"a": 1}]
-    one, again = counts.maps("body", [0, 0])
-    assert one == again and one is not again, "each a map of its own: the cache grows it in place"
+    assert counts.tokens("body") == ("a", "b") and counts.tokens("title") == ("a",)
+    assert counts.counts_of("body", [2, 0]) == [[0, 0], [3, 0]]
+    assert counts.counts_of("title", [0]) == [[1]]
     vectors = {"body": _full({"a": 2, "b": 1, "c": 4}), "title": _full({"x": 1})}
     lengths = np.array([[7, 2], [-1, -1], [5, 1], [-1, 3]])
     found = ProbedTerms(
@@ -153,6 +152,7 @@ def test_a_probed_windows_entries_are_made_a_field_at_a_time_and_only_for_a_cach
     )
     assert entries[0][2] == ProbedDoc({"a": 3, "b": 0}, 7) and entries[1][2] == ProbedDoc({"a": 1}, 2)
     assert entries[2][2] is vectors["body"] and entries[4][2] == ProbedDoc({"a": 0, "b": 0}, 5)
+    assert entries[0][2].tf is not entries[4][2].tf, "each entry's map its own: the cache grows it in place"
     made = entries[0][2]
     assert dict(made.items()) == {"a": 3, "b": 0} and made.held == ProbedDoc({"a": 3, "b": 0}, 7).held
     for n, hit in enumerate(hits, start=1):  # named by version; the third hit has none
