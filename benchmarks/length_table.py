@@ -30,7 +30,7 @@ import numpy as np
 
 from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.length_index import LengthIndex, LengthIndexWriter
-from bmx_rerank.stats.lengths import DocLengths, doc_key
+from bmx_rerank.stats.lengths import DocLengths, doc_key, optional
 from bmx_rerank.stats.snapshot import (
     LENGTH_CHUNK,
     SnapshotInfo,
@@ -105,7 +105,7 @@ def lookup_p50(table: Any, batch: list[tuple[list[str], list[Any], list[Any], li
     times = []
     for ids, seq, term, want in batch:
         started = time.perf_counter()
-        got = table.lookup(ids, [None] * len(ids), seq, term)
+        got = optional(table.find(ids, [None] * len(ids), seq, term))
         times.append(time.perf_counter() - started)
         if got != want:
             raise AssertionError(f"wrong lengths: {got} != {want}")
@@ -194,7 +194,7 @@ def child(path: Path, lookups: int) -> None:
     for _ in range(lookups):
         pick = rng.choice(len(names), WINDOW, replace=False)
         started = time.perf_counter()
-        index.lookup([names[i] for i in pick], [None] * WINDOW, [0] * WINDOW, [1] * WINDOW)
+        optional(index.find([names[i] for i in pick], [None] * WINDOW, [0] * WINDOW, [1] * WINDOW))
         times.append(time.perf_counter() - started)
     print(
         json.dumps(

@@ -50,14 +50,15 @@ class LengthTable(Protocol):
 
     def __len__(self) -> int: ...
 
-    def lookup(
+    def find(
         self,
         ids: Sequence[str],
         routings: Sequence[str | None],
         seq_nos: Sequence[object],
         primary_terms: Sequence[object],
         shards: Sequence[object] | None = None,
-    ) -> list[int | None]: ...
+    ) -> np.ndarray:
+        """Each hit's length, int64, -1 where the table does not hold its exact version."""
 
 
 _Key = tuple[str, str, str]  # (caller digest, index expression, field)

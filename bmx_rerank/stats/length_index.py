@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from bmx_rerank.stats.lengths import DocLengths, optional, versions
+from bmx_rerank.stats.lengths import DocLengths, versions
 from bmx_rerank.stats.routing import routed_shards, routing_keys
 
 MAGIC = b"BMXLEN01"
@@ -173,8 +173,8 @@ class _Layout:
 
 
 class LengthIndex:
-    """A memory-mapped, read-only length table (see the module docstring): `lookup` answers as
-    `DocLengths.lookup` does, from at most 8 bytes a document shared by every process mapping it."""
+    """A memory-mapped, read-only length table (see the module docstring): `find` answers as
+    `DocLengths.find` does, from at most 8 bytes a document shared by every process mapping it."""
 
     def __init__(self, path: Path, layout: _Layout, data: np.ndarray) -> None:
         self.path = path
@@ -283,16 +283,17 @@ class LengthIndex:
             except BufferError:  # views still alive: the mapping goes with them
                 pass
 
-    def lookup(
+    def find(
         self,
         ids: Sequence[str],
         routings: Sequence[str | None],
         seq_nos: Sequence[object],
         primary_terms: Sequence[object],
         shards: Sequence[object] | None = None,
-    ) -> list[int | None]:
-        """Each document version's length, or None when the index cannot be sure it holds that exact
-        version (as `DocLengths.lookup`; the bound on a wrong answer is in the module docstring).
+    ) -> np.ndarray:
+        """Each document version's length, -1 when the index cannot be sure it holds that exact
+        version (as `DocLengths.find`; the bound on a wrong answer is in the module docstring): a
+        window's hits in a few numpy calls (`optional`: None for -1).
 
         A table keyed `by_version` reads each hit's shard number from `shards`: a given shard is used as
         given; None (or a None in it) is shard 0 in a table of one shard, and in one of several the
@@ -302,18 +303,6 @@ class LengthIndex:
         is routed by the same rule, and an index routed otherwise failed that check and has no
         `routing_shards`. A shard outside [0, `self.shards`) is no answer. A table keyed by `_id`
         ignores `shards`."""
-        return optional(self.find(ids, routings, seq_nos, primary_terms, shards))
-
-    def find(
-        self,
-        ids: Sequence[str],
-        routings: Sequence[str | None],
-        seq_nos: Sequence[object],
-        primary_terms: Sequence[object],
-        shards: Sequence[object] | None = None,
-    ) -> np.ndarray:
-        """`lookup`'s answer as one int64 array, -1 where it is None: a window's hits in a few numpy
-        calls."""
         out = np.full(len(ids), -1, np.int64)
         lay = self.layout
         if self.routing_shards is not None:

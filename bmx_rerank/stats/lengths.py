@@ -161,19 +161,6 @@ class DocLengths:
             )
         )
 
-    def lookup(
-        self,
-        ids: Sequence[str],
-        routings: Sequence[str | None],
-        seq_nos: Sequence[object],
-        primary_terms: Sequence[object],
-        shards: Sequence[object] | None = None,
-    ) -> list[int | None]:
-        """Each document version's length, or None when the table does not hold that exact version
-        (other `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given).
-        `shards` is ignored: the document is named by its `_id` and routing."""
-        return optional(self.find(ids, routings, seq_nos, primary_terms, shards))
-
     def find(
         self,
         ids: Sequence[str],
@@ -182,7 +169,9 @@ class DocLengths:
         primary_terms: Sequence[object],
         shards: Sequence[object] | None = None,
     ) -> np.ndarray:
-        """`lookup`'s answer as one int64 array, -1 where it is None."""
+        """Each document version's length, -1 when the table does not hold that exact version (other
+        `_seq_no` or `_primary_term`, not swept, dropped, or no sequence number given; `optional`:
+        None for -1). `shards` is ignored: the document is named by its `_id` and routing."""
         out = np.full(len(ids), -1, np.int64)
         usable, keys, seq, term = versions(ids, routings, seq_nos, primary_terms)
         if not usable.size or not len(self):
@@ -194,7 +183,7 @@ class DocLengths:
 
 
 def optional(lengths: np.ndarray) -> list[int | None]:
-    """A `find` answer as `lookup` gives it: None where unknown (-1)."""
+    """A `find` answer as a list, None where unknown (-1)."""
     return [None if n < 0 else n for n in lengths.tolist()]
 
 

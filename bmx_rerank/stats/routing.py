@@ -9,7 +9,7 @@ on Elasticsearch; an index created by Elasticsearch 7+ or OpenSearch without one
 from the `_id` to a routed document's hash, and a time-series index routes by its dimensions: so the
 formula is never trusted unchecked. A sweep checks it against the shard it found every document in
 (`RoutingCheck`); only a formula that placed every document, on enough distinct keys to rule out
-chance, is recorded (`SnapshotInfo.length_routing_shards`) and used (`LengthIndex.lookup`)."""
+chance, is recorded (`SnapshotInfo.length_routing_shards`) and used (`LengthIndex.find`)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats import scan
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
+from bmx_rerank.stats.lengths import optional
 from bmx_rerank.stats.sweep import SweepOptions
 from bmx_rerank.upstream import Cluster
 from tests.support.data import scifact_records
@@ -100,11 +101,13 @@ def test_the_table_holds_every_documents_exact_length_via_pit_and_scroll(corpus,
     )["hits"]["hits"]
     assert len(hits) == len(texts)
     want = body_lengths(engine, index, [h["_id"] for h in hits])
-    got = result.lengths.lookup(
-        [h["_id"] for h in hits],
-        [None] * len(hits),
-        [h["_seq_no"] for h in hits],
-        [h["_primary_term"] for h in hits],
+    got = optional(
+        result.lengths.find(
+            [h["_id"] for h in hits],
+            [None] * len(hits),
+            [h["_seq_no"] for h in hits],
+            [h["_primary_term"] for h in hits],
+        )
     )
     assert got == [want[h["_id"]] for h in hits]
     assert want["no-body"] == want["empty-body"] == 0

@@ -20,7 +20,7 @@ from bmx_rerank.stats import scan, sliced
 from bmx_rerank.stats import store as stats_store
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.length_files import keyed_by_version
-from bmx_rerank.stats.lengths import doc_key
+from bmx_rerank.stats.lengths import doc_key, optional
 from bmx_rerank.stats.snapshot import SnapshotInfo
 from bmx_rerank.stats.sweep import sweep_index
 from bmx_rerank.upstream import Cluster
@@ -99,17 +99,19 @@ def _check(engine: EngineClient, index: str, store: str, info: SnapshotInfo, n: 
     assert table.by_version and table.shards == SHARDS and len(table) == n
     want = body_lengths(engine, index, [h["_id"] for hits in shards for h in hits])
     for i, hits in enumerate(shards):
-        got = table.lookup(
-            [""] * len(hits),  # no `_id`
-            [None] * len(hits),
-            [h["_seq_no"] for h in hits],
-            [h["_primary_term"] for h in hits],
-            [i] * len(hits),
+        got = optional(
+            table.find(
+                [""] * len(hits),  # no `_id`
+                [None] * len(hits),
+                [h["_seq_no"] for h in hits],
+                [h["_primary_term"] for h in hits],
+                [i] * len(hits),
+            )
         )
         assert got == [want[h["_id"]] for h in hits], f"shard {i}"
         # without its shard no hit of a table of several shards is answered
-        assert table.lookup([""] * len(hits), [None] * len(hits), [h["_seq_no"] for h in hits],
-                            [h["_primary_term"] for h in hits]) == [None] * len(hits)  # fmt: skip
+        assert optional(table.find([""] * len(hits), [None] * len(hits), [h["_seq_no"] for h in hits],
+                            [h["_primary_term"] for h in hits])) == [None] * len(hits)  # fmt: skip
 
 
 @pytest.mark.parametrize("reader", ["native", "scroll"])
@@ -246,11 +248,13 @@ def _by_id(engine: EngineClient, index: str, table: Any) -> tuple[list[int | Non
         sum(v["term_freq"] for v in d.get("term_vectors", {}).get("body", {}).get("terms", {}).values())
         for d in answer
     ]
-    got = table.lookup(
-        [h["_id"] for h in hits],
-        [h.get("_routing") for h in hits],
-        [h["_seq_no"] for h in hits],
-        [h["_primary_term"] for h in hits],
+    got = optional(
+        table.find(
+            [h["_id"] for h in hits],
+            [h.get("_routing") for h in hits],
+            [h["_seq_no"] for h in hits],
+            [h["_primary_term"] for h in hits],
+        )
     )
     return got, want
 

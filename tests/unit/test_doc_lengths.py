@@ -11,7 +11,7 @@ from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.corpus import CorpusStats, ExactStats
 from bmx_rerank.stats.errors import StatisticsError
 from bmx_rerank.stats.freshness import IndexMarks
-from bmx_rerank.stats.lengths import DocLengths, LengthRecorder, doc_key
+from bmx_rerank.stats.lengths import DocLengths, LengthRecorder, doc_key, optional
 from bmx_rerank.stats.sliced import Partial
 from bmx_rerank.stats.snapshot import SnapshotInfo, decode_lengths, encode_lengths
 
@@ -31,23 +31,23 @@ def table() -> DocLengths:
 def test_lookup_matches_id_routing_seq_no_and_primary_term() -> None:
     t = table()
     assert len(t) == 4
-    assert t.lookup(["a", "b", "c", "c"], [None, None, None, "r1"], [0, 1, 2, 3], [1, 1, 1, 2]) == [
+    assert optional(t.find(["a", "b", "c", "c"], [None, None, None, "r1"], [0, 1, 2, 3], [1, 1, 1, 2])) == [
         5,
         0,
         7,
         9,
     ]
     # same id under another routing is another document
-    assert t.lookup(["c"], ["r2"], [3], [2]) == [None]
-    assert t.lookup(["c"], [None], [3], [2]) == [None]
+    assert optional(t.find(["c"], ["r2"], [3], [2])) == [None]
+    assert optional(t.find(["c"], [None], [3], [2])) == [None]
 
 
 def test_seq_no_or_primary_term_mismatch_is_none() -> None:
     t = table()
-    assert t.lookup(["a", "a", "a"], [None] * 3, [1, 0, None], [1, 2, 1]) == [None, None, None]
-    assert t.lookup(["a"], [None], [-2], [1]) == [None]  # unassigned sequence number
-    assert t.lookup(["zzz"], [None], [0], [1]) == [None]  # never swept
-    assert t.lookup(["a"], [None], [True], [1]) == [None]  # not a number
+    assert optional(t.find(["a", "a", "a"], [None] * 3, [1, 0, None], [1, 2, 1])) == [None, None, None]
+    assert optional(t.find(["a"], [None], [-2], [1])) == [None]  # unassigned sequence number
+    assert optional(t.find(["zzz"], [None], [0], [1])) == [None]  # never swept
+    assert optional(t.find(["a"], [None], [True], [1])) == [None]  # not a number
 
 
 def test_keys_seen_twice_are_dropped_and_stay_dropped() -> None:
@@ -65,7 +65,7 @@ def test_keys_seen_twice_are_dropped_and_stay_dropped() -> None:
 
 def test_duplicate_documents_are_dropped() -> None:
     t = DocLengths.from_rows(["x", "x", "y"], [None, None, None], [0, 4, 1], [1, 1, 1], [3, 4, 5])
-    assert t.lookup(["x", "x", "y"], [None] * 3, [0, 4, 1], [1, 1, 1]) == [None, None, 5]
+    assert optional(t.find(["x", "x", "y"], [None] * 3, [0, 4, 1], [1, 1, 1])) == [None, None, 5]
 
 
 def test_merge_equals_building_at_once() -> None:
@@ -80,8 +80,8 @@ def test_merge_equals_building_at_once() -> None:
 def test_empty_table_answers_none() -> None:
     t = DocLengths.empty()
     assert len(t) == 0
-    assert t.lookup(["a"], [None], [0], [1]) == [None]
-    assert t.lookup([], [], [], []) == []
+    assert optional(t.find(["a"], [None], [0], [1])) == [None]
+    assert optional(t.find([], [], [], [])) == []
 
 
 def test_key_separates_id_and_routing() -> None:
@@ -126,7 +126,7 @@ def test_store_chunks_round_trip_with_dropped_keys() -> None:
     assert len(chunks) == 2  # 4 entries, 2 a chunk; the dropped key 5 rides on chunk 0
     back = decode_lengths(_info(t, 2), list(reversed(chunks)))
     assert back.same_as(t)
-    assert back.lookup(["x"], [None], [0], [1]) == [None]
+    assert optional(back.find(["x"], [None], [0], [1])) == [None]
     with pytest.raises(StatisticsError):
         decode_lengths(_info(t, 3), chunks)  # a chunk missing
     empty = DocLengths.empty()
@@ -155,7 +155,7 @@ def test_recorder_keeps_nothing_past_its_limit() -> None:
     rec = LengthRecorder(limit=3)
     rec.add([doc_key("a", None), doc_key("b", None)], [(0, 1, 4), (1, 1, 0)])
     got = rec.finish()
-    assert got is not None and got.lookup(["a", "b"], [None, None], [0, 1], [1, 1]) == [4, 0]
+    assert got is not None and optional(got.find(["a", "b"], [None, None], [0, 1], [1, 1])) == [4, 0]
     rec.add([doc_key("c", None), doc_key("d", None)], [(2, 1, 4), (3, 1, 0)])
     assert rec.over and rec.finish() is None
 

@@ -15,7 +15,7 @@ from bmx_rerank.stats.freshness import IndexMarks
 from bmx_rerank.stats.length_files import file_lock
 from bmx_rerank.stats.length_files import ident as length_ident
 from bmx_rerank.stats.length_index import HEADER, MAGIC, LengthIndex, LengthIndexWriter, build
-from bmx_rerank.stats.lengths import DocLengths, int_column
+from bmx_rerank.stats.lengths import DocLengths, int_column, optional
 from bmx_rerank.stats.snapshot import SnapshotInfo
 
 ROWS = (
@@ -32,16 +32,21 @@ def test_answers_as_the_table_does(tmp_path: Path) -> None:
     index = LengthIndex.from_table(table, tmp_path / "t.bmxlen")
     assert len(index) == 5 and index.same_as(table) and index.layout.escapes == 1
     ids, routings, seqs, terms, lengths = ROWS
-    assert index.lookup(ids, routings, seqs, terms) == lengths
+    assert optional(index.find(ids, routings, seqs, terms)) == lengths
     # another routing, sequence number or primary term; never swept; no or no usable sequence number
     assert (
-        index.lookup(
-            ["c", "c", "a", "a", "zzz"], ["r2", None, None, None, None], [3, 3, 1, 0, 0], [2, 2, 1, 2, 1]
+        optional(
+            index.find(
+                ["c", "c", "a", "a", "zzz"], ["r2", None, None, None, None], [3, 3, 1, 0, 0], [2, 2, 1, 2, 1]
+            )
         )
         == [None] * 5
     )
-    assert index.lookup(["a", "a", "a", "a"], [None] * 4, [None, -2, True, 0], [1, 1, 1, None]) == [None] * 4
-    assert index.lookup([], [], [], []) == []
+    assert (
+        optional(index.find(["a", "a", "a", "a"], [None] * 4, [None, -2, True, 0], [1, 1, 1, None]))
+        == [None] * 4
+    )
+    assert optional(index.find([], [], [], [])) == []
     assert not index.same_as(DocLengths.from_rows(*(r[:4] for r in ROWS)))
     # `find`: the same answers as one array, -1 where `lookup` says None, for the store's form too
     mixed = (
@@ -53,7 +58,7 @@ def test_answers_as_the_table_does(tmp_path: Path) -> None:
     for form in (index, table):
         assert form.find(ids, routings, seqs, terms).tolist() == lengths
         assert form.find(*mixed).tolist() == [5, 9, -1, -1, -1]
-        assert form.lookup(*mixed) == [5, 9, None, None, None]
+        assert optional(form.find(*mixed)) == [5, 9, None, None, None]
 
 
 def test_int_column_reads_integers_and_nothing_else() -> None:
@@ -67,7 +72,7 @@ def test_int_column_reads_integers_and_nothing_else() -> None:
 
 def test_empty_and_rebuilt_files(tmp_path: Path) -> None:
     empty = LengthIndex.from_table(DocLengths.empty(), tmp_path / "e.bmxlen", ident="x")
-    assert len(empty) == 0 and empty.lookup(["a"], [None], [0], [1]) == [None]
+    assert len(empty) == 0 and optional(empty.find(["a"], [None], [0], [1])) == [None]
     assert empty.same_as(DocLengths.empty())
     with pytest.raises(ValueError):
         LengthIndex.open(tmp_path / "e.bmxlen", ident="y")  # built for another snapshot
@@ -157,10 +162,10 @@ def test_a_one_shard_table_is_keyed_by_version_alone(tmp_path: Path) -> None:
     index = LengthIndex.from_table(table, tmp_path / "v.bmxlen", by_version=True)
     assert index.by_version and index.same_as(table)
     assert LengthIndex.open(tmp_path / "v.bmxlen").by_version  # in the header
-    assert index.lookup([""] * 5, [None] * 5, seqs, terms) == lengths  # no ids needed
-    assert index.lookup(["x"] * 3, [None] * 3, [0, 3, 9], [2, 1, 1]) == [None] * 3  # other versions
+    assert optional(index.find([""] * 5, [None] * 5, seqs, terms)) == lengths  # no ids needed
+    assert optional(index.find(["x"] * 3, [None] * 3, [0, 3, 9], [2, 1, 1])) == [None] * 3  # other versions
     by_id = LengthIndex.from_table(table, tmp_path / "i.bmxlen")
-    assert not by_id.by_version and by_id.lookup([""] * 5, [None] * 5, seqs, terms) != lengths
+    assert not by_id.by_version and optional(by_id.find([""] * 5, [None] * 5, seqs, terms)) != lengths
     assert not DocLengths.by_version
 
 
@@ -209,17 +214,19 @@ def test_a_table_of_several_shards_is_keyed_by_shard_and_version(tmp_path: Path)
     reopened = LengthIndex.open(tmp_path / "s.bmxlen")
     assert reopened.shards == 3 and reopened.layout.escapes == 1  # in the header
     nameless = [""] * 7
-    assert index.lookup(nameless, routings, seqs, terms, shards) == lengths
-    assert reopened.lookup(nameless, routings, seqs, terms, shards) == lengths
+    assert optional(index.find(nameless, routings, seqs, terms, shards)) == lengths
+    assert optional(reopened.find(nameless, routings, seqs, terms, shards)) == lengths
     # seq 0 term 1 in shards 0, 1, 2: three documents
-    assert index.lookup([""] * 3, [None] * 3, [0, 0, 0], [1, 1, 1], [2, 0, 1]) == [30, 10, 20]
+    assert optional(index.find([""] * 3, [None] * 3, [0, 0, 0], [1, 1, 1], [2, 0, 1])) == [30, 10, 20]
     # a version of another shard (shard 2 has no seq 1 term 1, shard 0 no seq 0 term 2)
-    assert index.lookup([""] * 2, [None] * 2, [1, 0], [1, 2], [2, 0]) == [None, None]
+    assert optional(index.find([""] * 2, [None] * 2, [1, 0], [1, 2], [2, 0])) == [None, None]
     # no shard, a shard beyond the table's, a negative one, not a number: never shard 0's document
-    assert index.lookup([""] * 5, [None] * 5, [0] * 5, [1] * 5, [None, 3, -1, "0", True]) == [None] * 5
-    assert index.lookup([""] * 2, [None] * 2, [0, 1], [1, 1]) == [None, None]
+    assert (
+        optional(index.find([""] * 5, [None] * 5, [0] * 5, [1] * 5, [None, 3, -1, "0", True])) == [None] * 5
+    )
+    assert optional(index.find([""] * 2, [None] * 2, [0, 1], [1, 1])) == [None, None]
     with pytest.raises(ValueError):
-        index.lookup([""], [None], [0], [1], [0, 1])  # not one shard a hit
+        optional(index.find([""], [None], [0], [1], [0, 1]))  # not one shard a hit
     # rows without their shard cannot make such a table, nor be compared with one
     unknown = DocLengths.from_rows(*SHARDED[:5])
     assert not unknown.shards_known and not index.same_as(unknown)
@@ -230,8 +237,8 @@ def test_a_table_of_several_shards_is_keyed_by_shard_and_version(tmp_path: Path)
     # keyed by id, the same table takes no shard number and answers by `_id`
     by_id = LengthIndex.from_table(table, tmp_path / "i.bmxlen")
     assert by_id.shards == 0 and by_id.same_as(table)
-    assert by_id.lookup(ids, routings, seqs, terms, [None] * 7) == lengths
-    assert DocLengths.shards == 0 and table.lookup(ids, routings, seqs, terms, shards) == lengths
+    assert optional(by_id.find(ids, routings, seqs, terms, [None] * 7)) == lengths
+    assert DocLengths.shards == 0 and optional(table.find(ids, routings, seqs, terms, shards)) == lengths
 
 
 def test_the_writer_keys_rows_by_their_shard(tmp_path: Path) -> None:
@@ -244,10 +251,10 @@ def test_the_writer_keys_rows_by_their_shard(tmp_path: Path) -> None:
     ]
     index = build(tmp_path / "w.bmxlen", 7, chunks, by_version=True)
     assert index.shards == 3
-    assert index.lookup([""] * 7, [None] * 7, seqs, terms, shards) == lengths
+    assert optional(index.find([""] * 7, [None] * 7, seqs, terms, shards)) == lengths
     one = build(tmp_path / "o.bmxlen", 2, [([5, 6], [0, 1], [1, 1], [4, 8])], by_version=True, shards=1)
-    assert one.shards == 1 and one.lookup([""] * 2, [None] * 2, [0, 1], [1, 1]) == [4, 8]
-    assert one.lookup([""] * 3, [None] * 3, [0, 1, 0], [1, 1, 1], [0, None, 1]) == [4, 8, None]
+    assert one.shards == 1 and optional(one.find([""] * 2, [None] * 2, [0, 1], [1, 1])) == [4, 8]
+    assert optional(one.find([""] * 3, [None] * 3, [0, 1, 0], [1, 1, 1], [0, None, 1])) == [4, 8, None]
 
 
 def test_a_file_from_before_the_shard_count_reads_as_one_shard(tmp_path: Path) -> None:
@@ -258,7 +265,7 @@ def test_a_file_from_before_the_shard_count_reads_as_one_shard(tmp_path: Path) -
     assert _without_header_field(path, "shard_count") == 1
     old = LengthIndex.open(path)
     assert old.by_version and old.shards == 1
-    assert old.lookup([""] * 5, [None] * 5, seqs, terms) == lengths
+    assert optional(old.find([""] * 5, [None] * 5, seqs, terms)) == lengths
 
 
 def _routed_table(
@@ -293,13 +300,16 @@ def test_a_hit_without_its_shard_is_found_where_its_id_routes(tmp_path: Path) ->
         table, tmp_path / "r.bmxlen", by_version=True, shards=3, routing_shards=768
     )
     assert index.routing_shards == 768 and LengthIndex.open(tmp_path / "r.bmxlen").routing_shards == 768
-    assert index.lookup(ids, routings, seqs, terms) == lengths
-    assert index.lookup(ids, routings, seqs, terms, [None] * n) == lengths
-    assert index.lookup([""] * n, routings, seqs, terms) == [None] * n  # no `_id`: no shard to compute
-    assert index.lookup(ids, routings, seqs, terms, shards) == lengths
+    assert optional(index.find(ids, routings, seqs, terms)) == lengths
+    assert optional(index.find(ids, routings, seqs, terms, [None] * n)) == lengths
+    assert (
+        optional(index.find([""] * n, routings, seqs, terms)) == [None] * n
+    )  # no `_id`: no shard to compute
+    assert optional(index.find(ids, routings, seqs, terms, shards)) == lengths
     wrong = [(s + 1) % 3 for s in shards]
     assert all(
-        g != want for g, want in zip(index.lookup(ids, routings, seqs, terms, wrong), lengths, strict=True)
+        g != want
+        for g, want in zip(optional(index.find(ids, routings, seqs, terms, wrong)), lengths, strict=True)
     )
     # a routed document looked up by its `_id` alone, which routes elsewhere: not its length
     from bmx_rerank.stats.routing import routed_shards
@@ -307,13 +317,13 @@ def test_a_hit_without_its_shard_is_found_where_its_id_routes(tmp_path: Path) ->
     by_id = routed_shards(ids, 768, 3).tolist()
     moved = [i for i, r in enumerate(routings) if r is not None and by_id[i] != shards[i]]
     assert moved
-    got = index.lookup([ids[i] for i in moved], [None] * len(moved), [seqs[i] for i in moved],
-                       [terms[i] for i in moved])  # fmt: skip
+    got = optional(index.find([ids[i] for i in moved], [None] * len(moved), [seqs[i] for i in moved],
+                       [terms[i] for i in moved]))  # fmt: skip
     assert all(g != lengths[i] for g, i in zip(got, moved, strict=True))
     # without the routing: nothing without a shard
     unknown = LengthIndex.from_table(table, tmp_path / "u.bmxlen", by_version=True, shards=3)
-    assert unknown.routing_shards is None and unknown.lookup(ids, routings, seqs, terms) == [None] * n
-    assert unknown.lookup(ids, routings, seqs, terms, shards) == lengths
+    assert unknown.routing_shards is None and optional(unknown.find(ids, routings, seqs, terms)) == [None] * n
+    assert optional(unknown.find(ids, routings, seqs, terms, shards)) == lengths
     # only a table keyed by version over a known shard count takes one
     with pytest.raises(ValueError):
         LengthIndex.from_table(table, tmp_path / "x.bmxlen", routing_shards=768)
@@ -328,8 +338,8 @@ def test_a_file_from_before_the_routing_reads_as_unknown(tmp_path: Path) -> None
     LengthIndex.from_table(table, path, by_version=True, shards=3, routing_shards=768)
     assert _without_header_field(path, "routing_shards") == 768
     old = LengthIndex.open(path)
-    assert old.routing_shards is None and old.lookup(ids, routings, seqs, terms) == [None] * len(ids)
-    assert old.lookup(ids, routings, seqs, terms, shards) == lengths
+    assert old.routing_shards is None and optional(old.find(ids, routings, seqs, terms)) == [None] * len(ids)
+    assert optional(old.find(ids, routings, seqs, terms, shards)) == lengths
 
 
 def test_the_file_name_and_snapshot_carry_the_routing() -> None:
