@@ -305,13 +305,14 @@ def table_lengths(hits: HitColumns, names: Sequence[str], views: Sequence[StatsV
         hits.primary_term,
         hits.shard,
     )
+    one_index = len(set(indices)) == 1  # as most windows: every hit in one lookup
     by_index: dict[str, list[int]] = {}
-    if len(set(indices)) > 1:
+    if not one_index:
         for i, index in enumerate(indices):
             by_index.setdefault(index, []).append(i)
     for j, view in enumerate(views):
         tables = view.lengths or {}
-        if len(set(indices)) == 1:  # one index, as most windows: every hit in one lookup
+        if one_index:
             if (table := tables.get(indices[0])) is not None:
                 out[:, j] = table.find(*columns)
             continue
