@@ -126,6 +126,7 @@ async def rerank_all(
 ) -> list[bytes]:
     """Each query reranked `passes` times over (the proxy's planning, the rerank, the answer's bytes);
     `fresh`: the caches emptied before each pass (first sights of a proxy whose caches are on)."""
+    from benchmarks.proxy_latency import rerank
     from bmx_rerank.rerank.plan import Bounds, bounded_plan
 
     bounds = Bounds()
@@ -134,7 +135,7 @@ async def rerank_all(
         if fresh:
             _empty(rr)
         for q in rec.queries:
-            body = orjson.loads(orjson.dumps(_ask(q, rec.window)))  # as the proxy parses the request
+            body = orjson.loads(orjson.dumps(rerank(q, rec.window)))  # as the proxy parses the request
             plan = bounded_plan(body, {}, None, bounds)
             outcome = await rr.rerank(rec.index, plan, HEADERS, first_stage, msearch)
             assert outcome.body is not None, "not reranked"
@@ -153,14 +154,6 @@ def _empty(rr: Any) -> None:
     rr.frequencies.lengths = tf_probe.LengthCache(rr.frequencies.lengths.capacity)
     rr.pages = lean.PageCache(rr.pages.max_bytes)
     rr.prober.seen = TTLCache(probing.SEEN_WINDOWS, FOREVER)
-
-
-def _ask(q: str, window: int) -> dict[str, Any]:
-    return {
-        "query": {"match": {"body": q}},
-        "size": 10,
-        "ext": {"bmx": {"field": "body", "window_size": window}},
-    }
 
 
 # ---- recording ------------------------------------------------------------------------------------------
