@@ -185,6 +185,7 @@ class FailoverSession:
 
     async def _send(self, method: str, url: str | URL, kwargs: dict[str, Any]) -> aiohttp.ClientResponse:
         if len(self.pool.nodes) == 1:  # nowhere to fail over to: the call as it is, on the one node
+            self.pool.locate(url)  # a request outside the upstream cluster is refused here too
             target = url if isinstance(url, URL) else URL(url, encoded=True)
             return await self.session.request(method, target, **kwargs)
         _, rest = self.pool.locate(url)

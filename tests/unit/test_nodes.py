@@ -129,3 +129,19 @@ async def test_dropped_write_is_not_resent_but_a_search_is():
         await session.close()
         await rc.cleanup()
         await ro.cleanup()
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+async def test_a_request_outside_the_cluster_is_refused_with_one_node_or_several(nodes):
+    node = Node("only")
+    runner, url = await node.start()
+    pool = NodePool([url] * nodes)
+    session = FailoverSession(aiohttp.ClientSession(), pool)
+    try:
+        with pytest.raises(ValueError, match="outside the upstream cluster"):
+            await session.get("http://127.0.0.2:9/idx/_search")
+        resp = await session.get(f"{pool.base}/idx/_search")
+        assert (await resp.json())["node"] == "only" and len(node.seen) == 1
+    finally:
+        await session.close()
+        await runner.cleanup()
