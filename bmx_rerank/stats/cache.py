@@ -169,17 +169,17 @@ class StatsCache:
         indices the caller may search; loads from the store, caches in memory, checks drift at most
         every check_interval s; falls back to the estimated mode when no snapshot exists. Uses the
         caller's headers for every cluster call."""
+        if (view := self.cached(index_expr, field, headers)) is not None:
+            return view
         key = (caller(headers, self.identity_headers), index_expr, field)
         entry = self._entries.get(key)
-        if entry is not None:
-            if self.clock() - entry.checked_at >= self.check_interval:
-                # in the background, never two at once for one key: this search gets the view now
-                self._refreshing.start(key, lambda: self._refreshed(key, dict(headers), entry))
-                # ... without its length tables: they are used only while the index UUID behind them
-                # was confirmed within `check_interval` (a re-created index would match old versions)
-                view = self._for_caller(index_expr, field, headers, entry)
-                return view if view.lengths is None else dataclasses.replace(view, lengths=None)
-            return self._for_caller(index_expr, field, headers, entry)
+        if entry is not None:  # checked `check_interval` ago or more
+            # in the background, never two at once for one key: this search gets the view now
+            self._refreshing.start(key, lambda: self._refreshed(key, dict(headers), entry))
+            # ... without its length tables: they are used only while the index UUID behind them
+            # was confirmed within `check_interval` (a re-created index would match old versions)
+            view = self._for_caller(index_expr, field, headers, entry)
+            return view if view.lengths is None else dataclasses.replace(view, lengths=None)
         # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
         # does not cancel it for the others.
         fresh = await self._refreshing.run(key, lambda: self._refreshed(key, dict(headers), None))
