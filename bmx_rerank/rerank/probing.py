@@ -104,10 +104,11 @@ class Prober:
         timeout = self.cluster.timeout
         wait = PROBE_WAIT if timeout is None else min(PROBE_WAIT, timeout / 4)
         try:
-            if self._at_hand(window):
-                tokens, views, guessed = self._ready(window, tables)
-            else:
-                tokens, views, guessed = await asyncio.wait_for(self._inputs(window, headers, tables), wait)
+            inputs = self._inputs(window, headers, tables)
+            # all in already: no task for a timeout, and `_inputs` never waits
+            tokens, views, guessed = await (
+                inputs if self._at_hand(window) else asyncio.wait_for(inputs, wait)
+            )
         except (SearchError, asyncio.TimeoutError):
             return "timeout"  # the rerank analyses again on the hits' index, or fails as it would have
         except AnalysisDeclined as declined:
@@ -128,21 +129,11 @@ class Prober:
         return None
 
     def _at_hand(self, window: Window) -> bool:
-        """Whether what `_inputs` waits for is in already: the cluster's named scores known, the
-        tokens and every field's statistics done (known words, statistics in memory)."""
+        """Whether what `_inputs` waits for is in already (then it answers without a wait): the
+        cluster's named scores known, the tokens and every field's statistics done (known words,
+        statistics in memory)."""
         tasks = [window.tokens, *window.stats.values()]
         return self._named_scores is not None and all(t is not None and t.done() for t in tasks)
-
-    def _ready(self, window: Window, tables: bool) -> tuple[Tokens | None, Sequence[StatsView], bool]:
-        """`_inputs`' answer from what is in (`_at_hand`), with no wait: its failures raised as they are."""
-        if not self._named_scores:
-            return None, [], False
-        assert window.tokens is not None
-        tokens = window.tokens.result()
-        if not tables:
-            return tokens, [], False
-        done = [t for t in window.stats.values() if not t.cancelled() and t.exception() is None]
-        return tokens, [v for t in done if isinstance(v := t.result(), StatsView)], False
 
     async def _inputs(
         self, window: Window, headers: Mapping[str, str], tables: bool
@@ -159,9 +150,11 @@ class Prober:
         tokens = window.guessed if guessed else await asyncio.shield(window.tokens)
         if not tables:
             return tokens, [], guessed
-        views = await asyncio.gather(
-            *(asyncio.shield(t) for t in window.stats.values()), return_exceptions=True
-        )
+        stats = window.stats.values()
+        if all(t.done() for t in stats):  # as they are: a gather would wait a loop step for them
+            views = [t.result() for t in stats if not t.cancelled() and t.exception() is None]
+        else:
+            views = await asyncio.gather(*(asyncio.shield(t) for t in stats), return_exceptions=True)
         return tokens, [v for v in views if isinstance(v, StatsView)], guessed
 
     async def _reports_named_scores(self, index: str, headers: Mapping[str, str]) -> bool:

@@ -397,8 +397,9 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     side.tokens = asyncio.get_running_loop().create_future()
     side.tokens.set_result({("body", "a b"): ["a", "b"]})
     in_memory.prober._named_scores = True
-    in_memory.prober._inputs = None  # type: ignore[assignment]  # never waited for: all is in
-    await in_memory.prober.add(side, caller_of(in_memory, alice), alice)
+    deciding = in_memory.prober.add(side, caller_of(in_memory, alice), alice)
+    with pytest.raises(StopIteration):  # never waited for: all is in, decided in one step
+        deciding.send(None)
     assert side.unprobed_because is None and side.probe is not None
     side.close()
 
