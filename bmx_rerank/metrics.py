@@ -62,6 +62,13 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.page_ahead = Counter(
+            "bmx_page_ahead",
+            "Lean windows' pages by how the fetch of their likely documents while scoring served them "
+            "(none made, unused, covered, fetched_after)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.token_guesses = Counter(
             "bmx_token_guesses",
             "First stages whose probes were built from tokens guessed word by word (not waiting for "

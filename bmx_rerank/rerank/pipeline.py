@@ -23,7 +23,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Protocol
@@ -411,10 +411,16 @@ class Reranker:
         plan = window.plan
         assert plan.spec is not None
         frequencies = None
+        hits = response.get("hits", {}).get("hits", [])
+        columns = None
+        if window.lean and hits:  # its likely page fetched while it is scored
+            columns = HitColumns.of(hits)  # what every step reads of each hit, read once
+            lean.check_hits(window, columns)
+            window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
         if window.probe is not None:  # before anything else: even a fallback must not show the probes
-            frequencies = tf_probe.take_frequencies(response.get("hits", {}).get("hits", []), window.probe)
+            frequencies = tf_probe.take_frequencies(hits, window.probe)
         try:
-            body = await self._score(window, response, frequencies, who, headers)
+            body = await self._score(window, response, columns, frequencies, who, headers)
             self.metrics.reranks.labels("reranked").inc()
             return filter_path.apply(body, plan.filter_path), Marker(plan.spec.mode)
         except lean.Miss:
@@ -481,10 +487,12 @@ class Reranker:
         self,
         window: Window,
         response: Mapping[str, Any],
+        columns: HitColumns | None,
         frequencies: tf_probe.ProbeCounts | None,
         who: str,
         headers: Mapping[str, str],
     ) -> dict[str, Any]:
+        """The window scored and packed, its page filled (a lean one's `columns` read and checked)."""
         plan = window.plan
         spec = plan.spec
         assert spec is not None
@@ -497,9 +505,8 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
-        columns = HitColumns.of(hits)  # what every step reads of each hit, read once
-        if window.lean:
-            lean.check_hits(window, columns)
+        if columns is None:
+            columns = HitColumns.of(hits)
         try:
             tokens = await self._tokens(window, hits, headers)
         except AnalysisDeclined as declined:
@@ -595,7 +602,7 @@ class Reranker:
         else:
             body = pack(response, kept, folded, packed, marker)
         if window.lean:
-            page = lean.fill_page(
+            served = await lean.fill_page(
                 self.cluster,
                 window,
                 headers,
@@ -604,9 +611,9 @@ class Reranker:
                 keep_version=wants_version(plan),
                 cache=self.pages,
                 who=who,
+                meanwhile=remember,  # the entries kept while the cluster answers, or after
             )
-            # the page's fetch goes out first; the entries are kept while the cluster answers it
-            await (page if remember is None else asyncio.gather(page, _once_sent(remember)))
+            self.metrics.page_ahead.labels(served).inc()
         elif remember is not None:
             remember()
         return body
@@ -734,16 +741,6 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
-
-
-async def _once_sent(work: Callable[[], None]) -> None:
-    """`work`, once the call started just before it is on the wire, so that it runs while the cluster
-    answers: a turn of the event loop for that call's task to write its request (the proxy's own
-    client, `h1`, writes it whole there), one more for the task aiohttp writes a body in (started
-    lazily before Python 3.12), which the client wrappers' calls still go by."""
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    work()
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:

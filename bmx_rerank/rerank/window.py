@@ -9,13 +9,16 @@ import asyncio
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.stats.cache import StatsView
+
+if TYPE_CHECKING:
+    from bmx_rerank.rerank.lean import Ahead
 
 Pair = tuple[str, str]  # (field, text): one text analysed with one field's search analyzer
 Tokens = dict[Pair, list[str]]
@@ -49,6 +52,8 @@ class Window:
     probes_guessed: bool = False
     # holds the analysis back until the first stage is sent (`analyse`), where its tokens were guessed
     analysis_gate: asyncio.Event | None = None
+    # a lean window's likely page, fetched while it is scored (`lean.ahead`)
+    ahead: Ahead | None = None
 
     @property
     def lean(self) -> bool:
@@ -62,7 +67,8 @@ class Window:
     def close(self) -> None:
         """Cancel the calls still running; retrieve the failures of those that ended (so asyncio does
         not warn about them)."""
-        for task in (self.tokens, *self.stats.values()):
+        ahead = self.ahead.task if self.ahead is not None else None
+        for task in (self.tokens, *self.stats.values(), ahead):
             if task is None:
                 continue
             if not task.done():

@@ -11,6 +11,7 @@ shard by shard: rerank/shards.py)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import urllib.request
 import uuid
@@ -266,9 +267,11 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     monkeypatch.setattr(lean_module, "fetch", counting)
     body = _searches(texts[1])[0][1]
     first = _post(lean.url, f"/{index}/_search", body)
-    assert first["_bmx"]["fetch"] == "page" and pages == [10]
+    # the first stage's top two pages fetched ahead (kept), then what of the page they missed
+    assert first["_bmx"]["fetch"] == "page" and pages[0] == 20 and sum(pages[1:]) < 10, pages
+    fetched = list(pages)
     again = _post(lean.url, f"/{index}/_search", body)
-    assert _shown(again) == _shown(first) and pages == [10, 0], "the page from the cache"
+    assert _shown(again) == _shown(first) and pages == fetched, "the page from the cache: no fetch"
     # a repeated window: lean and unprobed, its frequencies from the cache (the window kept whole)
     assert (again["_bmx"]["fetch"], again["_bmx"]["tf"], again["_bmx"]["tf_probes"]) == (
         "page",
@@ -283,8 +286,51 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     )
     with urllib.request.urlopen(other, timeout=60) as resp:
         assert _shown(json.loads(resp.read())) == _shown(first)
-    assert pages == [10, 0, 10], "another caller's page is its own"
+    assert pages == [*fetched, *fetched], "another caller's page is its own"
     shaped = {**body, "fields": ["tag"]}
     for _ in range(2):
         assert _post(lean.url, f"/{index}/_search", shaped)["_bmx"]["fetch"] == "page"
-    assert pages == [10, 0, 10, 10, 10], "fields follow the mapping: not kept"
+    assert pages == fetched * 4, "fields follow the mapping: not kept"
+
+
+@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
+def test_a_lean_windows_likely_page_is_fetched_while_it_is_scored(pair, monkeypatch) -> None:
+    """The first stage's top two pages are fetched while the window is scored: a page among them needs
+    no fetch after it; with one page ahead (BMX moves some of BM25's top 10 out) what the guess missed
+    is fetched after; a page larger than half the window is not guessed. Every answer is the full first
+    stage's. Each search is a new caller's (none of its page documents kept)."""
+    from bmx_rerank.rerank import lean as lean_module
+
+    engine, index, lean, full, texts = pair
+    callers = iter(range(1000))
+
+    def search(body: dict[str, Any]) -> dict[str, Any]:
+        user = base64.b64encode(f"caller-{next(callers)}:pw".encode()).decode()
+        req = urllib.request.Request(
+            f"{lean.url}/{index}/_search",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Basic {user}"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            answer = json.loads(resp.read())
+        assert answer["_bmx"]["fetch"] == "page", answer["_bmx"]
+        assert _shown(answer) == _shown(_post(full.url, f"/{index}/_search", body))
+        return answer
+
+    def served(outcome: str) -> float:
+        return _metric(lean.url, f'bmx_page_ahead_total{{outcome="{outcome}"}}')
+
+    bmx = {"field": "body", "window_size": 60}
+    for ahead, outcome in ((2, "covered"), (1, "fetched_after")):
+        monkeypatch.setattr(lean_module, "AHEAD", ahead)
+        before = {o: served(o) for o in ("covered", "fetched_after", "none")}
+        for text in texts:
+            search({"query": {"match": {"body": text}}, "size": 10, "ext": {"bmx": bmx}})
+        counts = {o: served(o) - n for o, n in before.items()}
+        # (a window of fewer than 40 hits guesses nothing: its top two pages are more than half of it)
+        assert counts[outcome] > 0 and sum(counts.values()) == len(texts), counts
+    monkeypatch.undo()  # two pages ahead, as shipped
+    before = served("none")
+    search({"query": {"match": {"body": texts[0]}}, "size": 16, "ext": {"bmx": bmx}})  # 2 x 16 > 60 / 2
+    assert served("none") == before + 1, "a page of more than a quarter of the window is not guessed"
