@@ -417,6 +417,8 @@ class Reranker:
             columns = HitColumns.of(hits)  # what every step reads of each hit, read once
             lean.check_hits(window, columns)
             window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
+            if window.ahead is not None:
+                await asyncio.sleep(0)  # a turn for its task to write its request (then scored)
         if window.probe is not None:  # before anything else: even a fallback must not show the probes
             frequencies = tf_probe.take_frequencies(hits, window.probe)
         try:
