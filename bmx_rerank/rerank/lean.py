@@ -383,9 +383,9 @@ async def fill_page(
     documents as the caller asked to see them (from `cache`, else those fetched ahead, else one
     fetch), with the rerank's `_score` (and explanation); `Miss` when one of them is gone or changed.
 
-    `meanwhile` (work for later, kept off the answer's way) runs while the cluster answers, or, where
-    the page waits for nothing, once the answer is on its way. Says how the fetch ahead served the page
-    (`PREFETCH_OUTCOMES`)."""
+    `meanwhile` (the request's work that the page does not wait for) runs while the cluster answers
+    a fetch of the page's documents (ahead or after), else before the answer. Says how the fetch ahead
+    served the page (`PREFETCH_OUTCOMES`)."""
     hits = body.get("hits", {}).get("hits", [])
     keys = cache.keys(window, who, hits)
     docs = [cache.get(k) for k in keys] if keys is not None else [None] * len(hits)
@@ -413,8 +413,8 @@ async def fill_page(
             docs[i] = doc
             if doc is not None and keys is not None:
                 cache.put(keys[i], doc)
-    if meanwhile is not None:
-        asyncio.get_running_loop().call_soon(meanwhile)
+    if meanwhile is not None:  # nothing was waited for
+        meanwhile()
     page = []
     drop = {"_score", "sort", "matched_queries"}
     drop |= set() if keep_seq else {"_seq_no", "_primary_term"}

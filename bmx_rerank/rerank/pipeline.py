@@ -613,7 +613,7 @@ class Reranker:
                 keep_version=wants_version(plan),
                 cache=self.pages,
                 who=who,
-                meanwhile=remember,  # the entries kept while the cluster answers, or after
+                meanwhile=remember,  # the entries kept while the cluster answers
             )
             self.metrics.page_ahead.labels(served).inc()
         elif remember is not None:
