@@ -1,11 +1,12 @@
 """Two versions of the proxy side by side against one engine, interleaved query by query: p50 of a
-reranked search (window 100, one client; `passthrough`: the plain size-10 search, not reranked)
-through each, next to a plain search of the window (of 10 for `passthrough`), and
+reranked search (window 100, one client; `passthrough`: the plain size-10 search, not reranked;
+`fresh`: first sights of a proxy whose caches are on, each query asked once) through each, next to a
+plain search of the window (of 10 for `passthrough`), and
 each proxy's CPU per request, and how many answers the two versions gave differently (anything in
 the body but the cluster's `took`, or the `X-BMX-Rerank` header).
 What changed in the code, apart from what changed in the machine.
 
-    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|passthrough]
+    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1]
 
 Each checkout runs its own `python -m benchmarks.proxy_latency --serve-child` (statistics swept by that
@@ -30,7 +31,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkouts", nargs=2)
-    parser.add_argument("--mode", choices=("warm", "first", "passthrough"), default="warm")
+    parser.add_argument("--mode", choices=("warm", "first", "fresh", "passthrough"), default="warm")
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
@@ -46,7 +47,7 @@ def main() -> None:
                 Proxy(
                     args.upstream,
                     index,
-                    caches=args.mode == "warm",
+                    caches=args.mode in ("warm", "fresh"),
                     workers=1,
                     loop="uvloop",
                     checkout=Path(checkout).resolve(),
@@ -65,8 +66,11 @@ def main() -> None:
         differ = 0  # searches the two versions answered with other hits or other scores
         passthrough = args.mode == "passthrough"
         size = 10 if passthrough else args.window
-        for _ in range(2):
-            for q in queries:
+        half = len(queries) // 2
+        # each query twice, or (`fresh`) each once: its first sight
+        passes = [queries[:half], queries[half:]] if args.mode == "fresh" else [queries, queries]
+        for asked in passes:
+            for q in asked:
                 start = time.perf_counter()
                 engine.ok("POST", path, plain(q, size))
                 direct.append(time.perf_counter() - start)
