@@ -9,9 +9,11 @@ every index the window reaches has a length table keyed by version (`LengthIndex
 and the probes give each hit's term frequencies (or, for a window this caller had reranked lately, the
 term-vector cache, which keys such hits by index, table and version); then nothing else needs the
 `_id` (a hit new since the table was built is named by version for `_mtermvectors`: `identify`).
-Once ranked, the page's documents come back in one more search (`terms` on `_seq_no`) with the
-caller's `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same
-versions; a page showing `_source` alone is kept per caller and version (`PageCache`).
+The page's documents come back in one more search (`terms` on `_seq_no`) with the caller's
+`_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions:
+those of the likely page (the first stage's top two pages, `ahead`) asked for while the window is
+scored, any other after it; a page showing `_source` alone is kept per caller and version
+(`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
 back) raises `Miss`: the pipeline reranks again with the full first stage, as before, so an answer
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from itertools import compress
 from typing import Any
 from urllib.parse import urlencode
 
@@ -104,9 +107,6 @@ PAGE_PARAMS = (
 # within its top 10 for 29 %: benchmarks/RESULTS.md). A page hit outside them is fetched after, as
 # before; a guess costs the cluster a fetch of AHEAD times the page's documents.
 AHEAD = 2
-# How a fetch ahead served a page: none made; made, the page all in the cache already; the page all in
-# the cache or fetched ahead; some of it fetched after
-PREFETCH_OUTCOMES = ("none", "unused", "covered", "fetched_after")
 
 
 # Seconds a window waits for its statistics to say whether it can be lean (they are in memory once a
@@ -359,9 +359,8 @@ def ahead(
     likely = list(hits[:top])
     keys = cache.keys(window, who, likely)
     if keys is not None:
-        held = [cache.holds(k) for k in keys]
-        likely = [h for h, h_held in zip(likely, held, strict=True) if not h_held]
-        keys = [k for k, k_held in zip(keys, held, strict=True) if not k_held]
+        missing = [not cache.holds(k) for k in keys]
+        likely, keys = list(compress(likely, missing)), list(compress(keys, missing))
     if not likely:
         return None
     return Ahead(likely, keys, asyncio.ensure_future(fetch(cluster, window, headers, likely, page=True)))
@@ -385,7 +384,8 @@ async def fill_page(
 
     `meanwhile` (the request's work that the page does not wait for) runs while the cluster answers
     a fetch of the page's documents (ahead or after), else before the answer. Says how the fetch ahead
-    served the page (`PREFETCH_OUTCOMES`)."""
+    served the page: "none" made; "unused" (the page all in the cache); "covered"; "fetched_after"
+    (part of the page outside it)."""
     hits = body.get("hits", {}).get("hits", [])
     keys = cache.keys(window, who, hits)
     docs = [cache.get(k) for k in keys] if keys is not None else [None] * len(hits)
