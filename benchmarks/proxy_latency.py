@@ -547,6 +547,16 @@ def client_relay_child(upstream: str, port: int, loop: str) -> None:
 RELAYS = {"bare relay": "aiohttp", "client relay": "client", "protocol relay": "protocol"}  # row: kind
 
 
+def ahead_served(proxy: Http) -> tuple[float, float]:
+    """How many of a first-sight proxy's pages its fetches ahead held whole, and how many not (its
+    `bmx_page_ahead_total`; 0, 0 in versions without it)."""
+    found = re.findall(
+        r'^bmx_page_ahead_total\{outcome="(\w+)"\} (\S+)$', proxy.ok_text("GET", "/_bmx/metrics"), re.M
+    )
+    counts = {outcome: float(n) for outcome, n in found}
+    return counts.get("covered", 0.0), counts.get("fetched_after", 0.0)
+
+
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of a process and all its descendants (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -749,7 +759,11 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
                 conn.ok("POST", f"/{index}/_search", rerank(q, 100) if conn is not engine else plain(q, 100))
         measured = queries[WARMUP:]
         start = time.perf_counter()
+        served = ahead_served(first)
         times = sequential(engine, warm, first, relays, index, measured, windows)
+        held, missed = (b - a for a, b in zip(served, ahead_served(first), strict=True))
+        if held + missed:  # how often the first stage's top two pages held the reranked page
+            print(f"{name}: the fetch ahead held {held:.0f} of {held + missed:.0f} first sights' pages whole")
         for (kind, window), samples in times.items():
             s = summary(samples)
             rows.append(

@@ -12,13 +12,16 @@ from tests.support.benchmark_runs import ROOT, run_benchmark
 from tests.support.data import scifact_records
 
 
-def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path) -> None:
+def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path, capsys) -> None:
     args = argparse.Namespace(
-        windows="10", clients="1,2", duration=0.5, workers="1", loop="asyncio", shards=1
+        windows="10,40", clients="1,2", duration=0.5, workers="1", loop="asyncio", shards=1
     )
     docs = scifact_records("corpus.jsonl", 400)
     queries = [q["text"] for q in scifact_records("queries.jsonl", bench.WARMUP + 3)]
     rows = bench.run_engine("es", elasticsearch_url, docs, queries, args)
+    # the first sights' pages fetched ahead: those of 40 (a window of 10 is its top two pages)
+    out = capsys.readouterr().out
+    assert re.search(r"^es: the fetch ahead held \d of 3 first sights' pages whole$", out, re.M), out
     kinds = {(r["request"], r["clients"]) for r in rows}
     ways = (
         "plain size-10",
@@ -47,7 +50,7 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
         r"([+-][\d.]+ / ){2}[+-][\d.]+ ms",
         measures["one client: p50 - direct p50, bare / client / protocol relay"],
     )
-    bench.plot(rows, ["es"], [10], str(tmp_path / "latency.png"))
+    bench.plot(rows, ["es"], [10, 40], str(tmp_path / "latency.png"))
     assert (tmp_path / "latency.png").stat().st_size > 1000
 
 
