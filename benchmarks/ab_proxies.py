@@ -7,7 +7,10 @@ the body but the cluster's `took`, or the `X-BMX-Rerank` header).
 What changed in the code, apart from what changed in the machine.
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
-        [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1]
+        [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
+
+`--pin`: the engine on core 0, the proxies and this client on the others (a sidecar with cores of its
+own), instead of every process on every core.
 
 Each checkout runs its own `python -m benchmarks.proxy_latency --serve-child` (statistics swept by that
 version; `first`: every cache off) with its own code and the interpreter at CHECKOUT/.venv."""
@@ -15,6 +18,7 @@ version; `first`: every cache off) with its own code and the interpreter at CHEC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -22,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.proxy_latency import Http, Proxy, index_corpus, plain, rerank
+from benchmarks.proxy_latency import Http, Proxy, index_corpus, pinned, plain, rerank
 from tests.support.data import scifact_records
 
 
@@ -36,7 +40,13 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
+    parser.add_argument("--pin", action="store_true", help="the engine on core 0, the rest on the others")
     args = parser.parse_args()
+    with pinned(args.upstream) if args.pin else contextlib.nullcontext():
+        compare(args)
+
+
+def compare(args: argparse.Namespace) -> None:
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
     index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
@@ -85,8 +95,8 @@ def main() -> None:
         after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
-            f"{args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each; "
-            f"plain size-{size}: {base:.2f} ms"
+            f"{args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each"
+            f"{', the engine on core 0' if args.pin else ''}; plain size-{size}: {base:.2f} ms"
         )
         for k, checkout in enumerate(args.checkouts):
             p50 = statistics.median(through[k]) * 1000

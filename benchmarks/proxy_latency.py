@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -571,6 +572,31 @@ def process_cpu(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return total
+
+
+@contextlib.contextmanager
+def pinned(url: str) -> Iterator[None]:
+    """The engine's local nodes (every thread; those made later inherit it) on core 0, this process and
+    the children it starts meanwhile on the other cores (a sidecar with cores of its own, as on a host
+    of its own); every core for all of them again after."""
+    every = set(range(os.cpu_count() or 1))
+    if len(every) < 2:
+        raise SystemExit("pinning needs 2 cores")
+    nodes = [int(n["process"]["id"]) for n in Http(url).ok("GET", "/_nodes/process")["nodes"].values()]
+
+    def engine_on(cores: set[int]) -> None:
+        for pid in nodes:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(task), cores)
+
+    engine_on({0})
+    os.sched_setaffinity(0, every - {0})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, every)
+        engine_on(every)
 
 
 def engine_cpu(url: str) -> float:
