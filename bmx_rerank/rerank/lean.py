@@ -431,13 +431,18 @@ async def fill_page(
     return outcome
 
 
-async def _once_sent(work: Callable[[], None]) -> None:
-    """`work`, once the call started just before it is on the wire, so that it runs while the cluster
+async def on_the_wire() -> None:
+    """Until a call started just before is on the wire, so that what follows runs while the cluster
     answers: a turn of the event loop for that call's task to write its request (the proxy's own
     client, `h1`, writes it whole there), one more for the task aiohttp writes a body in (started
     lazily before Python 3.12), which the client wrappers' calls still go by."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
+
+
+async def _once_sent(work: Callable[[], None]) -> None:
+    """`work`, once the call started just before it is on the wire (`on_the_wire`)."""
+    await on_the_wire()
     work()
 
 

@@ -418,7 +418,7 @@ class Reranker:
             lean.check_hits(window, columns)
             window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
             if window.ahead is not None:
-                await asyncio.sleep(0)  # a turn for its task to write its request (then scored)
+                await lean.on_the_wire()  # its request written, then the window scored
         if window.probe is not None:  # before anything else: even a fallback must not show the probes
             frequencies = tf_probe.take_frequencies(hits, window.probe)
         try:
