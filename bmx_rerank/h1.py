@@ -53,6 +53,8 @@ class H1Session:
         self.tls = tls
         self._slots = asyncio.Semaphore(limit)
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        # the loop it runs on, asked once: before Python 3.12 each `get_running_loop()` is a getpid()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def closed(self) -> bool:
@@ -69,7 +71,9 @@ class H1Session:
         """The answer's head, its body to read (`H1Response`); by the wrapped session where the module
         doc says."""
         data = kwargs.get("data")
-        headers = CIMultiDict(kwargs.get("headers") or {})
+        headers = kwargs.get("headers")
+        if not isinstance(headers, CIMultiDict):  # read here, never changed: the caller's own is kept
+            headers = CIMultiDict(headers or {})
         if (
             (data is not None and not isinstance(data, (bytes, bytearray, str)))
             or method == "HEAD"
@@ -81,7 +85,9 @@ class H1Session:
         timeout = kwargs.get("timeout")
         if not isinstance(timeout, aiohttp.ClientTimeout):
             timeout = self.fallback.timeout
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         deadline = None if timeout.total is None else loop.time() + timeout.total
         await self._slots.acquire()
         conn = None
@@ -306,7 +312,8 @@ class H1Response:
         return int(value) if value is not None and value.isdigit() else None
 
     async def iter_any(self) -> AsyncIterator[bytes]:
-        conn, loop = self._conn, asyncio.get_running_loop()
+        conn = self._conn
+        loop = conn.loop
         try:
             while True:
                 if conn.chunks:

@@ -132,12 +132,16 @@ class NodePool:
     def answered(self, node: str) -> None:
         self._down_until.pop(node, None)
 
-    def locate(self, url: str | URL) -> tuple[str, URL]:
-        """(prefix, rest) of a URL built on `base`: the rest as it is encoded."""
+    def within(self, url: str | URL) -> str:
+        """A URL built on `base`, as text; a request outside the upstream cluster is refused."""
         text = str(url)
         if not text.startswith(self.base):
             raise ValueError("a request outside the upstream cluster")
-        return self.base, URL(text[len(self.base) :] or "/", encoded=True)
+        return text
+
+    def locate(self, url: str | URL) -> tuple[str, URL]:
+        """(prefix, rest) of a URL built on `base`: the rest as it is encoded."""
+        return self.base, URL(self.within(url)[len(self.base) :] or "/", encoded=True)
 
 
 def may_resend(method: str, url: URL, data: Any) -> bool:
@@ -185,7 +189,7 @@ class FailoverSession:
 
     async def _send(self, method: str, url: str | URL, kwargs: dict[str, Any]) -> aiohttp.ClientResponse:
         if len(self.pool.nodes) == 1:  # nowhere to fail over to: the call as it is, on the one node
-            self.pool.locate(url)  # a request outside the upstream cluster is refused here too
+            self.pool.within(url)  # a request outside the upstream cluster is refused here too
             target = url if isinstance(url, URL) else URL(url, encoded=True)
             return await self.session.request(method, target, **kwargs)
         _, rest = self.pool.locate(url)

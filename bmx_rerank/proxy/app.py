@@ -18,12 +18,13 @@ from bmx_rerank.applied import AppliedConfigs
 from bmx_rerank.errors import SearchError, bad_request, timed_out, unreachable
 from bmx_rerank.h1 import H1Session
 from bmx_rerank.identity import basic_auth, forwardable_headers
+from bmx_rerank.logs import ACCESS
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.nodes import FailoverSession, NodePool, client_ssl, parse_nodes
 from bmx_rerank.proxy.admission import Admission
 from bmx_rerank.proxy.bodies import ContentTooLong, TooDeep, TooLarge, refuse, stream_body
 from bmx_rerank.proxy.config import ProxyConfig, ProxyState
-from bmx_rerank.proxy.framing import METHODS, client_headers, error_response
+from bmx_rerank.proxy.framing import METHODS, end_to_end, error_response
 from bmx_rerank.proxy.http import Request, Response, json_response
 from bmx_rerank.proxy.memory import CircuitBreaking, InFlight
 from bmx_rerank.proxy.msearch import msearch
@@ -239,18 +240,15 @@ async def _dispatch(request: Request) -> Response:
         if account is not None:
             account.release()
         marker = request.marker
-        metrics.requests.labels(marker.kind if marker else kind).inc()
-        log.info(
-            "request",
-            extra={
-                "fields": {
-                    "method": request.method,
-                    "path": request.path,
-                    "status": status,
-                    "kind": str(marker) if marker else kind,
-                    "ms": round((time.perf_counter() - start) * 1000, 2),
-                }
-            },
+        metrics.served(marker.kind if marker else kind)
+        ACCESS.write(
+            {
+                "method": request.method,
+                "path": request.path,
+                "status": status,
+                "kind": str(marker) if marker else kind,
+                "ms": round((time.perf_counter() - start) * 1000, 2),
+            }
         )
 
 
@@ -270,7 +268,7 @@ async def _ready(request: Request) -> Response:
     store. 503 in Elasticsearch's error shape otherwise, saying which check failed."""
     state = request.state
     reranker = state.rerank
-    headers = forwardable_headers(client_headers(request))
+    headers = forwardable_headers(end_to_end(request))
     limit = min(state.config.timeout, READY_TIMEOUT)
     checks: dict[str, str] = {}
     try:

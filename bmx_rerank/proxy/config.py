@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import aiohttp
 
 from bmx_rerank import defaults
 from bmx_rerank.applied import DEFAULT_TTL
@@ -90,6 +93,13 @@ class ProxyState:
     memory: InFlight
     session: FailoverSession | None = None  # client traffic, byte-exact (no decompression)
     reranker: Reranker | None = None
+
+    @functools.cached_property
+    def relay_timeout(self) -> aiohttp.ClientTimeout:
+        """A call relayed as it comes: bounded in connecting and between reads, not in total."""
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=self.config.connect_timeout, sock_read=self.config.timeout
+        )
 
     @property
     def upstream(self) -> FailoverSession:

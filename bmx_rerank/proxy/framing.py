@@ -46,12 +46,18 @@ def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) 
     return out
 
 
-def client_headers(request: Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
-    """What goes upstream on the client's behalf: its end-to-end headers, credentials included (a copy
-    of its own for the caller; they are sorted out once a request)."""
+def end_to_end(request: Request) -> CIMultiDict[str]:
+    """The request's end-to-end headers, credentials included, sorted out once a request: shared, read
+    them (`client_headers` gives a copy to change)."""
     if request.end_to_end is None:
         request.end_to_end = end_to_end_headers(request.headers)
-    out = CIMultiDict(request.end_to_end)
+    return request.end_to_end
+
+
+def client_headers(request: Request, *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
+    """What goes upstream on the client's behalf: its end-to-end headers, credentials included (a copy
+    of its own for the caller)."""
+    out = CIMultiDict(end_to_end(request))
     for name in drop:
         out.popall(name, None)
     return out

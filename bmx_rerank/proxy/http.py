@@ -13,7 +13,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from multidict import CIMultiDict, CIMultiDictProxy, MultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from yarl import URL
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # 2 x 64 KiB; a search body usually arrives whole in one read and is taken at once).
 HIGH_WATER = 1 << 18
 LOW_WATER = HIGH_WATER // 4
+NO_QUERY: MultiDictProxy[str] = MultiDictProxy(MultiDict())
 
 
 class Chunks(Protocol):
@@ -208,6 +209,8 @@ class Request:
 
     @property
     def query(self) -> MultiDictProxy[str]:
+        if "?" not in self.target:  # most searches: no URL to make
+            return NO_QUERY
         return self.url.query
 
     @property

@@ -25,7 +25,7 @@ from bmx_rerank.proxy.bodies import (
 )
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
-    client_headers,
+    end_to_end,
     json_answer,
     raw_response,
     unreadable_format,
@@ -79,7 +79,7 @@ async def msearch(request: Request, index: str | None) -> Response:
     ]
     if len(lines) % 2 or not all(isinstance(x, dict) for x in lines):
         return await forward(request, raw or None)
-    headers = forwardable_headers(client_headers(request))
+    headers = forwardable_headers(end_to_end(request))
     # Per item: None when it goes up as sent, else its plan (a rerank, or ext.bmx removed and why).
     plans: list[tuple[str | None, Plan | None]] = []
     skip = unreadable_format(request)

@@ -55,11 +55,9 @@ async def forward(
             skip_auto_headers=SKIP_AUTO,
             allow_redirects=False,
             compress=None,
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=state.config.connect_timeout, sock_read=state.config.timeout
-            ),
+            timeout=state.relay_timeout,
         )
-    state.metrics.upstream_seconds.labels("passthrough").observe(time.perf_counter() - start)
+    state.metrics.upstream("passthrough", time.perf_counter() - start)
     closing = not request.keep_alive or request.client.closing  # the relay says so, as the server would
     if request.version == (1, 1) and isinstance(upstream, H1Response) and upstream.pipeable(closing):
         # as the cluster sent it, each read written on at once (no answer rebuilt, no task between)
@@ -140,7 +138,7 @@ async def call(
                 headers = CIMultiDict(resp.headers)
                 status = resp.status
     finally:
-        state.metrics.upstream_seconds.labels(name).observe(time.perf_counter() - start)
+        state.metrics.upstream(name, time.perf_counter() - start)
     if headers.get("Content-Encoding", "identity").lower() == "gzip":
         try:
             charge(request, 4 * len(payload))  # at least what it inflates to, before it does

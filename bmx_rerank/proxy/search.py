@@ -23,7 +23,7 @@ from bmx_rerank.proxy.bodies import (
 )
 from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
-    client_headers,
+    end_to_end,
     json_answer,
     json_headers,
     raw_response,
@@ -50,7 +50,7 @@ async def search(request: Request, index: str | None) -> Response:
         if asks_bmx(body):
             raise TooDeep()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
-    headers = forwardable_headers(client_headers(request))
+    headers = forwardable_headers(end_to_end(request))
     params = dict(request.query)
     plan = await state.admission.plan(index, body, params, headers, skip=unreadable_format(request))
     if plan.spec is None:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bmx_rerank.logs import json_log_handler
+from bmx_rerank.logs import ACCESS, json_log_handler, serve_logs
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.cache import StatsCache
 from tests.support.serving import serve_app
@@ -89,6 +89,42 @@ def test_json_logs_keep_stack_traces_and_flatten_fields():
     assert entry["level"] == "error" and entry["msg"] == "proxy error" and entry["status"] == 500
     assert "Traceback" in entry["exc_info"] and "ValueError: boom" in entry["exc_info"]
     assert entry["ts"].endswith("Z") and entry["logger"] == "bmx_rerank.test_json_logs"
+
+
+def test_the_line_a_request_has_every_lines_keys_and_follows_the_level():
+    """Where `serve` set logging up, the line a request is written straight to its stream, shaped as
+    every other line; at WARNING it is not written at all."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        for chosen, expected in (("INFO", 1), ("WARNING", 0)):
+            stream = io.StringIO()
+            serve_logs(chosen, stream)
+            logging.getLogger("bmx_rerank.proxy").warning("other", extra={"fields": {"n": 1}})
+            ACCESS.write({"method": "POST", "path": "/i/_search", "status": 200, "kind": "passthrough"})
+            lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+            assert len(lines) == 1 + expected
+            other, *access = lines
+            assert other["msg"] == "other" and other["n"] == 1
+            for entry in access:
+                assert entry == {
+                    "ts": entry["ts"],
+                    "level": "info",
+                    "logger": "bmx_rerank.proxy",
+                    "msg": "request",
+                    "method": "POST",
+                    "path": "/i/_search",
+                    "status": 200,
+                    "kind": "passthrough",
+                }
+                assert (
+                    entry["ts"][:4] == other["ts"][:4]
+                    and entry["ts"].endswith("Z")
+                    and len(entry["ts"]) == 20
+                )
+    finally:
+        ACCESS.stream = None
+        logging.basicConfig(handlers=handlers, level=level, force=True)
 
 
 async def test_logs_never_carry_credentials_or_headers():
