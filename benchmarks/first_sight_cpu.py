@@ -113,10 +113,9 @@ def front_end(rec: Recording, send: Any) -> tuple[Any, Any]:
         data = _decode(payload) if status < 300 else None
         return Answer(status, data if isinstance(data, dict) else None, payload)
 
-    async def msearch(body: bytes, params: Mapping[str, str]) -> Answer:
+    async def msearch(body: bytes, params: Mapping[str, str]) -> Answer:  # decoded by the rerank
         status, payload = await send(_key("POST", _search_path(rec.index, params, "_msearch"), body))
-        data = _decode(payload) if status < 300 else None
-        return Answer(status, data if isinstance(data, dict) else None, payload)
+        return Answer(status, None, payload, payload)
 
     return first_stage, msearch
 

@@ -30,6 +30,7 @@ from bmx_rerank.proxy.framing import (
     unreadable_format,
 )
 from bmx_rerank.proxy.http import Request, Response
+from bmx_rerank.proxy.memory import charge
 from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.rerank.pipeline import Answer, skipped
 from bmx_rerank.rerank.plan import Plan, asks_bmx
@@ -100,8 +101,9 @@ async def rerank(
 
     async def msearch(body: bytes, params: Mapping[str, str]) -> Answer:  # a lean window's shards
         status, answer_headers, payload = await call(request, params, body, "msearch", msearch=True)
-        data = await parse(payload, request) if status < 300 else Unparsable
-        return Answer(status, data if isinstance(data, dict) else None, (answer_headers, payload))
+        if status < 300:  # charged as `parse` charges it: the rerank decodes it (`shards.decode`)
+            charge(request, len(payload))
+        return Answer(status, None, (answer_headers, payload), payload)
 
     with state.admission.slot(), within(deadline):
         outcome = await state.rerank.rerank(index, plan, headers, first_stage, msearch)

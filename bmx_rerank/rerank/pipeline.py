@@ -68,6 +68,7 @@ else:  # the same, before asyncio had it (aiohttp's own dependency there)
 
 ON_ERROR = ("fallback", "fail")
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
+THREAD_BYTES = 1 << 20  # an answer this large is decoded in a worker thread, as the proxy parses one
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class Answer:
     status: int
     data: dict[str, Any] | None
     raw: Any = None
+    # the answer's bytes, left for the rerank to decode (a lean window's `_msearch`: `shards.decode`)
+    payload: bytes | None = None
 
 
 class FirstStage(Protocol):
@@ -89,7 +92,8 @@ class FirstStage(Protocol):
 
 class MultiSearch(Protocol):
     """Sends one `_msearch` (its NDJSON body, query parameters) the way the front end sends searches: a
-    lean window's search of each of its shards in one request."""
+    lean window's search of each of its shards in one request. Its answer is left undecoded
+    (`Answer.payload`): the rerank decodes only what the merge reads (`shards.decode`)."""
 
     def __call__(self, body: bytes, params: Mapping[str, str]) -> Awaitable[Answer]: ...
 
@@ -276,7 +280,10 @@ class Reranker:
         if body is None or (on_url and not await self._msearch_takes_probes(window, headers)):
             return None
         answer = await msearch(body, on_url)
-        found = shards.items(answer.data, window.shards) if answer.status < 300 else None
+        found = None
+        if answer.status < 300 and answer.payload is not None:
+            decode = partial(shards.decode, answer.payload, window.shards)
+            found = await asyncio.to_thread(decode) if len(answer.payload) > THREAD_BYTES else decode()
         if found is None:
             raise lean.Miss
         return found, answer.status, answer.raw

@@ -8,7 +8,7 @@ from typing import Any
 
 from bmx_rerank.rerank.hits import SHARD
 from bmx_rerank.rerank.plan import Plan
-from bmx_rerank.rerank.shards import FORMS, items, merge, msearch_body, preference
+from bmx_rerank.rerank.shards import FORMS, decode, items, merge, msearch_body, preference
 from bmx_rerank.rerank.tf_probe import PARAM
 from bmx_rerank.rerank.window import Window
 
@@ -116,3 +116,19 @@ def test_a_windows_shards_go_in_one_msearch_where_its_parameters_fit_there() -> 
     failed = [*ok[:2], {"error": {"type": "x"}, "status": 500}]
     assert items({"responses": failed}, 3) is None
     assert items({"responses": ok[:2]}, 3) is None and items(None, 3) is None
+
+
+def test_decoded_items_merge_as_the_whole_answer_does() -> None:
+    """`decode` keeps each hit a `Hit` until the window is made: the merge is the same as of the
+    answer decoded whole, and an answer a `Hit` does not describe is decoded whole."""
+    answers = [_answer([3.0, 2.0, 2.0], {"value": 3, "relation": "eq"}), _answer([2.5, 2], took=9)]
+    answers[1]["hits"]["hits"][0]["matched_queries"] = {"q": 1.0}
+    payload = json.dumps({"took": 9, "responses": [{**a, "status": 200} for a in answers]}).encode()
+    whole = merge(items(json.loads(payload), 2) or [], {"size": 4})
+    assert merge(decode(payload, 2) or [], {"size": 4}) == whole is not None
+    own = json.loads(payload)
+    own["responses"][0]["hits"]["hits"][0]["_id"] = "x"  # a field of its own: decoded whole
+    assert decode(json.dumps(own).encode(), 2) == items(own, 2)
+    own["responses"][1] = {"error": {"type": "x"}, "status": 500}
+    assert decode(json.dumps(own).encode(), 2) is None
+    assert decode(payload, 3) is None and decode(b"not json", 2) is None
