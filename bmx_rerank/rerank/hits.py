@@ -1,6 +1,6 @@
-"""A window's hits as columns: what a rerank reads of every hit (its index, version, shard), taken from
-the decoded answer once, each field in one C-level pass (`dict.get` mapped over the hits), instead of
-a Python call per hit at every step that reads it: a window is 100 to 10,000 hits."""
+"""A window's hits as columns: what a rerank reads of every hit (its index, version, shard, score),
+taken from the decoded answer once, each field in one C-level pass (`dict.get` mapped over the hits),
+instead of a Python call per hit at every step that reads it: a window is 100 to 10,000 hits."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class HitColumns:
     shard: list[Any]  # each hit's shard (`SHARD`), None in a window searched whole
     # every hit carries an integer `_seq_no` and `_primary_term` (not a bool: no number here)
     versioned: bool
+    first: np.ndarray  # the cluster's `_score` of each hit (`scores`)
 
     @classmethod
     def of(cls, hits: Sequence[dict[str, Any]]) -> HitColumns:
@@ -36,7 +37,7 @@ class HitColumns:
         )
         # counting the types is cheaper than a set of them
         versioned = all(list(map(type, c)).count(int) == len(c) for c in (seq_no, primary_term))
-        return cls(hits, index, seq_no, primary_term, shard, versioned)
+        return cls(hits, index, seq_no, primary_term, shard, versioned, scores(hits))
 
     def __len__(self) -> int:
         return len(self.hits)

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from bmx_rerank.rerank.hits import scores
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.query import Text
 from bmx_rerank.rerank.rescore import Folded, Scored
@@ -79,16 +78,17 @@ def combine(
 def pack(
     response: Mapping[str, Any],
     hits: Sequence[dict[str, Any]],
+    first: np.ndarray,
     tree: Folded,
     plan: Plan,
     marker: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The reranked answer: hits from..from+size of the rescored window (`hits`: the window's hits
-    still alive, in the cluster's order, one per row of `tree`)."""
+    still alive, in the cluster's order, one per row of `tree`; `first`: their `_score`s,
+    `HitColumns.first`)."""
     spec = plan.spec
     assert spec is not None
     how = getattr(spec, "combine", None) or "replace"
-    first = scores(hits)
     final, keys = combine(
         first,
         tree.scores,

@@ -82,6 +82,7 @@ class Answer:
     raw: Any = None
     # the answer's bytes, left for the rerank to decode (a lean window's `_msearch`: `shards.decode`)
     payload: bytes | None = None
+    columns: HitColumns | None = None  # its hits' columns, where read already (`shards.merge`)
 
 
 class FirstStage(Protocol):
@@ -221,7 +222,7 @@ class Reranker:
                     if answer.status >= 300 or answer.data is None:
                         return Outcome(answer)
                     try:
-                        body, marker = await self.finish(window, answer.data, who, headers)
+                        body, marker = await self.finish(window, answer.data, who, headers, answer.columns)
                     except lean.Miss:
                         self.metrics.first_stage.labels("lean_missed").inc()
                         continue
@@ -266,7 +267,7 @@ class Reranker:
         merged = shards.merge(found, window.body)
         if merged is None:
             raise lean.Miss
-        return Answer(status, merged, raw)
+        return Answer(status, merged[0], raw, columns=merged[1])
 
     async def _msearch(
         self, window: Window, msearch: MultiSearch, headers: Mapping[str, str]
@@ -412,16 +413,22 @@ class Reranker:
         return window
 
     async def finish(
-        self, window: Window, response: Mapping[str, Any], who: str, headers: Mapping[str, str]
+        self,
+        window: Window,
+        response: Mapping[str, Any],
+        who: str,
+        headers: Mapping[str, str],
+        columns: HitColumns | None = None,
     ) -> tuple[dict[str, Any], Marker]:
-        """The first stage's answer reranked; on failure declined, fallen back or raised, as configured."""
+        """The first stage's answer reranked (its hits' `columns`, where read already); on failure
+        declined, fallen back or raised, as configured."""
         plan = window.plan
         assert plan.spec is not None
         frequencies = None
         hits = response.get("hits", {}).get("hits", [])
-        columns = None
         if window.lean and hits:  # its likely page fetched while it is scored
-            columns = HitColumns.of(hits)  # what every step reads of each hit, read once
+            if columns is None:  # what every step reads of each hit, read once
+                columns = HitColumns.of(hits)
             lean.check_hits(window, columns)
             window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
             if window.ahead is not None:
@@ -604,12 +611,14 @@ class Reranker:
             scores = KeptScores.of(how, corpora, folded, whole=explain)
             window_kept = seen.scored(scores) if seen is not None else SeenWindow.of(digest, features, scores)
             self.frequencies.keep_window(kept_as, window_kept, again=again)
-        kept = hits if len(alive) == len(hits) else [hits[i] for i in alive]
+        kept, first = hits, columns.first
+        if len(alive) < len(hits):
+            kept, first = [hits[i] for i in alive], first[alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
-            body = await asyncio.to_thread(pack, response, kept, folded, packed, marker)
+            body = await asyncio.to_thread(pack, response, kept, first, folded, packed, marker)
         else:
-            body = pack(response, kept, folded, packed, marker)
+            body = pack(response, kept, first, folded, packed, marker)
         if window.lean:
             served = await lean.fill_page(
                 self.cluster,

@@ -11,6 +11,7 @@ import pytest
 from bmx_rerank import scoring
 from bmx_rerank.identity import caller
 from bmx_rerank.rerank.frequencies import doc_refs
+from bmx_rerank.rerank.hits import scores
 from bmx_rerank.rerank.pack import combine, fallback, minmax, pack, ranking
 from bmx_rerank.rerank.plan import plan_search
 from bmx_rerank.rerank.query import Combine, Text
@@ -80,6 +81,12 @@ def test_rescore_equals_the_scoring_core():
     np.testing.assert_allclose(scored.parts.sum(axis=1), scored.scores)
 
 
+def _pack(response: dict, tree: Folded, plan, marker: dict) -> dict:
+    """`pack` of the window's hits as the pipeline packs them, with their `_score`s."""
+    hits = hits_of(response)
+    return pack(response, hits, scores(hits), tree, plan, marker)
+
+
 def test_pack_orders_slices_and_keeps_the_rest():
     ids = list(DOCS)
     plan = plan_search(
@@ -87,7 +94,7 @@ def test_pack_orders_slices_and_keeps_the_rest():
     )
     scored = fold(ids, "t0 t3")
     response = window(ids)
-    out = pack(response, hits_of(response), scored, plan, {"reranked": True})
+    out = _pack(response, scored, plan, {"reranked": True})
     expected = [ids[i] for i in np.argsort(-scored.scores, kind="stable")]
     assert [h["_id"] for h in out["hits"]["hits"]] == expected[1:3]
     assert out["hits"]["max_score"] == pytest.approx(scored.scores.max())
@@ -108,7 +115,7 @@ def test_min_score_and_explain():
     plan = plan_search({"size": 5, "ext": {"bmx": ext}}, {})
     scored = fold(ids, "t0 t3")
     response = window(ids)
-    out = pack(response, hits_of(response), scored, plan, {})
+    out = _pack(response, scored, plan, {})
     kept = [h["_id"] for h in out["hits"]["hits"]]
     assert kept == [ids[i] for i in ranking(scored.scores, 0.5)]
     assert "d" not in kept, "d has neither token: score 0 < min_score"
@@ -122,14 +129,14 @@ def test_min_score_and_explain():
 def test_min_score_above_everything_gives_no_hits_and_null_max_score():
     plan = plan_search({"ext": {"bmx": {"field": "f", "query": "t0", "min_score": 1e9}}}, {})
     response = window(["a"])
-    out = pack(response, hits_of(response), fold(["a"], "t0"), plan, {})
+    out = _pack(response, fold(["a"], "t0"), plan, {})
     assert out["hits"]["hits"] == [] and out["hits"]["max_score"] is None
 
 
 def test_seq_no_kept_when_asked():
     plan = plan_search({"seq_no_primary_term": True, "ext": {"bmx": {"field": "f", "query": "t0"}}}, {})
     response = window(["a"])
-    assert pack(response, hits_of(response), fold(["a"], "t0"), plan, {})["hits"]["hits"][0]["_seq_no"] == 0
+    assert _pack(response, fold(["a"], "t0"), plan, {})["hits"]["hits"][0]["_seq_no"] == 0
 
 
 def test_fallback_pages_in_upstream_order():
@@ -238,7 +245,7 @@ def test_pack_linear_and_rrf_over_the_window():
     for how in ("linear", "rrf"):
         ext = {"field": "f", "query": "t0 t3", "window_size": 5, "combine": how, "explain": True}
         plan = plan_search({"size": 5, "ext": {"bmx": ext}}, {})
-        out = pack(response, hits_of(response), folded, plan, {})
+        out = _pack(response, folded, plan, {})
         want, _ = combine(np.arange(10.0, 5.0, -1), folded.scores, folded.matched, how, 0.5, 60)
         got = {h["_id"]: h["_score"] for h in out["hits"]["hits"]}
         assert got == pytest.approx(dict(zip(ids, want, strict=True)))

@@ -26,9 +26,15 @@ def _answer(scores: list[float], total: Any = None, **top: Any) -> dict[str, Any
     return {"took": 3, "timed_out": False, "_shards": shards, "hits": hits, **top}
 
 
+def _merged(answers: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any] | None:
+    """The merged answer, without its columns."""
+    merged = merge(answers, body)
+    return None if merged is None else merged[0]
+
+
 def test_hits_merge_by_score_then_shard_keeping_each_shards_order() -> None:
     answers = [_answer([3.0, 2.0, 2.0]), _answer([2.5, 2.0]), _answer([2.0, 1.0])]
-    merged = merge(answers, {"size": 5})
+    merged = _merged(answers, {"size": 5})
     assert merged is not None
     got = [(h[SHARD], h["_seq_no"], h["_score"]) for h in merged["hits"]["hits"]]
     # equal scores: the lower shard first, and within a shard the order it answered in
@@ -37,14 +43,14 @@ def test_hits_merge_by_score_then_shard_keeping_each_shards_order() -> None:
     assert sum(SHARD in h for a in answers for h in a["hits"]["hits"]) == 5
     assert merged["hits"]["max_score"] == 3.0
     # a shard with no hit, and one whose hits all rank below the window's end
-    merged = merge([_answer([]), _answer([1.0, 0.5]), _answer([]), _answer([2.0])], {"size": 2})
+    merged = _merged([_answer([]), _answer([1.0, 0.5]), _answer([]), _answer([2.0])], {"size": 2})
     assert merged is not None
     assert [(h[SHARD], h["_score"]) for h in merged["hits"]["hits"]] == [(3, 2.0), (1, 1.0)]
 
 
 def test_totals_add_up_to_the_track_total_hits_bound() -> None:
     def total(parts: list[Any], body: dict[str, Any]) -> Any:
-        merged = merge([_answer([1.0], t) for t in parts], {"size": 1, **body})
+        merged = _merged([_answer([1.0], t) for t in parts], {"size": 1, **body})
         assert merged is not None
         return merged["hits"].get("total")
 
@@ -71,7 +77,7 @@ def test_the_rest_of_the_answer_merges_and_what_does_not_is_refused() -> None:
         _answer([1.0], took=2, terminated_early=False),
         {**_answer([], took=9, timed_out=True), "_shards": failed},
     ]
-    merged = merge(answers, {"size": 10})
+    merged = _merged(answers, {"size": 10})
     assert merged is not None
     assert merged["took"] == 9 and merged["timed_out"] is True and merged["terminated_early"] is False
     assert merged["_shards"] == {
@@ -81,8 +87,8 @@ def test_the_rest_of_the_answer_merges_and_what_does_not_is_refused() -> None:
         "failed": 1,
         "failures": [{"shard": 1}],
     }
-    assert merge([_answer([1.0], aggregations={}), _answer([1.0])], {"size": 1}) is None
-    assert merge([_answer([1.0], suggest={}), _answer([1.0])], {"size": 1}) is None
+    assert _merged([_answer([1.0], aggregations={}), _answer([1.0])], {"size": 1}) is None
+    assert _merged([_answer([1.0], suggest={}), _answer([1.0])], {"size": 1}) is None
 
 
 def test_shard_preferences_keep_the_callers_copy_choice() -> None:
@@ -125,10 +131,17 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     answers[1]["hits"]["hits"][0]["matched_queries"] = {"q": 1.0}
     payload = json.dumps({"took": 9, "responses": [{**a, "status": 200} for a in answers]}).encode()
     whole = merge(items(json.loads(payload), 2) or [], {"size": 4})
-    assert merge(decode(payload, 2) or [], {"size": 4}) == whole is not None
+    typed = merge(decode(payload, 2) or [], {"size": 4})
+    assert whole is not None and typed is not None and typed[0] == whole[0]
+    # the columns read from the `Hit`s are those read from the whole answer's hits
+    same = {**vars(typed[1]), "first": whole[1].first}
+    assert same == vars(whole[1])
+    assert typed[1].first.tolist() == whole[1].first.tolist() == [3.0, 2.5, 2.0, 2.0]
     own = json.loads(payload)
     own["responses"][0]["hits"]["hits"][0]["_id"] = "x"  # a field of its own: decoded whole
     assert decode(json.dumps(own).encode(), 2) == items(own, 2)
+    del own["responses"][0]["hits"]["hits"][0]["_id"], own["responses"][0]["hits"]["hits"][1]["_seq_no"]
+    assert decode(json.dumps(own).encode(), 2) == items(own, 2), "a hit named by no version: whole"
     own["responses"][1] = {"error": {"type": "x"}, "status": 500}
     assert decode(json.dumps(own).encode(), 2) is None
     assert decode(payload, 3) is None and decode(b"not json", 2) is None
