@@ -613,7 +613,8 @@ class Reranker:
             self.frequencies.keep_window(kept_as, window_kept, again=again)
         kept, first = hits, columns.first
         if len(alive) < len(hits):
-            kept, first = [hits[i] for i in alive], first[alive]
+            every = list(hits)  # a lean window's hits made dicts at once (`shards.WindowHits`)
+            kept, first = [every[i] for i in alive], first[alive]
         packed = replace(plan, wants_seq_no=True) if window.lean else plan  # the page fetch finds them so
         if big:
             body = await asyncio.to_thread(pack, response, kept, first, folded, packed, marker)

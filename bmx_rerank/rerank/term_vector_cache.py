@@ -173,8 +173,8 @@ def _names(hits: HitColumns, tables: Mapping[str, str] | None) -> list[str]:
     """Each hit's name within its index (`version_key`'s third part), for hits named alike."""
     if tables is None:
         return hits.column("_id")
-    at = list(zip(hits.index, hits.column(SHARD, 0), strict=True))
-    tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1])}" for pair in set(at)}
+    at = list(zip(hits.index, hits.shard, strict=True))  # shard None: a window searched whole, shard 0
+    tags = {pair: f"@{numbered_in(tables[pair[0]], pair[1] or 0)}" for pair in set(at)}
     return list(map(tags.__getitem__, at))
 
 

@@ -132,11 +132,24 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     payload = json.dumps({"took": 9, "responses": [{**a, "status": 200} for a in answers]}).encode()
     whole = merge(items(json.loads(payload), 2) or [], {"size": 4})
     typed = merge(decode(payload, 2) or [], {"size": 4})
-    assert whole is not None and typed is not None and typed[0] == whole[0]
+    assert whole is not None and typed is not None
+    made = typed[0]["hits"]["hits"]  # each made a dict as it is read, then all at once
+    assert made[1] == whole[0]["hits"]["hits"][1] and made[:2] == whole[0]["hits"]["hits"][:2]
+    assert {**typed[0], "hits": {**typed[0]["hits"], "hits": list(made)}} == whole[0]
+    assert list(made)[1] is made[1], "a hit made once"
     # the columns read from the `Hit`s are those read from the whole answer's hits
-    same = {**vars(typed[1]), "first": whole[1].first}
+    same = {**vars(typed[1]), "hits": whole[1].hits, "first": whole[1].first}
     assert same == vars(whole[1])
     assert typed[1].first.tolist() == whole[1].first.tolist() == [3.0, 2.5, 2.0, 2.0]
+    probed = json.loads(payload)  # a probed window's hits are all read: made dicts at once
+    for item in probed["responses"]:
+        for hit in item["hits"]["hits"]:
+            hit["matched_queries"] = {"q": 1.0}
+    probed_payload = json.dumps(probed).encode()
+    whole, typed = (
+        merge(found or [], {"size": 4}) for found in (items(probed, 2), decode(probed_payload, 2))
+    )
+    assert whole is not None and typed is not None and typed[0] == whole[0]
     own = json.loads(payload)
     own["responses"][0]["hits"]["hits"][0]["_id"] = "x"  # a field of its own: decoded whole
     assert decode(json.dumps(own).encode(), 2) == items(own, 2)
