@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from bmx_rerank.rerank.hits import SHARD, HitColumns, score_array, scores
+from bmx_rerank.rerank.hits import SHARD, HitColumns, scores
 from bmx_rerank.rerank.window import Window
 
 # Shard preferences tried in turn, until the cluster takes one: Elasticsearch keeps the caller's
@@ -116,7 +116,7 @@ class Hit(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
     version: Any = msgspec.field(name="_version", default=msgspec.UNSET)
     seq_no: int = msgspec.field(name="_seq_no")
     primary_term: int = msgspec.field(name="_primary_term")
-    score: Any = msgspec.field(name="_score", default=msgspec.UNSET)
+    score: float = msgspec.field(name="_score")  # a window's, with no sort: always a number
     matched_queries: Any = msgspec.UNSET  # the probes'
 
 
@@ -188,7 +188,7 @@ def merge(
     each = [answer["hits"].get("hits", []) for answer in answers]
     every = list(chain.from_iterable(each))
     typed = bool(every) and isinstance(every[0], Hit)
-    first = score_array(list(map(_SCORE, every))) if typed else scores(every)
+    first = np.fromiter(map(_SCORE, every), np.float64, len(every)) if typed else scores(every)
     ranked = np.argsort(-first, kind="stable")[:size]
     # each ranked hit's shard: how many shards' hits lie before it in `every`
     shard_of = np.searchsorted(np.cumsum([len(hits) for hits in each]), ranked, side="right").tolist()

@@ -155,6 +155,9 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     assert decode(json.dumps(own).encode(), 2) == items(own, 2)
     del own["responses"][0]["hits"]["hits"][0]["_id"], own["responses"][0]["hits"]["hits"][1]["_seq_no"]
     assert decode(json.dumps(own).encode(), 2) == items(own, 2), "a hit named by no version: whole"
+    own["responses"][0]["hits"]["hits"][1]["_seq_no"] = 1
+    own["responses"][0]["hits"]["hits"][2]["_score"] = None
+    assert decode(json.dumps(own).encode(), 2) == items(own, 2), "a hit with no score: whole"
     own["responses"][1] = {"error": {"type": "x"}, "status": 500}
     assert decode(json.dumps(own).encode(), 2) is None
     assert decode(payload, 3) is None and decode(b"not json", 2) is None
