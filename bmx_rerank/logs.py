@@ -45,9 +45,9 @@ class AccessLog:
     """The line the proxy writes for each request, with the keys of every other line (ts, level, logger,
     msg, then its fields). Where `serve_logs` set this process's logging up, it is written straight to
     that stream: through a `LogRecord` and python-json-logger's formatter the same line cost a quarter of
-    a passthrough's own Python (benchmarks/RESULTS.md, "the line a request"). Elsewhere (a process
-    with logging of its own: tests, an application serving the proxy itself) it goes through
-    `logging` like any other line, to whatever handlers are there."""
+    a passthrough's own Python (benchmarks/RESULTS.md, "a passthrough's Python cut by a quarter").
+    Elsewhere (a process with logging of its own: tests, an application serving the proxy itself) it
+    goes through `logging` like any other line, to whatever handlers are there."""
 
     def __init__(self) -> None:
         self.logger = logging.getLogger(ACCESS_LOGGER)

@@ -20,7 +20,7 @@ T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Labelled children of the per-request metrics kept by label (request kinds and upstream calls are a
 # few fixed names): prometheus_client's `labels()` validates its arguments and takes a lock on every
-# call, a passthrough's two metric updates cost 8 µs of its ~90 µs of Python that way.
+# call, 3 µs of a passthrough's ~90 µs of Python for its two (benchmarks/RESULTS.md).
 KEPT_LABELS = 64
 
 

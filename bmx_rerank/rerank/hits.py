@@ -56,12 +56,7 @@ def _column(hits: Sequence[dict[str, Any]], key: str, default: Any = None) -> li
 def scores(hits: Sequence[dict[str, Any]]) -> np.ndarray:
     """The cluster's `_score` of each hit (0 where it sent none): read in one C-level pass where every
     hit has a number."""
-    return score_array(_column(hits, "_score"))
-
-
-def score_array(found: list[Any]) -> np.ndarray:
-    """Scores as sent (None where none) as floats, 0 for None: in one C-level pass where each is a
-    number."""
+    found = _column(hits, "_score")
     if set(map(type, found)) <= {float, int}:
         return np.fromiter(found, np.float64, len(found))
     return np.array([float(s or 0.0) for s in found], dtype=np.float64)
