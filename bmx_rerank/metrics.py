@@ -62,8 +62,9 @@ class Metrics:
 
         self.first_stage = Counter(
             "bmx_lean_windows",
-            "Windows whose first stage read no stored field (lean), and those that then went again in full "
-            "(lean_missed)",
+            "Windows whose first stage read no stored field (lean), those that then went again in full "
+            "(lean_missed), and repeated windows over several shards whose shards, asked for their share "
+            "of it, were asked again for the whole window (shares_short)",
             ["outcome"],
             registry=self.registry,
         )

@@ -29,7 +29,9 @@ from functools import partial
 from typing import Any, Protocol
 from urllib.parse import quote
 
+import numpy as np
 import orjson
+from cachetools import LRUCache
 
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
@@ -69,6 +71,9 @@ else:  # the same, before asyncio had it (aiohttp's own dependency there)
 ON_ERROR = ("fallback", "fail")
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
 THREAD_BYTES = 1 << 20  # an answer this large is decoded in a worker thread, as the proxy parses one
+# Windows over several shards whose split between their shards is kept, per caller, to ask each shard
+# for its share next time (`shards.shard_sizes`): a few ints each
+SPLITS = 10_000
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,8 @@ class Reranker:
         # whether the cluster's `_msearch` takes the probes' parameter (OpenSearch's refuses it),
         # once learned
         self.msearch_probes: bool | None = None
+        # (caller, window digest) -> how many of the window's hits each shard gave, the last time
+        self.splits: LRUCache[tuple[str, str], tuple[int, ...]] = LRUCache(maxsize=SPLITS)
 
     async def rerank(
         self,
@@ -206,7 +213,7 @@ class Reranker:
                     await self.prober.add(window, who, headers)
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
-                    searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers)
+                    searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers, who)
                     if window.analysis_gate is not None:  # the analysis goes once the search is written
                         searched = asyncio.ensure_future(searched)
                         window.analyse()
@@ -249,6 +256,7 @@ class Reranker:
         first_stage: FirstStage,
         msearch: MultiSearch | None,
         headers: Mapping[str, str],
+        who: str,
     ) -> Answer:
         """The window's first stage: one search, or a lean window's search of each shard merged
         (`shards`; in one `msearch` where it can go so), `lean.Miss` when a shard's answer is no
@@ -256,7 +264,7 @@ class Reranker:
         if window.shards == 1:
             return await first_stage(window.body, window.params)
         assert self.shard_form is not None and window.body is not None
-        together = await self._msearch(window, msearch, headers) if msearch is not None else None
+        together = await self._msearch(window, msearch, headers, who) if msearch is not None else None
         if together is not None:
             found, status, raw = together
         else:
@@ -267,19 +275,38 @@ class Reranker:
         merged = shards.merge(found, window.body)
         if merged is None:
             raise lean.Miss
-        return Answer(status, merged[0], raw, columns=merged[1])
+        answer, columns = merged
+        self.splits[who, window.digest] = tuple(np.bincount(columns.shard, minlength=window.shards).tolist())
+        return Answer(status, answer, raw, columns=columns)
 
     async def _msearch(
-        self, window: Window, msearch: MultiSearch, headers: Mapping[str, str]
+        self, window: Window, msearch: MultiSearch, headers: Mapping[str, str], who: str
     ) -> tuple[list[Any], int, Any] | None:
         """The window's shards' answers from one `_msearch`, its status and raw answer; None where it
         cannot go so: a parameter no header line carries, or probes the cluster's `_msearch` refuses
-        (`_msearch_takes_probes`). `lean.Miss` if an item failed."""
-        assert self.shard_form is not None
+        (`_msearch_takes_probes`). `lean.Miss` if an item failed. A window seen before asks each
+        shard for its share of it (`shards.shard_sizes`), and for all of it again where those answers
+        do not hold the window (`shards.hold_window`)."""
+        assert self.shard_form is not None and window.body is not None
         on_url = {k: v for k, v in window.params.items() if k == tf_probe.PARAM}
-        body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys())
+        sizes = shards.shard_sizes(window.body, self.splits.get((who, window.digest)))
+        body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys(), sizes=sizes)
         if body is None or (on_url and not await self._msearch_takes_probes(window, headers)):
             return None
+        found, answer = await self._msearch_items(window, msearch, body, on_url)
+        if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
+            self.metrics.first_stage.labels("shares_short").inc()
+            body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys())
+            assert body is not None
+            found, answer = await self._msearch_items(window, msearch, body, on_url)
+        return found, answer.status, answer.raw
+
+    @staticmethod
+    async def _msearch_items(
+        window: Window, msearch: MultiSearch, body: bytes, on_url: Mapping[str, str]
+    ) -> tuple[list[Any], Answer]:
+        """One `_msearch` of the window's shards, its items decoded (`shards.decode`); `lean.Miss` when
+        it failed or an item did."""
         answer = await msearch(body, on_url)
         found = None
         if answer.status < 300 and answer.payload is not None:
@@ -287,7 +314,7 @@ class Reranker:
             found = await asyncio.to_thread(decode) if len(answer.payload) > THREAD_BYTES else decode()
         if found is None:
             raise lean.Miss
-        return found, answer.status, answer.raw
+        return found, answer
 
     async def _msearch_takes_probes(self, window: Window, headers: Mapping[str, str]) -> bool:
         """Whether the cluster's `_msearch` takes the probes' parameter: asked once, with a search that

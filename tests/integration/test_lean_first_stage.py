@@ -339,3 +339,46 @@ def test_a_lean_windows_likely_page_is_fetched_while_it_is_scored(pair, monkeypa
     before = served("none")
     search({"query": {"match": {"body": guessed[0]}}, "size": 16, "ext": {"bmx": bmx}})  # 2 x 16 > 60 / 2
     assert served("none") == before + 1, "a page of more than a quarter of the window is not guessed"
+
+
+@pytest.mark.parametrize("pair", [3], ids=["3-shards"], indirect=True)
+def test_a_repeated_window_asks_each_shard_for_its_share_and_again_for_all_when_short(
+    pair, monkeypatch
+) -> None:
+    """A window over several shards seen before asks each shard for its share of it the last time (and
+    a margin), not the whole window; documents that move the window's split to one shard (a shard
+    that sends all it was asked for, its last hit in the window) send the shards' searches again for
+    the whole window. Every answer is the full first stage's."""
+    from bmx_rerank.rerank import shards as shards_module
+
+    engine, index, lean, full, texts = pair
+    real, asked = shards_module.msearch_body, []
+
+    def recording(window: Any, form: int, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("sizes"))
+        return real(window, form, **kwargs)
+
+    monkeypatch.setattr(shards_module, "msearch_body", recording)
+    body = _searches(texts[2])[0][1]  # a window of 60
+    for _ in range(3):
+        assert _shown(_post(lean.url, f"/{index}/_search", body)) == _shown(
+            _post(full.url, f"/{index}/_search", body)
+        )
+    # the first sight probes (one search a shard where `_msearch` refuses the probes' parameter: no
+    # body then); the repeats ask each shard for its share
+    shares = [s for s in asked if s is not None]
+    assert len(shares) == 2 and shares[0] == shares[1] and sum(shares[0]) < 3 * 60, asked
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 0
+    # 30 documents that match the query better than any, all on one shard (one routing value)
+    lines = []
+    for i in range(30):
+        lines.append(json.dumps({"index": {"_index": index, "_id": f"skew-{i}", "routing": "one"}}))
+        lines.append(json.dumps({"body": f"{texts[2]} {texts[2]} {i}", "n": i, "tag": "t0"}))
+    assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+    for _ in range(2):
+        a = _post(lean.url, f"/{index}/_search", body)
+        assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
+        assert any(h["_id"].startswith("skew-") for h in a["hits"]["hits"])
+    # the first time its shares were short: asked again for the whole window; then the new split
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 1
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0

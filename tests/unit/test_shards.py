@@ -8,7 +8,16 @@ from typing import Any
 
 from bmx_rerank.rerank.hits import SHARD
 from bmx_rerank.rerank.plan import Plan
-from bmx_rerank.rerank.shards import FORMS, decode, items, merge, msearch_body, preference
+from bmx_rerank.rerank.shards import (
+    FORMS,
+    decode,
+    hold_window,
+    items,
+    merge,
+    msearch_body,
+    preference,
+    shard_sizes,
+)
 from bmx_rerank.rerank.tf_probe import PARAM
 from bmx_rerank.rerank.window import Window
 
@@ -122,6 +131,44 @@ def test_a_windows_shards_go_in_one_msearch_where_its_parameters_fit_there() -> 
     failed = [*ok[:2], {"error": {"type": "x"}, "status": 500}]
     assert items({"responses": failed}, 3) is None
     assert items({"responses": ok[:2]}, 3) is None and items(None, 3) is None
+
+
+def test_a_shard_is_asked_for_its_share_of_a_window_seen_before() -> None:
+    body = {"query": {"match": {"body": "x"}}, "size": 100}
+    assert shard_sizes(body, None) is None, "no share known: the whole window of each"
+    assert shard_sizes(body, (40, 35, 25)) == [48, 43, 33]  # at least 8 more
+    assert shard_sizes({**body, "size": 1000}, (400, 350, 250)) == [450, 393, 281]  # an eighth more
+    assert shard_sizes(body, (97, 3, 0)) == [100, 11, 8], "never more than the window"
+    # answers that may depend on how many hits a shard is asked for: the whole window each
+    assert shard_sizes({**body, "terminate_after": 50}, (40, 35, 25)) is None
+    assert shard_sizes({**body, "track_total_hits": 40}, (40, 35, 25)) is None
+    assert shard_sizes({**body, "track_total_hits": True}, (40, 35, 25)) == [48, 43, 33]
+    window = _window({"preference": "bmx-1"})
+    lines = (msearch_body(window, 0, sizes=[7, 5, 9]) or b"").decode().splitlines()
+    assert [json.loads(line) for line in lines[1::2]] == [{**window.body, "size": n} for n in (7, 5, 9)]
+    assert lines[0::2] == (msearch_body(window, 0) or b"").decode().splitlines()[0::2]
+
+
+def test_shares_hold_the_window_only_where_each_full_shard_ends_below_it() -> None:
+    # a window of 4: shard 0 sent the 3 it was asked for, ending below the window's last (4.2); shard 1
+    # and 2 sent fewer than asked (all they had)
+    held = [_answer([6.0, 5.0, 1.0]), _answer([4.5, 4.2]), _answer([])]
+    assert hold_window(held, [3, 3, 2], 4)
+    # shard 1 sent all it was asked for and its last is in the window: it may have more
+    assert not hold_window(held[:2], [3, 2], 4)
+    # a full shard's last equal to the window's last: an unsent hit of that score could rank before it
+    assert not hold_window([_answer([6.0, 5.0, 4.0]), _answer([4.5, 4.0])], [3, 3], 4)
+    # fewer hits than the window in all: a full shard may have more
+    assert not hold_window([_answer([6.0, 5.0]), _answer([4.0])], [2, 2], 4)
+    assert hold_window([_answer([6.0]), _answer([4.0])], [2, 2], 4), "every shard sent all it had"
+    # a shard asked for the whole window holds its share whatever it sent
+    assert hold_window([_answer([6.0, 5.0, 4.9, 4.8]), _answer([1.0, 0.5])], [4, 2], 4)
+    # typed hits (`decode`) are read as dicts are; a hit without a score holds nothing
+    payload = json.dumps({"responses": [{**a, "status": 200} for a in held]}).encode()
+    assert hold_window(decode(payload, 3) or [], [3, 3, 2], 4)
+    unscored = _answer([6.0, 5.0, 1.0])
+    unscored["hits"]["hits"][0]["_score"] = None
+    assert not hold_window([unscored, *held[1:]], [3, 3, 2], 4)
 
 
 def test_decoded_items_merge_as_the_whole_answer_does() -> None:
