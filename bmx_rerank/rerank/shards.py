@@ -81,8 +81,9 @@ def msearch_body(
         return None
     custom = params.pop("preference", None)
     body = window.body
-    searches = [orjson.dumps(body)] * window.shards
-    if sizes is not None:
+    if sizes is None:
+        searches = [orjson.dumps(body)] * window.shards
+    else:
         searches = [orjson.dumps({**body, "size": n}) for n in sizes]
     lines = msearch_lines(
         window.index_expr,
