@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from itertools import compress
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
 import orjson
 from cachetools import LRUCache
 
-from bmx_rerank.errors import UpstreamError
+from bmx_rerank.errors import SearchError, UpstreamError
 from bmx_rerank.rerank import shards, tf_probe
 from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.term_vector_cache import numbered_in
@@ -322,22 +322,26 @@ def version(hit: Mapping[str, Any]) -> Version:
 
 
 class Ahead:
-    """The documents of a lean window's likely page, fetched while the window is scored (`ahead`)."""
+    """The documents of a lean window's likely page, asked for before the page is known (`ahead`,
+    `beside`). Its task gives each document found with the hit that names its version."""
 
-    def __init__(self, hits: list[dict[str, Any]], keys: list[PageKey] | None, task: asyncio.Task) -> None:
-        self.versions = [version(h) for h in hits]
-        self.keys = keys
-        self.task: asyncio.Task[list[dict[str, Any] | None]] = task
+    def __init__(
+        self,
+        task: asyncio.Task[list[tuple[Mapping[str, Any], dict[str, Any]]]],
+        keys: Callable[[Sequence[Mapping[str, Any]]], list[PageKey] | None],
+    ) -> None:
+        self.task = task
+        self.keys = keys  # the page cache's keys of hits that name versions
 
     async def found(self, cache: PageCache) -> dict[Version, dict[str, Any]]:
         """The documents fetched, by version (a version gone or changed is not there), each kept in
         `cache` as a page's would be: a repeated window then fetches none of them again."""
-        docs = await self.task
-        if self.keys is not None:
-            for key, doc in zip(self.keys, docs, strict=True):
-                if doc is not None:
-                    cache.put(key, doc)
-        return {v: d for v, d in zip(self.versions, docs, strict=True) if d is not None}
+        pairs = await self.task
+        keys = self.keys([named for named, _ in pairs])
+        if keys is not None:
+            for key, (_, doc) in zip(keys, pairs, strict=True):
+                cache.put(key, doc)
+        return {version(named): doc for named, doc in pairs}
 
 
 def ahead(
@@ -352,18 +356,66 @@ def ahead(
     """Start fetching the documents of the first stage's top `AHEAD` pages of lean `hits` that
     `cache` does not hold; None when there are none, or when that would be more than half the window
     (a page that large is not guessed)."""
-    plan = window.plan
-    top = AHEAD * (plan.from_ + plan.size)
+    top = _likely(window)
     if top == 0 or 2 * top > len(hits):
         return None
     likely = list(hits[:top])
     keys = cache.keys(window, who, likely)
     if keys is not None:
-        missing = [not cache.holds(k) for k in keys]
-        likely, keys = list(compress(likely, missing)), list(compress(keys, missing))
+        likely = [h for h, k in zip(likely, keys, strict=True) if not cache.holds(k)]
     if not likely:
         return None
-    return Ahead(likely, keys, asyncio.ensure_future(fetch(cluster, window, headers, likely, page=True)))
+
+    async def fetched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+        docs = await fetch(cluster, window, headers, likely, page=True)
+        return [(h, d) for h, d in zip(likely, docs, strict=True) if d is not None]
+
+    return Ahead(asyncio.ensure_future(fetched()), partial(cache.keys, window, who))
+
+
+# What of a window's body picks its hits, for a search of its likely page beside it (`beside`)
+PICKS = ("query", "post_filter", "min_score")
+
+
+def beside(
+    cluster: Cluster, window: Window, headers: Mapping[str, str], *, cache: PageCache, who: str
+) -> Ahead | None:
+    """Start a search of the likely page beside a first sight's lean first stage, before its answer
+    names the page: the caller's query (without the probes, aggregations or the window's stored-field
+    savings) for its top `AHEAD` pages, each hit showing what the caller asked and its version. The
+    cluster answers it while it answers the first stage, instead of after it; on one shard only (its
+    hits are named by version without their shard), and only where the window is `AHEAD` pages or
+    more twice over, as `ahead`. A document of another version than the window's is not used; a
+    failed search guesses nothing (the page is fetched after, as without it)."""
+    top = _likely(window)
+    plan = window.plan
+    assert window.page_fetch is not None
+    if window.shards != 1 or plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
+        return None
+    shown, params = window.page_fetch
+    body = {
+        **{k: plan.body[k] for k in PICKS if k in plan.body},
+        "size": top,
+        "track_total_hits": False,
+        **shown,
+        "seq_no_primary_term": True,
+    }
+    path = f"/{window.index_expr}/_search" + ("?" + urlencode(params) if params else "")
+
+    async def searched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+        try:
+            answer = await cluster.request("POST", path, body, headers)
+        except SearchError:  # refused, failed or cut short: the page is fetched after
+            return []
+        hits = answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else []
+        return [(h, h) for h in hits if "_seq_no" in h and "_primary_term" in h and "_index" in h]
+
+    return Ahead(asyncio.ensure_future(searched()), partial(cache.keys, window, who))
+
+
+def _likely(window: Window) -> int:
+    """How many of the window's first hits are guessed to hold its page: its top `AHEAD` pages."""
+    return AHEAD * (window.plan.from_ + window.plan.size)
 
 
 async def fill_page(

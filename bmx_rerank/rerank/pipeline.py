@@ -214,9 +214,12 @@ class Reranker:
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
                     searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers, who)
-                    if window.analysis_gate is not None:  # the analysis goes once the search is written
+                    first_sight = window.lean and not self.prober.had(window, who)
+                    if window.analysis_gate is not None or first_sight:
                         searched = asyncio.ensure_future(searched)
-                        window.analyse()
+                    if first_sight:  # its likely page asked for beside it, once it is on its way
+                        window.ahead = lean.beside(self.cluster, window, headers, cache=self.pages, who=who)
+                    window.analyse()  # the analysis, if held back, goes once the search is written
                     try:
                         answer = await searched
                     except lean.Miss:
@@ -457,9 +460,10 @@ class Reranker:
             if columns is None:  # what every step reads of each hit, read once
                 columns = HitColumns.of(hits)
             lean.check_hits(window, columns)
-            window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
-            if window.ahead is not None:
-                await lean.on_the_wire()  # its request written, then the window scored
+            if window.ahead is None:  # not asked for beside the first stage
+                window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
+                if window.ahead is not None:
+                    await lean.on_the_wire()  # its request written, then the window scored
         if window.probe is not None:  # before anything else: even a fallback must not show the probes
             frequencies = tf_probe.take_frequencies(hits, window.probe)
         try:

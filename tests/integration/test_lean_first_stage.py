@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -220,27 +221,55 @@ def _metric(url: str, name: str) -> float:
     return 0.0
 
 
+class _After:
+    """The cluster as a first sight's search beside its first stage reaches it (`lean.beside`): each
+    call waits for `then` (run in a thread) before it goes."""
+
+    def __init__(self, cluster: Cluster, then: Any) -> None:
+        self.cluster, self.then = cluster, then
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.to_thread(self.then)
+        return await self.cluster.request(*args, **kwargs)
+
+
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in_full(
     pair, monkeypatch
 ) -> None:
-    """A page's document updated (and refreshed) between the lean first stage and its page fetch: that
-    version is gone, so the search goes again with the full first stage, and answers as it does."""
+    """A page's document updated (and refreshed) after the lean first stage read it, before its page
+    documents were read (on one shard by the search beside the first stage, made to wait for the first
+    stage's answer; on several by the fetch after it): that version is gone, so the search goes again
+    with the full first stage, and answers as it does."""
     from bmx_rerank.rerank import lean as lean_module
 
     engine, index, lean, full, texts = pair
     body = _searches(texts[0])[0][1]
     top = _post(full.url, f"/{index}/_search", body)["hits"]["hits"][0]["_id"]
-    real = lean_module.fetch
+    real_fetch, real_beside, real_check = lean_module.fetch, lean_module.beside, lean_module.check_hits
     changed: list[bool] = []
+    answered = threading.Event()  # the first stage's answer is in
 
-    async def changing_first(*args: Any, page: bool, **kwargs: Any) -> Any:
-        if page and not changed:
+    def change() -> None:
+        if not changed:
             engine.ok("POST", f"/{index}/_update/{top}", {"doc": {"n": 999}}, {"refresh": "true"})
             changed.append(True)
-        return await real(*args, page=page, **kwargs)
+
+    async def changing_first(*args: Any, page: bool, **kwargs: Any) -> Any:
+        if page:
+            await asyncio.to_thread(change)
+        return await real_fetch(*args, page=page, **kwargs)
+
+    def checked(*args: Any) -> None:
+        real_check(*args)
+        answered.set()
+
+    def changing_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
+        return real_beside(_After(cluster, lambda: answered.wait(30) and change()), *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(lean_module, "fetch", changing_first)
+    monkeypatch.setattr(lean_module, "check_hits", checked)
+    monkeypatch.setattr(lean_module, "beside", changing_beside)
     a = _post(lean.url, f"/{index}/_search", body)
     assert changed and a["_bmx"]["fetch"] == "window", a["_bmx"]
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 1
@@ -248,30 +277,68 @@ def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in
     assert any(h["_source"]["n"] == 999 for h in a["hits"]["hits"]), "the version the rerank scored"
 
 
-@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
-def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
-    """The same search again: lean without probes (its frequencies kept), its page
-    documents from the page cache (no page fetch), the answer unchanged; another caller (another `Authorization`) fetches its own; a page showing `fields`
-    (which follow the mapping) is never kept."""
+@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
+def test_a_failed_search_beside_the_first_stage_leaves_the_page_to_the_fetch_after(pair, monkeypatch) -> None:
+    """The search of a first sight's likely page beside its first stage fails (the cluster's 429, a
+    timeout): the page is fetched after the window is scored, and the answer is the full first stage's."""
+    from bmx_rerank.errors import SearchError
     from bmx_rerank.rerank import lean as lean_module
 
     engine, index, lean, full, texts = pair
-    real = lean_module.fetch
-    pages: list[int] = []
+    real_beside = lean_module.beside
+
+    def busy() -> None:
+        raise SearchError(429, "es_rejected_execution_exception", "rejected")
+
+    def failing_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
+        return real_beside(_After(cluster, busy), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lean_module, "beside", failing_beside)
+    body = _searches(texts[0])[0][1]
+    a = _post(lean.url, f"/{index}/_search", body)
+    assert a["_bmx"]["fetch"] == "page", a["_bmx"]
+    assert _metric(lean.url, 'bmx_page_ahead_total{outcome="fetched_after"}') == 1
+    assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
+
+
+@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
+def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
+    """The same search again: lean without probes (its frequencies kept), its page
+    documents from the page cache (no page fetch), the answer unchanged; another caller (another
+    `Authorization`) reads its own; a page showing `fields` (which follow the mapping) is never kept."""
+    from bmx_rerank.rerank import lean as lean_module
+
+    engine, index, lean, full, texts = pair
+    shards = int(engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"])
+    real, real_beside = lean_module.fetch, lean_module.beside
+    pages: list[int] = []  # documents a fetch by version asked for
+    guesses: list[int] = []  # searches of a first sight's likely page beside its first stage
 
     async def counting(*args: Any, page: bool, **kwargs: Any) -> Any:
         if page:
             pages.append(len(args[3]))
         return await real(*args, page=page, **kwargs)
 
+    def counting_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
+        return real_beside(_After(cluster, lambda: guesses.append(1)), *args, **kwargs)  # type: ignore[arg-type]
+
+    def read() -> tuple[list[int], int]:
+        return list(pages), len(guesses)
+
     monkeypatch.setattr(lean_module, "fetch", counting)
+    monkeypatch.setattr(lean_module, "beside", counting_beside)
     body = _searches(texts[1])[0][1]
     first = _post(lean.url, f"/{index}/_search", body)
-    # the first stage's top two pages fetched ahead (kept), then what of the page they missed
-    assert first["_bmx"]["fetch"] == "page" and pages[0] == 20 and sum(pages[1:]) < 10, pages
-    fetched = list(pages)
+    assert first["_bmx"]["fetch"] == "page", first["_bmx"]
+    # the first stage's top two pages asked for (and kept): on one shard beside the first stage, on
+    # several while the window is scored; then what of the page they missed
+    if shards == 1:
+        assert guesses == [1] and sum(pages) < 10, (guesses, pages)
+    else:
+        assert guesses == [] and pages[0] == 20 and sum(pages[1:]) < 10, (guesses, pages)
+    fetched = read()
     again = _post(lean.url, f"/{index}/_search", body)
-    assert _shown(again) == _shown(first) and pages == fetched, "the page from the cache: no fetch"
+    assert _shown(again) == _shown(first) and read() == fetched, "the page from the cache: no fetch"
     # a repeated window: lean and unprobed, its frequencies from the cache (the window kept whole)
     assert (again["_bmx"]["fetch"], again["_bmx"]["tf"], again["_bmx"]["tf_probes"]) == (
         "page",
@@ -286,11 +353,12 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     )
     with urllib.request.urlopen(other, timeout=60) as resp:
         assert _shown(json.loads(resp.read())) == _shown(first)
-    assert pages == [*fetched, *fetched], "another caller's page is its own"
+    assert read() == (fetched[0] * 2, fetched[1] * 2), "another caller's page is its own"
     shaped = {**body, "fields": ["tag"]}
-    for _ in range(2):
-        assert _post(lean.url, f"/{index}/_search", shaped)["_bmx"]["fetch"] == "page"
-    assert pages == fetched * 4, "fields follow the mapping: not kept"
+    assert _post(lean.url, f"/{index}/_search", shaped)["_bmx"]["fetch"] == "page"
+    once = read()
+    assert _post(lean.url, f"/{index}/_search", shaped)["_bmx"]["fetch"] == "page"
+    assert sum(read()[0]) > sum(once[0]), "fields follow the mapping: not kept, the page fetched again"
 
 
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
