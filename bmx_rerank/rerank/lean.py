@@ -211,26 +211,8 @@ async def fetch(
             int(hit["_seq_no"])
         )
 
-    def query(shard: int) -> dict[str, str]:
-        # a shard's documents from that shard alone (any copy holds the same versions)
-        return {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else dict(params)
-
-    async def search(shard: int, body: dict[str, Any]) -> dict[str, Any]:
-        path = f"/{window.index_expr}/_search" + ("?" + urlencode(q) if (q := query(shard)) else "")
-        return await cluster.request("POST", path, body, headers)  # type: ignore[no-any-return]
-
     searches = {shard: page_body(by_index, shown) for shard, by_index in by_shard.items()}
-    answers = None
-    if len(searches) > 1 and shards.in_header(params):
-        lines = shards.msearch_lines(
-            window.index_expr, ((query(shard), orjson.dumps(body)) for shard, body in searches.items())
-        )
-        # an item that failed, or an `_msearch` refused: each shard on its own, failing as it fails
-        with contextlib.suppress(UpstreamError):
-            answered = await cluster.post_ndjson("/_msearch", lines, headers, "bmx_page_exception")
-            answers = shards.items(answered, len(searches))
-    if answers is None:
-        answers = await asyncio.gather(*(search(shard, body) for shard, body in searches.items()))
+    answers = await _each_shard(cluster, window, headers, searches, params)
     found = {
         (h.get("_index"), shard, h.get("_seq_no")): h
         for shard, answer in zip(searches, answers, strict=True)
@@ -241,6 +223,37 @@ async def fetch(
         got = found.pop((hit["_index"], hit.get(SHARD, 0), hit["_seq_no"]), None)
         out.append(got if got is not None and got.get("_primary_term") == hit["_primary_term"] else None)
     return out
+
+
+async def _each_shard(
+    cluster: Cluster,
+    window: Window,
+    headers: Mapping[str, str],
+    searches: Mapping[int, dict[str, Any]],
+    params: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """Each search of `searches` (by shard) on that shard alone (any copy holds the same versions; on
+    one shard, the window's search as it is): in one `_msearch` where its header lines can carry
+    `params`, else (also where the `_msearch` or one of its items fails) each on its own, failing as
+    it fails. The answers in the order of `searches`."""
+
+    def query(shard: int) -> dict[str, str]:
+        return {**params, "preference": f"_shards:{shard}"} if window.shards > 1 else dict(params)
+
+    if len(searches) > 1 and shards.in_header(params):
+        lines = shards.msearch_lines(
+            window.index_expr, ((query(shard), orjson.dumps(body)) for shard, body in searches.items())
+        )
+        with contextlib.suppress(UpstreamError):
+            answered = await cluster.post_ndjson("/_msearch", lines, headers, "bmx_page_exception")
+            if (answers := shards.items(answered, len(searches))) is not None:
+                return answers
+
+    async def search(shard: int, body: dict[str, Any]) -> dict[str, Any]:
+        path = f"/{window.index_expr}/_search" + ("?" + urlencode(q) if (q := query(shard)) else "")
+        return await cluster.request("POST", path, body, headers)  # type: ignore[no-any-return]
+
+    return list(await asyncio.gather(*(search(shard, body) for shard, body in searches.items())))
 
 
 async def identify(
@@ -383,34 +396,47 @@ def beside(
     """Start a search of the likely page beside a first sight's lean first stage, before its answer
     names the page: the caller's query (without the probes, aggregations or the window's stored-field
     savings) for its top `AHEAD` pages, each hit showing what the caller asked and its version. The
-    cluster answers it while it answers the first stage, instead of after it; on one shard only (its
-    hits are named by version without their shard), and only where the window is `AHEAD` pages or
-    more twice over, as `ahead`. A document of another version than the window's is not used; a
-    failed search guesses nothing (the page is fetched after, as without it)."""
+    cluster answers it while it answers the first stage, instead of after it. Over several shards,
+    each shard is asked for its even share of those hits and half as many again (`shard_share`): its
+    hits say their shard only so. Only where the window is `AHEAD` pages or more twice over, as
+    `ahead`. A document of another version than the window's is not used; a failed search guesses
+    nothing (the page is fetched after, as without it)."""
     top = _likely(window)
     plan = window.plan
     assert window.page_fetch is not None
-    if window.shards != 1 or plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
+    if plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
         return None
     shown, params = window.page_fetch
+    size = top if window.shards == 1 else shard_share(top, window.shards)
     body = {
         **{k: plan.body[k] for k in PICKS if k in plan.body},
-        "size": top,
+        "size": size,
         "track_total_hits": False,
         **shown,
         "seq_no_primary_term": True,
     }
-    path = f"/{window.index_expr}/_search" + ("?" + urlencode(params) if params else "")
 
     async def searched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
         try:
-            answer = await cluster.request("POST", path, body, headers)
+            answers = await _each_shard(
+                cluster, window, headers, dict.fromkeys(range(window.shards), body), params
+            )
         except SearchError:  # refused, failed or cut short: the page is fetched after
             return []
-        hits = answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else []
-        return [(h, h) for h in hits if "_seq_no" in h and "_primary_term" in h and "_index" in h]
+        return [
+            (h if window.shards == 1 else {**h, SHARD: shard}, h)
+            for shard, answer in enumerate(answers)
+            for h in (answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else [])
+            if "_seq_no" in h and "_primary_term" in h and "_index" in h
+        ]
 
     return Ahead(asyncio.ensure_future(searched()), partial(cache.keys, window, who))
+
+
+def shard_share(hits: int, shards: int) -> int:
+    """Hits asked of each shard for a page of `hits` over `shards` before the page is known: its even
+    share and half as many again (a shard's share of one query's top hits varies)."""
+    return -(-3 * hits // (2 * shards))
 
 
 def _likely(window: Window) -> int:
