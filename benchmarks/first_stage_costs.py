@@ -5,7 +5,10 @@ size-10/100/1000, size-100 without _source, the term-frequency probes in the pla
 The lean first stage as the proxy sends it (no stored field; `rerank/lean.py`) with and without the
 probes, the page of 10 it then fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
 probed lean stage carrying its page as a `top_hits` aggregation of the best 20 (`_source`): a way to
-save the page fetch's round trip, measured and not taken (benchmarks/RESULTS.md).
+save the page fetch's round trip, measured and not taken (benchmarks/RESULTS.md). The search of a
+first sight's likely page beside its first stage (`lean.beside`: the query's best 20 with `_source`
+and versions) alone, and sent with the probed lean stage at once on a second connection: the stage's
+own answer, and both.
 Each probed answer is checked against the plain one: the same ids and scores, and the probes reported.
 
     .venv/bin/python -m benchmarks.first_stage_costs http://127.0.0.1:9200 [QUERIES]
@@ -15,6 +18,7 @@ QUERIES (default 220) SciFact queries, the first 20 unmeasured.
 
 import statistics
 import sys
+import threading
 import time
 import uuid
 
@@ -37,7 +41,7 @@ def old_placement(query: dict, probe: tf_probe.Probe) -> dict:
 
 def main() -> None:
     url, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 220
-    e = Http(url)
+    e, beside = Http(url), Http(url)
     idx = f"bmxtest-costs-{uuid.uuid4().hex[:8]}"
     index_corpus(e, idx, scifact_records("corpus.jsonl", 0))
     times: dict[str, list[float]] = {}
@@ -81,6 +85,15 @@ def main() -> None:
                 t("lean s100 + probes", named, probed)
                 top = {"top_hits": {"size": 20, "seq_no_primary_term": True, "_source": True}}
                 t("lean s100 + probes + top_hits 20 (page inside)", named, {**probed, "aggs": {"page": top}})
+                guess = {"query": orig, "size": 20, "track_total_hits": False, "version": True}
+                guess["seq_no_primary_term"] = True
+                t("page of 20 by the query (the guess beside)", f"/{idx}/_search", guess)
+                other = threading.Thread(target=beside.ok, args=("POST", f"/{idx}/_search", guess))
+                start = time.perf_counter()
+                other.start()
+                t("lean s100 + probes, the guess beside it", named, probed)
+                other.join()
+                times.setdefault("  ... both answered", []).append((time.perf_counter() - start) * 1000)
             by_seq = page_body({idx: [h["_seq_no"] for h in got["hits"]["hits"][:10]]}, {})
             t("page of 10 by _seq_no", f"/{idx}/_search", by_seq)
             rescore = {"window_size": 100, "query": {"rescore_query": orig}}
