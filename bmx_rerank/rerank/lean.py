@@ -11,9 +11,10 @@ term-vector cache, which keys such hits by index, table and version); then nothi
 `_id` (a hit new since the table was built is named by version for `_mtermvectors`: `identify`).
 The page's documents come back in one more search (`terms` on `_seq_no`) with the caller's
 `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions:
-those of the likely page (the first stage's top two pages, `ahead`) asked for while the window is
-scored, any other after it; a page showing `_source` alone is kept per caller and version
-(`PageCache`).
+those of the likely page (the first stage's top two pages) asked for beside a first sight's first
+stage (`beside`: the caller's query itself, each hit with its version) or, for a repeated window,
+while it is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
+and version (`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
 back) raises `Miss`: the pipeline reranks again with the full first stage, as before, so an answer
