@@ -12,8 +12,8 @@ term-vector cache, which keys such hits by index, table and version); then nothi
 The page's documents come back in one more search (`terms` on `_seq_no`) with the caller's
 `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions:
 those of the likely page (the first stage's top two pages) asked for beside a first sight's first
-stage (`beside`: the caller's query itself, each hit with its version) or, for a repeated window,
-while it is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
+stage on one shard (`beside`: the caller's query itself, each hit with its version) or, otherwise,
+while the window is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
 and version (`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
@@ -397,21 +397,20 @@ def beside(
     """Start a search of the likely page beside a first sight's lean first stage, before its answer
     names the page: the caller's query (without the probes, aggregations or the window's stored-field
     savings) for its top `AHEAD` pages, each hit showing what the caller asked and its version. The
-    cluster answers it while it answers the first stage, instead of after it. Over several shards,
-    each shard is asked for its even share of those hits and half as many again (`shard_share`): its
-    hits say their shard only so. Only where the window is `AHEAD` pages or more twice over, as
-    `ahead`. A document of another version than the window's is not used; a failed search guesses
-    nothing (the page is fetched after, as without it)."""
+    cluster answers it while it answers the first stage, instead of after it. Only where the window is
+    `AHEAD` pages or more twice over, as `ahead`, and on one shard: over several a hit says its shard
+    only when its shard is searched alone, and a search of each shard's share cost the cluster more than
+    it saved (benchmarks/RESULTS.md). A document of another version than the window's is not used; a
+    failed search guesses nothing (the page is fetched after, as without it)."""
     top = _likely(window)
     plan = window.plan
     assert window.page_fetch is not None
-    if plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
+    if window.shards != 1 or plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
         return None
     shown, params = window.page_fetch
-    size = top if window.shards == 1 else shard_share(top, window.shards)
     body = {
         **{k: plan.body[k] for k in PICKS if k in plan.body},
-        "size": size,
+        "size": top,
         "track_total_hits": False,
         **shown,
         "seq_no_primary_term": True,
@@ -419,25 +418,13 @@ def beside(
 
     async def searched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
         try:
-            answers = await _each_shard(
-                cluster, window, headers, dict.fromkeys(range(window.shards), body), params
-            )
+            (answer,) = await _each_shard(cluster, window, headers, {0: body}, params)
         except SearchError:  # refused, failed or cut short: the page is fetched after
             return []
-        return [
-            (h if window.shards == 1 else {**h, SHARD: shard}, h)
-            for shard, answer in enumerate(answers)
-            for h in (answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else [])
-            if "_seq_no" in h and "_primary_term" in h and "_index" in h
-        ]
+        hits = answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else []
+        return [(h, h) for h in hits if "_seq_no" in h and "_primary_term" in h and "_index" in h]
 
     return Ahead(asyncio.ensure_future(searched()), partial(cache.keys, window, who))
-
-
-def shard_share(hits: int, shards: int) -> int:
-    """Hits asked of each shard for a page of `hits` over `shards` before the page is known: its even
-    share and half as many again (a shard's share of one query's top hits varies)."""
-    return -(-3 * hits // (2 * shards))
 
 
 def _likely(window: Window) -> int:

@@ -232,19 +232,15 @@ class _After:
         await asyncio.to_thread(self.then)
         return await self.cluster.request(*args, **kwargs)
 
-    async def post_ndjson(self, *args: Any, **kwargs: Any) -> Any:  # several shards' in one `_msearch`
-        await asyncio.to_thread(self.then)
-        return await self.cluster.post_ndjson(*args, **kwargs)
-
 
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in_full(
     pair, monkeypatch
 ) -> None:
     """A page's document updated (and refreshed) after the lean first stage read it, before its page
-    documents were read by the search beside the first stage (made to wait for the first stage's
-    answer): that version is gone, so the search goes again with the full first stage, and answers as
-    it does."""
+    documents were read (on one shard by the search beside the first stage, made to wait for the first
+    stage's answer; on several by the fetch after it): that version is gone, so the search goes again
+    with the full first stage, and answers as it does."""
     from bmx_rerank.rerank import lean as lean_module
 
     engine, index, lean, full, texts = pair
@@ -281,7 +277,7 @@ def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in
     assert any(h["_source"]["n"] == 999 for h in a["hits"]["hits"]), "the version the rerank scored"
 
 
-@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
+@pytest.mark.parametrize("pair", [1], ids=["1-shard"], indirect=True)
 def test_a_failed_search_beside_the_first_stage_leaves_the_page_to_the_fetch_after(pair, monkeypatch) -> None:
     """The search of a first sight's likely page beside its first stage fails (the cluster's 429, a
     timeout): the page is fetched after the window is scored, and the answer is the full first stage's."""
@@ -313,6 +309,7 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     from bmx_rerank.rerank import lean as lean_module
 
     engine, index, lean, full, texts = pair
+    shards = int(engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"])
     real, real_beside = lean_module.fetch, lean_module.beside
     pages: list[int] = []  # documents a fetch by version asked for
     guesses: list[int] = []  # searches of a first sight's likely page beside its first stage
@@ -333,8 +330,12 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     body = _searches(texts[1])[0][1]
     first = _post(lean.url, f"/{index}/_search", body)
     assert first["_bmx"]["fetch"] == "page", first["_bmx"]
-    # the first stage's top two pages asked for beside it (and kept), then what of the page they missed
-    assert guesses == [1] and sum(pages) < 10, (guesses, pages)
+    # the first stage's top two pages asked for (and kept): on one shard beside the first stage, on
+    # several while the window is scored; then what of the page they missed
+    if shards == 1:
+        assert guesses == [1] and sum(pages) < 10, (guesses, pages)
+    else:
+        assert guesses == [] and pages[0] == 20 and sum(pages[1:]) < 10, (guesses, pages)
     fetched = read()
     again = _post(lean.url, f"/{index}/_search", body)
     assert _shown(again) == _shown(first) and read() == fetched, "the page from the cache: no fetch"
@@ -361,11 +362,11 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
 
 
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
-def test_a_first_sights_likely_page_is_searched_beside_its_first_stage(pair, monkeypatch) -> None:
-    """A first sight's top two pages are searched for beside its first stage (over several shards, each
-    shard's share and half as many again): a page among them needs no fetch after it; with one page
-    ahead (BMX moves some of BM25's top 10 out) what the guess missed is fetched after; a page larger
-    than half the window is not guessed. Every answer is the full first stage's. Each search is a new
+def test_a_first_sights_likely_page_is_asked_for_ahead(pair, monkeypatch) -> None:
+    """A first sight's top two pages are asked for ahead (on one shard beside its first stage, on
+    several while the window is scored): a page among them needs no fetch after it; with one page ahead
+    (BMX moves some of BM25's top 10 out) what the guess missed is fetched after; a page larger than
+    half the window is not guessed. Every answer is the full first stage's. Each search is a new
     caller's (none of its page documents kept)."""
     from bmx_rerank.rerank import lean as lean_module
 

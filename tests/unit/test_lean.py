@@ -23,13 +23,3 @@ def test_the_page_cache_holds_what_its_bound_says() -> None:
     assert held < 1.5 * (1 << 20), held
     assert cache.get(("who", "table", "i", 19_999, 1, "{}")) == {**doc, "_seq_no": 19_999}
     assert cache.get(("who", "table", "i", 0, 1, "{}")) is None  # the least recently used went first
-
-
-def test_each_shard_is_asked_for_its_even_share_of_a_likely_page_and_half_as_many_again() -> None:
-    """Before a first sight's page is known, each shard's share of its top two pages is guessed: even
-    shares and half as many again (on SciFact over 3 shards the even share alone held 90 of 100 first
-    sights' pages, this 100 of 100: benchmarks/RESULTS.md)."""
-    from bmx_rerank.rerank.lean import shard_share
-
-    assert [shard_share(20, n) for n in (2, 3, 4, 5, 10, 40)] == [15, 10, 8, 6, 3, 1]
-    assert all(shard_share(h, n) * n >= h for h in range(1, 200) for n in range(1, 50))
