@@ -8,6 +8,7 @@ What changed in the code, apart from what changed in the machine.
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
+        [--fields body]
 
 `--pin`: the engine on core 0, the proxies and this client on the others (a sidecar with cores of its
 own), instead of every process on every core.
@@ -41,6 +42,9 @@ def main() -> None:
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
     parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
     parser.add_argument("--pin", action="store_true", help="the engine on core 0, the rest on the others")
+    parser.add_argument(
+        "--fields", help="a field every search also asks for in `fields` (a page the page cache never keeps)"
+    )
     args = parser.parse_args()
     with pinned(args.upstream) if args.pin else contextlib.nullcontext():
         compare(args)
@@ -66,10 +70,11 @@ def compare(args: argparse.Namespace) -> None:
         conns = [Http(proxy.url) for proxy in proxies]
         path = f"/{index}/_search"
         queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
+        shown = {"fields": [args.fields]} if args.fields else {}
         if args.mode == "warm":
             for q in queries:
                 for conn in conns:
-                    conn.ok("POST", path, rerank(q, args.window))
+                    conn.ok("POST", path, rerank(q, args.window) | shown)
         direct: list[float] = []
         through: list[list[float]] = [[], []]
         before = [proxy.cpu() for proxy in proxies]
@@ -82,12 +87,14 @@ def compare(args: argparse.Namespace) -> None:
         for asked in passes:
             for q in asked:
                 start = time.perf_counter()
-                engine.ok("POST", path, plain(q, size))
+                engine.ok("POST", path, plain(q, size) | shown)
                 direct.append(time.perf_counter() - start)
                 answers = []
                 for k, conn in enumerate(conns):
                     start = time.perf_counter()
-                    answer = _ask(conn, path, plain(q, 10) if passthrough else rerank(q, args.window))
+                    answer = _ask(
+                        conn, path, (plain(q, 10) if passthrough else rerank(q, args.window)) | shown
+                    )
                     through[k].append(time.perf_counter() - start)
                     assert passthrough or answer[1]["_bmx"]["reranked"] is True, answer[1]["_bmx"]
                     answers.append(answer)

@@ -11,9 +11,9 @@ term-vector cache, which keys such hits by index, table and version); then nothi
 `_id` (a hit new since the table was built is named by version for `_mtermvectors`: `identify`).
 The page's documents come back in one more search (`terms` on `_seq_no`) with the caller's
 `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions:
-those of the likely page (the first stage's top two pages) asked for beside a first sight's first
-stage on one shard (`beside`: the caller's query itself, each hit with its version) or, otherwise,
-while the window is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
+those of the likely page (the first stage's top two pages) asked for beside the first stage of a
+first sight or a page never kept, on one shard (`beside`: the caller's query itself, each hit with
+its version), or otherwise while the window is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
 and version (`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
@@ -287,12 +287,19 @@ class PageCache:
         self.max_bytes = max_bytes
         self._docs: LRUCache[PageKey, bytes] = LRUCache(maxsize=max(1, max_bytes), getsizeof=_held)
 
-    def keys(self, window: Window, who: str, hits: Sequence[Mapping[str, Any]]) -> list[PageKey] | None:
-        """The hits' keys, None when this window's page is not kept (off, or it shows what can change)."""
+    def keeps(self, window: Window) -> bool:
+        """Whether this lean window's page documents are kept: the cache is on, and the page shows
+        nothing that can change under a version (`CACHED_BODY`, `CACHED_PARAMS`)."""
         assert window.page_fetch is not None
         shown, params = window.page_fetch
-        if self.max_bytes <= 0 or not set(shown) <= CACHED_BODY or not set(params) <= CACHED_PARAMS:
+        return self.max_bytes > 0 and set(shown) <= CACHED_BODY and set(params) <= CACHED_PARAMS
+
+    def keys(self, window: Window, who: str, hits: Sequence[Mapping[str, Any]]) -> list[PageKey] | None:
+        """The hits' keys, None when this window's page is not kept (`keeps`)."""
+        if not self.keeps(window):
             return None
+        assert window.page_fetch is not None
+        shown, params = window.page_fetch
         shape = orjson.dumps(
             [shown, {k: v for k, v in params.items() if k not in PAGE_PARAMS}], option=orjson.OPT_SORT_KEYS
         ).decode()
@@ -394,8 +401,8 @@ PICKS = ("query", "post_filter", "min_score")
 def beside(
     cluster: Cluster, window: Window, headers: Mapping[str, str], *, cache: PageCache, who: str
 ) -> Ahead | None:
-    """Start a search of the likely page beside a first sight's lean first stage, before its answer
-    names the page: the caller's query (without the probes, aggregations or the window's stored-field
+    """Start a search of the likely page beside a lean first stage whose page is not in the page cache
+    (a first sight's, or one never kept), before its answer names the page: the caller's query (without the probes, aggregations or the window's stored-field
     savings) for its top `AHEAD` pages, each hit showing what the caller asked and its version. The
     cluster answers it while it answers the first stage, instead of after it. Only where the window is
     `AHEAD` pages or more twice over, as `ahead`, and on one shard: over several a hit says its shard

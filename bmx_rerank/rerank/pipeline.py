@@ -214,10 +214,11 @@ class Reranker:
                     if may_be_lean and await lean.narrow(window, partial(self._fans_out, window, headers)):
                         self.metrics.first_stage.labels("lean").inc()
                     searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers, who)
-                    first_sight = window.lean and not self.prober.had(window, who)
-                    if window.analysis_gate is not None or first_sight:
+                    # a first sight's page, or one never kept, is asked for beside the first stage
+                    unkept = window.lean and not (self.prober.had(window, who) and self.pages.keeps(window))
+                    if window.analysis_gate is not None or unkept:
                         searched = asyncio.ensure_future(searched)
-                    if first_sight:  # its likely page asked for beside it, once it is on its way
+                    if unkept:  # once the first stage is on its way
                         window.ahead = lean.beside(self.cluster, window, headers, cache=self.pages, who=who)
                     window.analyse()  # the analysis, if held back, goes once the search is written
                     try:
