@@ -2,7 +2,7 @@
 pyinstrument profile of the proxy process (the measured requests alone), for warm or first-sight reranks of one window size, or for searches passed through.
 
     .venv/bin/python -m benchmarks.profile_rerank --upstream http://127.0.0.1:9200 --window 100 \
-        --mode warm|first|passthrough [--requests 200] [--repeats 1] [--shards 1]
+        --mode warm|first|passthrough [--requests 200] [--repeats 1] [--shards 1] [--fields body]
         [--profile-out /tmp/profile.txt]
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
@@ -101,6 +101,9 @@ def main() -> None:
         "--repeats", type=int, default=1, help="warm: times each query goes before it is measured"
     )
     parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt", help='"": no profiler')
+    parser.add_argument(
+        "--fields", help="a field every search also asks for in `fields` (a page the page cache never keeps)"
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -126,10 +129,12 @@ def main() -> None:
         proxy = Http(f"http://127.0.0.1:{port}")
         path = f"/{index}/_search"
 
+        shown = {"fields": [args.fields]} if args.fields else {}
+
         def ask(q: str) -> dict:
             if args.mode == "passthrough":  # the same search without ext.bmx: forwarded untouched
-                return {"query": {"match": {"body": q}}, "size": 10}
-            return rerank(q, args.window)
+                return {"query": {"match": {"body": q}}, "size": 10} | shown
+            return rerank(q, args.window) | shown
 
         if args.mode != "first":
             for _ in range(args.repeats):
