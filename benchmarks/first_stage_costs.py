@@ -3,7 +3,7 @@ size-10/100/1000, size-100 without _source, the term-frequency probes in the pla
 (`tf_probe.with_probes`: a `should` branch that never matches) and in the earlier one (a `filter` with
 `match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
 The lean first stage as the proxy sends it (no stored field; `rerank/lean.py`) with and without the
-probes, the page of 10 it then fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
+probes (and with them placed as before: the caller's query a `must`), the page of 10 it then fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
 probed lean stage carrying its page as a `top_hits` aggregation of the best 20 (`_source`): a way to
 save the page fetch's round trip, measured and not taken (benchmarks/RESULTS.md). The search of a
 first sight's likely page beside its first stage (`lean.beside`: the query's best 20 with `_source`
@@ -31,12 +31,19 @@ WARMUP = 20
 
 
 def old_placement(query: dict, probe: tf_probe.Probe) -> dict:
-    """The probes as the proxy placed them before: scored by the query phase as a filter."""
+    """The probes as the proxy placed them first: scored by the query phase as a filter."""
     named = [
         {"intervals": {f: {"match": {"query": t, "analyzer": "keyword"}, "_name": f"{tf_probe.PREFIX}{i}"}}}
         for i, (f, t) in enumerate(probe.pairs)
     ]
     return {"bool": {"must": [query], "filter": [{"bool": {"should": [*named, {"match_all": {}}]}}]}}
+
+
+def must_placement(body: dict, probe: tf_probe.Probe) -> dict:
+    """The probes as the proxy placed them until the branch that never matches went beside the caller's
+    query (`tf_probe.with_probes`): the caller's query a `must`, the branch an optional `should`."""
+    now = tf_probe.with_probes(body, probe)["query"]["bool"]["should"]
+    return {**body, "query": {"bool": {"must": [now[0]], "should": [now[1]]}}}
 
 
 def main() -> None:
@@ -83,6 +90,7 @@ def main() -> None:
             if probe is not None:
                 probed = tf_probe.with_probes(lean, probe)
                 t("lean s100 + probes", named, probed)
+                t("lean s100 + probes (caller's query a must, before)", named, must_placement(lean, probe))
                 top = {"top_hits": {"size": 20, "seq_no_primary_term": True, "_source": True}}
                 t("lean s100 + probes + top_hits 20 (page inside)", named, {**probed, "aggs": {"page": top}})
                 guess = {"query": orig, "size": 20, "track_total_hits": False, "version": True}

@@ -1,11 +1,12 @@
 """Term frequencies from the first stage itself, so a window needs no `_mtermvectors` for them.
 
 For each distinct analysed query token the first stage carries a named `intervals` query matching
-exactly that token (`keyword` analyzer: the token is already analysed). The probes sit in an optional
-`should` branch that can never match: a `bool` whose `filter` is a term on an `_id` no document has.
-Lucene skips that branch in the query phase (its scorer is empty), so which documents match, their
-scores, the total and the aggregations are the caller's query's own; the fetch phase still evaluates
-every named query on every hit. With `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
+exactly that token (`keyword` analyzer: the token is already analysed). The probes sit in a branch
+that can never match: a `bool` whose `filter` is a term on an `_id` no document has, beside the
+caller's query as the other `should` clause of a `bool` of two. Lucene drops that branch in the query
+phase (its scorer is empty in every segment), which leaves the caller's query alone, run as it runs
+without the probes: which documents match, their scores, the total and the aggregations are its own.
+The fetch phase still evaluates every named query on every hit. With `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
 >= 2.13) the engine reports, per hit, each matching probe's score s = tf / (tf + 1) (the intervals
 query's saturation with pivot 1), so tf = round(s / (1 - s)). A named `match_all` in the same branch
 (`CANARY`) must come back on every hit: a hit without it had its probes rewritten away (an engine
@@ -97,11 +98,14 @@ def probe_terms(tokens: Mapping[tuple[str, str], Sequence[str]]) -> Probe | None
 
 
 def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
-    """The first-stage body with the probes in an optional branch that never matches.
+    """The first-stage body with the probes in a branch that never matches.
 
     The caller's query is wrapped, never merged into: its own `bool` keeps its clauses and its
-    `minimum_should_match`; the outer `bool` has a `must`, so its one `should` is optional, and a
-    document's score is the caller's query's score alone (the branch never matches)."""
+    `minimum_should_match`. The outer `bool` is a disjunction of it and the branch that never matches,
+    so a document matches as the caller's query matches it, and scores its score alone. (A `must` for
+    the caller's query, with the branch an optional `should`, is the same answer, but Lucene runs such a
+    `bool` as a conjunction instead of the caller's own query: 0.2-0.3 ms more for a window of 100 on
+    SciFact, benchmarks/RESULTS.md.)"""
     probes = [
         {"intervals": {f: {"match": {"query": term, "analyzer": "keyword"}, "_name": f"{PREFIX}{i}"}}}
         for i, (f, term) in enumerate(probe.pairs)
@@ -109,7 +113,7 @@ def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
     never = {
         "bool": {"filter": [{"term": {"_id": NEVER}}], "should": [*probes, {"match_all": {"_name": CANARY}}]}
     }
-    return {**body, "query": {"bool": {"must": [body["query"]], "should": [never]}}}
+    return {**body, "query": {"bool": {"should": [body["query"], never]}}}
 
 
 Frequencies = dict[str, dict[str, int]]  # field -> probed token -> tf (0: not in the field)

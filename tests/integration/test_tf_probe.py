@@ -46,7 +46,8 @@ def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str, list[str]]
 
 def _shapes(text: str) -> list[dict]:
     """First stages the probes must leave exactly as they are: the caller's `bool` with its own
-    `minimum_should_match`, `min_score`, totals counted to a bound or exactly, aggregations."""
+    `minimum_should_match`, `min_score`, totals counted to a bound or exactly, aggregations, scores
+    that are not sums."""
     words = text.split()
     should = [{"match": {"body": w}} for w in words[:4]]
     return [
@@ -64,6 +65,10 @@ def _shapes(text: str) -> list[dict]:
                 "h": {"histogram": {"field": "_seq_no", "interval": 50}},
             },
         },
+        # scores that are no sum of the terms': every hit 0, a constant, the best clause's and a tie
+        {"query": {"bool": {"filter": [{"match": {"body": text}}]}}, "size": 30},
+        {"query": {"constant_score": {"filter": {"match": {"body": text}}, "boost": 2.5}}, "size": 30},
+        {"query": {"dis_max": {"queries": should, "tie_breaker": 0.3}}, "size": 60},
     ]
 
 
