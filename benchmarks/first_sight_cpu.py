@@ -108,8 +108,12 @@ def front_end(rec: Recording, send: Any) -> tuple[Any, Any]:
     """The proxy's `first_stage` and `msearch` (`proxy/search.py`) over `send(key) -> (status, bytes)`."""
     from bmx_rerank.rerank.pipeline import Answer
 
-    async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
+    async def first_stage(
+        body: dict[str, Any] | None, params: Mapping[str, str], *, undecoded: bool = False
+    ) -> Answer:
         status, payload = await send(_key("POST", _search_path(rec.index, params), body))
+        if undecoded and status < 300:
+            return Answer(status, None, payload, payload)
         data = _decode(payload) if status < 300 else None
         return Answer(status, data if isinstance(data, dict) else None, payload)
 

@@ -87,7 +87,9 @@ class Core:
             unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
             return declined(await send(method, path, **unchanged), plan)
 
-        async def first_stage(body: dict[str, Any] | None, first: Mapping[str, str]) -> Answer:
+        async def first_stage(
+            body: dict[str, Any] | None, first: Mapping[str, str], *, undecoded: bool = False
+        ) -> Answer:  # the wrapped client decodes its answers itself: always `data`
             try:
                 response = await send("POST", path, **{**kw, "params": {**first, **transport}, "body": body})
             except Exception as exc:

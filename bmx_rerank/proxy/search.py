@@ -93,8 +93,13 @@ async def rerank(
     """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`."""
     state = request.state
 
-    async def first_stage(body: dict[str, Any] | None, params: Mapping[str, str]) -> Answer:
+    async def first_stage(
+        body: dict[str, Any] | None, params: Mapping[str, str], *, undecoded: bool = False
+    ) -> Answer:
         status, answer_headers, payload = await call(request, params, orjson.dumps(body), "search")
+        if undecoded and status < 300:  # charged as `parse` charges it: the rerank decodes it
+            charge(request, len(payload))
+            return Answer(status, None, (answer_headers, payload), payload)
         data = await parse(payload, request) if status < 300 else Unparsable
         readable = data if isinstance(data, dict) else None
         return Answer(status, readable, (answer_headers, payload))

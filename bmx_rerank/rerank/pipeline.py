@@ -85,15 +85,20 @@ class Answer:
     status: int
     data: dict[str, Any] | None
     raw: Any = None
-    # the answer's bytes, left for the rerank to decode (a lean window's `_msearch`: `shards.decode`)
+    # the answer's bytes, left for the rerank to decode (a lean window's `_msearch`: `shards.decode`;
+    # an unprobed lean window's one search: `shards.decode_search`)
     payload: bytes | None = None
     columns: HitColumns | None = None  # its hits' columns, where read already (`shards.merge`)
 
 
 class FirstStage(Protocol):
-    """Sends one first-stage search (body, query parameters) the way the front end sends searches."""
+    """Sends one first-stage search (body, query parameters) the way the front end sends searches.
+    `undecoded`: a successful answer's JSON may be left to the rerank (`Answer.payload`, no `data`),
+    which decodes only what it reads of it; a front end that has it decoded already passes `data`."""
 
-    def __call__(self, body: dict[str, Any] | None, params: Mapping[str, str]) -> Awaitable[Answer]: ...
+    def __call__(
+        self, body: dict[str, Any] | None, params: Mapping[str, str], *, undecoded: bool = False
+    ) -> Awaitable[Answer]: ...
 
 
 class MultiSearch(Protocol):
@@ -266,7 +271,10 @@ class Reranker:
         (`shards`; in one `msearch` where it can go so), `lean.Miss` when a shard's answer is no
         success or does not merge."""
         if window.shards == 1:
-            return await first_stage(window.body, window.params)
+            # an unprobed lean window reads its hits' columns and its page's hits alone: left undecoded
+            undecoded = window.lean and window.probe is None
+            answer = await first_stage(window.body, window.params, undecoded=undecoded)
+            return answer if answer.data is not None or answer.payload is None else await _decoded(answer)
         assert self.shard_form is not None and window.body is not None
         together = await self._msearch(window, msearch, headers, who) if msearch is not None else None
         if together is not None:
@@ -792,6 +800,22 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+async def _decoded(answer: Answer) -> Answer:
+    """A lean window's answer from its one shard, left undecoded by the front end: its hits decoded as
+    `Hit`s where they are plain lean hits (`shards.decode_search`), else the answer decoded whole."""
+    payload = answer.payload
+    assert payload is not None
+    decode = partial(shards.decode_search, payload)
+    found = await asyncio.to_thread(decode) if len(payload) > THREAD_BYTES else decode()
+    if found is not None:
+        return replace(answer, data=found[0], columns=found[1])
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:  # handed back as the cluster sent it
+        return answer
+    return replace(answer, data=data if isinstance(data, dict) else None)
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:

@@ -364,7 +364,7 @@ def test_documents_deleted_or_updated_between_the_stages_are_dropped(engine: Eng
             plan = plan_search({"query": {"match": {"text": "t1"}}, "ext": {"bmx": {"field": "text"}}}, {})
             answers: list[Any] = []
 
-            async def first_stage(body, params) -> Answer:
+            async def first_stage(body, params, *, undecoded=False) -> Answer:
                 assert params["preference"].startswith("bmx-") and body["version"] is True
                 url = f"{engine.url}/{index}/_search?preference={params['preference']}"
                 answers.append(await request_json(session, "POST", url, body))

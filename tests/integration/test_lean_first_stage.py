@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bmx_rerank.rerank import shards as shards_module
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import Cluster
@@ -174,6 +175,13 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
         return answer
 
     monkeypatch.setattr(Cluster, "post_ndjson", counting)
+    decoded, decode_search = [], shards_module.decode_search
+
+    def typed(payload: bytes) -> Any:
+        decoded.append(found := decode_search(payload))
+        return found
+
+    monkeypatch.setattr(shards_module, "decode_search", typed)
     _compare(engine, index, lean, full, texts, shards)
     # first sights over several shards: in one `_msearch` where it takes the probes' parameter
     # (Elasticsearch's does, OpenSearch's does not: one search a shard there)
@@ -183,11 +191,22 @@ def test_lean_answers_are_the_full_first_stages_through_updates_and_deletes(pair
     assert len(page_msearches) > 0 if shards > 1 else page_msearches == [], page_msearches
     assert all(status == 200 for statuses in page_msearches for status in statuses), page_msearches
     # (pages of one window share it: some went whole already)
-    before = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
+    before, typed_before = (
+        _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}'),
+        len(decoded),
+    )
     # The same windows again: each kept whole
     _compare(engine, index, lean, full, texts, shards)
     whole = _metric(lean.url, 'bmx_tf_windows_total{probes="seen",source="window"}')
     assert whole - before == len(texts) * len(_searches("")), "every window the second time"
+    # a repeated window on one shard: its hits decoded as `Hit`s, but where the answer holds more
+    # (aggregations, `terminated_early`: decoded whole)
+    if shards == 1:
+        again = decoded[typed_before:]
+        assert len(again) == len(texts) * len(_searches("")), "each window the second time"
+        assert sum(d is not None for d in again) == len(texts) * (len(_searches("")) - 2), again
+    else:
+        assert decoded == [], "several shards: one `_msearch`, decoded by `shards.decode`"
     # a repeated window (no probes) over several shards: its shards' searches in one `_msearch`
     msearches = _metric(lean.url, 'bmx_upstream_seconds_count{call="msearch"}')
     assert msearches > 0 if shards > 1 else msearches == 0, msearches

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bmx_rerank.rerank.hits import SHARD
+from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.shards import (
     FORMS,
     decode,
+    decode_search,
     hold_window,
     items,
     merge,
@@ -208,3 +209,40 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     own["responses"][1] = {"error": {"type": "x"}, "status": 500}
     assert decode(json.dumps(own).encode(), 2) is None
     assert decode(payload, 3) is None and decode(b"not json", 2) is None
+
+
+def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> None:
+    """`decode_search` (an unprobed lean window on one shard): the same answer and columns as the
+    answer decoded whole, its hits unmarked (one shard) and made dicts only when read; anything a
+    `Hit` or a plain answer does not describe is left to be decoded whole (None)."""
+    hits = [
+        {"_index": "i", "_version": 2, "_seq_no": n, "_primary_term": 1, "_score": s}
+        for n, s in enumerate([3.0, 2.0, 2.0])
+    ]
+    answer = {  # in the order an engine writes it
+        "took": 3,
+        "timed_out": False,
+        "_shards": {"total": 1, "successful": 1, "skipped": 0, "failed": 0},
+        "hits": {"total": {"value": 3, "relation": "eq"}, "max_score": 3.0, "hits": hits},
+    }
+    payload = json.dumps(answer).encode()
+    found = decode_search(payload)
+    assert found is not None
+    typed, columns = found
+    made = typed["hits"]["hits"]
+    assert made[2] == answer["hits"]["hits"][2] and SHARD not in made[2], "one shard: no mark"
+    assert json.dumps({**typed, "hits": {**typed["hits"], "hits": list(made)}}) == json.dumps(answer)
+    whole = HitColumns.of(answer["hits"]["hits"])
+    assert {**vars(columns), "hits": None, "first": None} == {**vars(whole), "hits": None, "first": None}
+    assert columns.first.tolist() == whole.first.tolist() == [3.0, 2.0, 2.0]
+    assert decode_search(json.dumps({**answer, "hits": {"hits": []}}).encode()) is not None
+    refused = [
+        {**answer, "aggregations": {"n": {"value": 3}}},
+        {**answer, "terminated_early": True},  # sent before `_shards`: decoded whole, in that order
+        {"error": {"type": "x"}, "status": 500},
+        {**answer, "hits": {**answer["hits"], "hits": [{**answer["hits"]["hits"][0], "_id": "x"}]}},
+        {**answer, "hits": {**answer["hits"], "hits": [{**answer["hits"]["hits"][0], "_score": None}]}},
+    ]
+    for other in refused:
+        assert decode_search(json.dumps(other).encode()) is None, other
+    assert decode_search(b"not json") is None and decode_search(b"[1]") is None
