@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import numpy as np
 import orjson
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
@@ -74,6 +74,7 @@ THREAD_BYTES = 1 << 20  # an answer this large is decoded in a worker thread, as
 # Windows over several shards whose split between their shards is kept, per caller, to ask each shard
 # for its share next time (`shards.shard_sizes`): a few ints each
 SPLITS = 10_000
+UNEVEN, UNEVEN_TTL = 1024, 600.0  # index expressions, seconds (`Reranker.uneven`)
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,9 @@ class Reranker:
         self.msearch_probes: bool | None = None
         # (caller, window digest) -> how many of the window's hits each shard gave, the last time
         self.splits: LRUCache[tuple[str, str], tuple[int, ...]] = LRUCache(maxsize=SPLITS)
+        # index expressions a first sight's even shares fell short in lately: their first sights ask
+        # every shard for the whole window (an index routed unevenly would send each twice)
+        self.uneven: TTLCache[str, bool] = TTLCache(maxsize=UNEVEN, ttl=UNEVEN_TTL)
 
     async def rerank(
         self,
@@ -275,15 +279,18 @@ class Reranker:
             undecoded = window.lean and window.probe is None
             answer = await first_stage(window.body, window.params, undecoded=undecoded)
             return answer if answer.data is not None or answer.payload is None else await _decoded(answer)
-        assert self.shard_form is not None and window.body is not None
-        together = await self._msearch(window, msearch, headers, who) if msearch is not None else None
-        if together is not None:
-            found, status, raw = together
-        else:
-            answers = await shards.search_each(first_stage, window, self.shard_form)
-            if any(a.status >= 300 or a.data is None for a in answers):
-                raise lean.Miss
-            found, status, raw = [a.data for a in answers], answers[0].status, answers[0].raw  # type: ignore[misc]
+        assert window.body is not None
+        # each shard asked for its share of the window (that of the last time, else an even one) and
+        # a margin, and for the whole window again where those answers do not hold it
+        seen = self.splits.get((who, window.digest))
+        even = seen is None and window.index_expr in self.uneven
+        sizes = None if even else shards.shard_sizes(window.body, seen, window.shards)
+        found, status, raw = await self._each_shard(window, first_stage, msearch, headers, sizes)
+        if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
+            self.metrics.first_stage.labels("shares_short").inc()
+            if seen is None:
+                self.uneven[window.index_expr] = True
+            found, status, raw = await self._each_shard(window, first_stage, msearch, headers, None)
         merged = shards.merge(found, window.body)
         if merged is None:
             raise lean.Miss
@@ -291,26 +298,38 @@ class Reranker:
         self.splits[who, window.digest] = tuple(np.bincount(columns.shard, minlength=window.shards).tolist())
         return Answer(status, answer, raw, columns=columns)
 
+    async def _each_shard(
+        self,
+        window: Window,
+        first_stage: FirstStage,
+        msearch: MultiSearch | None,
+        headers: Mapping[str, str],
+        sizes: Sequence[int] | None,
+    ) -> tuple[list[Any], int, Any]:
+        """The answers of the window's search of each shard (`sizes[i]` hits of shard i, else the whole
+        window), its status and raw answer: in one `msearch` where it can go so, else one search a
+        shard; `lean.Miss` if one failed."""
+        assert self.shard_form is not None
+        together = await self._msearch(window, msearch, headers, sizes) if msearch is not None else None
+        if together is not None:
+            return together
+        answers = await shards.search_each(first_stage, window, self.shard_form, sizes)
+        if any(a.status >= 300 or a.data is None for a in answers):
+            raise lean.Miss
+        return [a.data for a in answers], answers[0].status, answers[0].raw
+
     async def _msearch(
-        self, window: Window, msearch: MultiSearch, headers: Mapping[str, str], who: str
+        self, window: Window, msearch: MultiSearch, headers: Mapping[str, str], sizes: Sequence[int] | None
     ) -> tuple[list[Any], int, Any] | None:
-        """The window's shards' answers from one `_msearch`, its status and raw answer; None where it
-        cannot go so: a parameter no header line carries, or probes the cluster's `_msearch` refuses
-        (`_msearch_takes_probes`). `lean.Miss` if an item failed. A window seen before asks each
-        shard for its share of it (`shards.shard_sizes`), and for all of it again where those answers
-        do not hold the window (`shards.hold_window`)."""
+        """The window's shards' answers from one `_msearch` (`sizes` as `_each_shard`'s), its status and
+        raw answer; None where it cannot go so: a parameter no header line carries, or probes the
+        cluster's `_msearch` refuses (`_msearch_takes_probes`). `lean.Miss` if an item failed."""
         assert self.shard_form is not None and window.body is not None
         on_url = {k: v for k, v in window.params.items() if k == tf_probe.PARAM}
-        sizes = shards.shard_sizes(window.body, self.splits.get((who, window.digest)))
         body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys(), sizes=sizes)
         if body is None or (on_url and not await self._msearch_takes_probes(window, headers)):
             return None
         found, answer = await self._msearch_items(window, msearch, body, on_url)
-        if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
-            self.metrics.first_stage.labels("shares_short").inc()
-            body = shards.msearch_body(window, self.shard_form, on_url=on_url.keys())
-            assert body is not None
-            found, answer = await self._msearch_items(window, msearch, body, on_url)
         return found, answer.status, answer.raw
 
     @staticmethod

@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 
 from bmx_rerank.rerank import shards as shards_module
+from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.upstream import Cluster
@@ -436,32 +437,35 @@ def test_a_first_sights_likely_page_is_asked_for_ahead(pair, monkeypatch) -> Non
 
 
 @pytest.mark.parametrize("pair", [3], ids=["3-shards"], indirect=True)
-def test_a_repeated_window_asks_each_shard_for_its_share_and_again_for_all_when_short(
-    pair, monkeypatch
-) -> None:
-    """A window over several shards seen before asks each shard for its share of it the last time (and
-    a margin), not the whole window; documents that move the window's split to one shard (a shard
-    that sends all it was asked for, its last hit in the window) send the shards' searches again for
-    the whole window. Every answer is the full first stage's."""
-    from bmx_rerank.rerank import shards as shards_module
-
+def test_each_shard_is_asked_for_its_share_and_again_for_all_when_short(pair, monkeypatch) -> None:
+    """A window over several shards asks each shard for its share of it (that of the last time, else
+    an even one) and a margin, not the whole window; documents that move the window's split to one
+    shard (a shard that sends all it was asked for, its last hit in the window) send the shards'
+    searches again for the whole window, and an index whose even shares fell short has its first
+    sights ask for the whole window. Every answer is the full first stage's."""
     engine, index, lean, full, texts = pair
-    real, asked = shards_module.msearch_body, []
+    asked: list[Any] = []  # each shard's size, per search of the shards (None: the whole window)
+    real = Reranker._each_shard
 
-    def recording(window: Any, form: int, **kwargs: Any) -> Any:
-        asked.append(kwargs.get("sizes"))
-        return real(window, form, **kwargs)
+    async def recording(
+        self: Any, window: Any, first_stage: Any, msearch: Any, headers: Any, sizes: Any
+    ) -> Any:
+        asked.append(sizes)
+        return await real(self, window, first_stage, msearch, headers, sizes)
 
-    monkeypatch.setattr(shards_module, "msearch_body", recording)
+    monkeypatch.setattr(Reranker, "_each_shard", recording)
+
+    def same(body: dict[str, Any]) -> dict[str, Any]:
+        a = _post(lean.url, f"/{index}/_search", body)
+        assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
+        return a
+
     body = _searches(texts[2])[0][1]  # a window of 60
     for _ in range(3):
-        assert _shown(_post(lean.url, f"/{index}/_search", body)) == _shown(
-            _post(full.url, f"/{index}/_search", body)
-        )
-    # the first sight probes (one search a shard where `_msearch` refuses the probes' parameter: no
-    # body then); the repeats ask each shard for its share
-    shares = [s for s in asked if s is not None]
-    assert len(shares) == 2 and shares[0] == shares[1] and sum(shares[0]) < 3 * 60, asked
+        same(body)
+    # a first sight asks each shard for an even share and half as much again; the repeats each
+    # shard for its share of the last time and a margin
+    assert asked[0] == [30, 30, 30] and asked[1] == asked[2] and sum(asked[1]) < 3 * 60, asked
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 0
     # 30 documents that match the query better than any, all on one shard (one routing value)
     lines = []
@@ -469,10 +473,17 @@ def test_a_repeated_window_asks_each_shard_for_its_share_and_again_for_all_when_
         lines.append(json.dumps({"index": {"_index": index, "_id": f"skew-{i}", "routing": "one"}}))
         lines.append(json.dumps({"body": f"{texts[2]} {texts[2]} {i}", "n": i, "tag": "t0"}))
     assert not engine.ok("POST", "/_bulk", "\n".join(lines) + "\n", {"refresh": "true"})["errors"]
+    del asked[:]
     for _ in range(2):
-        a = _post(lean.url, f"/{index}/_search", body)
-        assert _shown(a) == _shown(_post(full.url, f"/{index}/_search", body))
-        assert any(h["_id"].startswith("skew-") for h in a["hits"]["hits"])
+        assert any(h["_id"].startswith("skew-") for h in same(body)["hits"]["hits"])
     # the first time its shares were short: asked again for the whole window; then the new split
+    assert asked[:2] == [asked[0], None] and asked[2] is not None and max(asked[2]) > 30, asked
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 1
+    # a first sight of another window there: its even shares short (30 of its hits on one shard),
+    # asked again whole; the index's first sights then ask for the whole window
+    del asked[:]
+    for size in (45, 50):
+        same({**body, "ext": {"bmx": {**body["ext"]["bmx"], "window_size": size}}})
+    assert asked == [[23, 23, 23], None, None], asked
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 2
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0

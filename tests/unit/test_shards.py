@@ -134,16 +134,19 @@ def test_a_windows_shards_go_in_one_msearch_where_its_parameters_fit_there() -> 
     assert items({"responses": ok[:2]}, 3) is None and items(None, 3) is None
 
 
-def test_a_shard_is_asked_for_its_share_of_a_window_seen_before() -> None:
+def test_a_shard_is_asked_for_its_share_of_a_window_seen_before_else_an_even_one() -> None:
     body = {"query": {"match": {"body": "x"}}, "size": 100}
-    assert shard_sizes(body, None) is None, "no share known: the whole window of each"
-    assert shard_sizes(body, (40, 35, 25)) == [48, 43, 33]  # at least 8 more
-    assert shard_sizes({**body, "size": 1000}, (400, 350, 250)) == [450, 393, 281]  # an eighth more
-    assert shard_sizes(body, (97, 3, 0)) == [100, 11, 8], "never more than the window"
+    assert shard_sizes(body, (40, 35, 25), 3) == [48, 43, 33]  # at least 8 more
+    assert shard_sizes({**body, "size": 1000}, (400, 350, 250), 3) == [450, 393, 281]  # an eighth more
+    assert shard_sizes(body, (97, 3, 0), 3) == [100, 11, 8], "never more than the window"
+    # no share known (a first sight): an even share and half as much again, never more than the window
+    assert shard_sizes(body, None, 3) == [51, 51, 51]
+    assert shard_sizes({**body, "size": 1000}, None, 4) == [375] * 4
+    assert shard_sizes({**body, "size": 10}, None, 3) == [10, 10, 10], "at least 8 more: the window"
     # answers that may depend on how many hits a shard is asked for: the whole window each
-    assert shard_sizes({**body, "terminate_after": 50}, (40, 35, 25)) is None
-    assert shard_sizes({**body, "track_total_hits": 40}, (40, 35, 25)) is None
-    assert shard_sizes({**body, "track_total_hits": True}, (40, 35, 25)) == [48, 43, 33]
+    assert shard_sizes({**body, "terminate_after": 50}, (40, 35, 25), 3) is None
+    assert shard_sizes({**body, "track_total_hits": 40}, None, 3) is None
+    assert shard_sizes({**body, "track_total_hits": True}, (40, 35, 25), 3) == [48, 43, 33]
     window = _window({"preference": "bmx-1"})
     lines = (msearch_body(window, 0, sizes=[7, 5, 9]) or b"").decode().splitlines()
     assert [json.loads(line) for line in lines[1::2]] == [{**window.body, "size": n} for n in (7, 5, 9)]
