@@ -63,8 +63,8 @@ class Metrics:
         self.first_stage = Counter(
             "bmx_lean_windows",
             "Windows whose first stage read no stored field (lean), those that then went again in full "
-            "(lean_missed), and repeated windows over several shards whose shards, asked for their share "
-            "of it, were asked again for the whole window (shares_short)",
+            "(lean_missed), and windows over several shards whose shards, asked for their share of it "
+            "(a repeated window's, else an even one), were asked again for the whole window (shares_short)",
             ["outcome"],
             registry=self.registry,
         )

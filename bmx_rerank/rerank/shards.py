@@ -243,7 +243,8 @@ def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns] | None:
     """A lean window's answer from its one shard, its hits decoded as `Hit`s (each made a dict only
     when read, unmarked: `WindowHits`), and their columns read from them; None where a `Hit` or
     `_Item` does not describe it (an aggregation, the probes' scores, a field of its own, an error, not
-    JSON): the caller decodes it whole. A window of 1,000 is 0.45 -> 0.27 ms so (benchmarks/RESULTS.md)."""
+    JSON): the caller decodes it whole. A repeated window of 1,000 is 0.6-0.7 ms faster so
+    (benchmarks/RESULTS.md)."""
     try:
         item = _decode_search(payload)
     except msgspec.DecodeError:  # not JSON, or not a lean hit's fields (`ValidationError` too)
