@@ -93,11 +93,22 @@ def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elas
         "s100 + probes (filter + match_all, before)",
         "mtv100",
         "lean s100 + probes",
+        "lean s100 + probes (caller's query a must, before)",
         "lean s100 + probes + top_hits 20 (page inside)",
         "page of 10 by _seq_no",
         "rescore w100",
     ):
         assert float(rows[row]) > 0, run.stdout
+
+
+def test_small_after_first_sight_run_times_each_step(elasticsearch_url: str) -> None:
+    """benchmarks/after_first_sight.py on a few queries: every step timed, through the proxy and
+    straight to the engine."""
+    run = run_benchmark("after_first_sight", elasticsearch_url, "23")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = dict(re.findall(r"^(.+?)\s+p50\s+([\d.]+) ms$", run.stdout, re.M))
+    assert len(rows) == 6 and all(float(v) > 0 for v in rows.values()), run.stdout
+    assert float(rows["first sight (proxy)"]) > float(rows["lean stage after a repeat (engine)"]), run.stdout
 
 
 def test_small_word_guesses_run_counts_the_rule_against_the_engine(elasticsearch_url: str) -> None:
