@@ -283,8 +283,8 @@ class Reranker:
         # each shard asked for its share of the window (that of the last time, else an even one) and
         # a margin, and for the whole window again where those answers do not hold it
         seen = self.splits.get((who, window.digest))
-        even = seen is None and window.index_expr in self.uneven
-        sizes = None if even else shards.shard_sizes(window.body, seen, window.shards)
+        whole = seen is None and window.index_expr in self.uneven
+        sizes = None if whole else shards.shard_sizes(window.body, seen, window.shards)
         found, status, raw = await self._each_shard(window, first_stage, msearch, headers, sizes)
         if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
             self.metrics.first_stage.labels("shares_short").inc()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain
@@ -39,11 +40,12 @@ DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when 
 # enough that its last one ranks below the window when nothing changed, and a little change does not
 # send the shards' searches again whole (`shard_sizes`)
 SIZE_MARGIN = 8
-# What a shard is asked for beyond its even share of a window no split is known of (a first sight):
-# half as much again. A shard's hits of a window of 100 over 3 shards routed by `_id` are ~Binomial(100,
-# 1/3): more than 51 about once in 15,000 shards (then all are asked again for the whole window, and
-# the index is asked so for a while: `Reranker.uneven`). Each shard's probed fetch reads 51 hits, not 100.
-EVEN_MARGIN = 0.5
+# What a shard is asked for beyond its even share of a window no split is known of (a first sight), in
+# standard deviations of its count: a shard's hits of a window of n over s shards routed by `_id` are
+# ~Binomial(n, 1/s), and five deviations over the mean are passed about once in a million shards (then
+# all are asked again for the whole window, and the index is asked so for a while: `Reranker.uneven`).
+# A window of 100 over 3 shards asks each for 58 hits, not 100; one of 1,000 for 409.
+EVEN_SPREAD = 5.0
 # A window's parameters an `_msearch` header line takes as they are (strings, as in a URL); any other
 # but `preference` (and the probes' own, on the `_msearch` URL where the cluster takes it: Elasticsearch
 # does, OpenSearch 2.19 and 3.3 do not) sends one search a shard
@@ -65,7 +67,8 @@ async def search_each(
     stage): the answers in shard order. `sizes`: the hits asked of each shard (`shard_sizes`), else
     the whole window."""
     custom = window.params.get("preference")
-    body = window.body or {}
+    body = window.body
+    assert body is not None
     return list(
         await asyncio.gather(
             *(
@@ -109,15 +112,15 @@ def shard_sizes(body: Mapping[str, Any], counts: Sequence[int] | None, shards: i
     """What to ask each of `shards` shards for, for a window whose hits came `counts[i]` from shard i
     the last time: that and a margin (`SIZE_MARGIN`), instead of the whole window each (a window of
     1,000 over 3 shards: ~1,100 hits decoded instead of 3,000). With no count known (a first sight):
-    an even share and half as much again (`EVEN_MARGIN`). None (the whole window each): a search whose
+    an even share and a margin (`EVEN_SPREAD`). None (the whole window each): a search whose
     shards' answers may depend on how many hits they are asked for (`terminate_after`, a count bound
     of its own). Whether the answers hold the window is checked (`hold_window`)."""
     if "terminate_after" in body or type(body.get("track_total_hits", True)) is not bool:
         return None
     size = int(body.get("size", 10))
     if counts is None:
-        share = -(-size // shards)
-        return [min(size, share + max(SIZE_MARGIN, int(share * EVEN_MARGIN)))] * shards
+        spread = math.ceil(EVEN_SPREAD * math.sqrt(size * (shards - 1)) / shards)
+        return [min(size, -(-size // shards) + max(SIZE_MARGIN, spread))] * shards
     return [min(size, n + max(SIZE_MARGIN, n // 8)) for n in counts]
 
 

@@ -6,8 +6,8 @@ that can never match: a `bool` whose `filter` is a term on an `_id` no document 
 caller's query as the other `should` clause of a `bool` of two. Lucene drops that branch in the query
 phase (its scorer is empty in every segment), which leaves the caller's query alone, run as it runs
 without the probes: which documents match, their scores, the total and the aggregations are its own.
-The fetch phase still evaluates every named query on every hit. With `include_named_queries_score` (Elasticsearch >= 8.8, OpenSearch
->= 2.13) the engine reports, per hit, each matching probe's score s = tf / (tf + 1) (the intervals
+The fetch phase still evaluates every named query on every hit. With `include_named_queries_score`
+(Elasticsearch >= 8.8, OpenSearch >= 2.13) the engine reports, per hit, each matching probe's score s = tf / (tf + 1) (the intervals
 query's saturation with pivot 1), so tf = round(s / (1 - s)). A named `match_all` in the same branch
 (`CANARY`) must come back on every hit: a hit without it had its probes rewritten away (an engine
 that folds the never-matching branch into `match_none`), and is read from its term vectors instead.
@@ -104,7 +104,7 @@ def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
     `minimum_should_match`. The outer `bool` is a disjunction of it and the branch that never matches,
     so a document matches as the caller's query matches it, and scores its score alone. (A `must` for
     the caller's query, with the branch an optional `should`, is the same answer, but Lucene runs such a
-    `bool` as a conjunction instead of the caller's own query: 0.2-0.3 ms more for a window of 100 on
+    `bool` as a conjunction instead of the caller's own query: 0.3-0.5 ms more for a window of 100 on
     SciFact, benchmarks/RESULTS.md.)"""
     probes = [
         {"intervals": {f: {"match": {"query": term, "analyzer": "keyword"}, "_name": f"{PREFIX}{i}"}}}

@@ -139,9 +139,11 @@ def test_a_shard_is_asked_for_its_share_of_a_window_seen_before_else_an_even_one
     assert shard_sizes(body, (40, 35, 25), 3) == [48, 43, 33]  # at least 8 more
     assert shard_sizes({**body, "size": 1000}, (400, 350, 250), 3) == [450, 393, 281]  # an eighth more
     assert shard_sizes(body, (97, 3, 0), 3) == [100, 11, 8], "never more than the window"
-    # no share known (a first sight): an even share and half as much again, never more than the window
-    assert shard_sizes(body, None, 3) == [51, 51, 51]
-    assert shard_sizes({**body, "size": 1000}, None, 4) == [375] * 4
+    # no share known (a first sight): an even share and five standard deviations of a shard's count
+    # (at least 8 more), never more than the window
+    assert shard_sizes(body, None, 3) == [58, 58, 58]
+    assert shard_sizes({**body, "size": 1000}, None, 3) == [409] * 3
+    assert shard_sizes({**body, "size": 1000}, None, 4) == [319] * 4
     assert shard_sizes({**body, "size": 10}, None, 3) == [10, 10, 10], "at least 8 more: the window"
     # answers that may depend on how many hits a shard is asked for: the whole window each
     assert shard_sizes({**body, "terminate_after": 50}, (40, 35, 25), 3) is None
