@@ -822,19 +822,14 @@ class Reranker:
 
 
 async def _decoded(answer: Answer) -> Answer:
-    """A lean window's answer from its one shard, left undecoded by the front end: its hits decoded as
-    `Hit`s where they are plain lean hits (`shards.decode_search`), else the answer decoded whole."""
+    """A lean window's answer from its one shard, left undecoded by the front end, decoded
+    (`shards.decode_search`: its hits as `Hit`s where they are plain lean hits); no JSON object, it is
+    handed back as the cluster sent it."""
     payload = answer.payload
     assert payload is not None
     decode = partial(shards.decode_search, payload)
     found = await asyncio.to_thread(decode) if len(payload) > THREAD_BYTES else decode()
-    if found is not None:
-        return replace(answer, data=found[0], columns=found[1])
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:  # handed back as the cluster sent it
-        return answer
-    return replace(answer, data=data if isinstance(data, dict) else None)
+    return answer if found is None else replace(answer, data=found[0], columns=found[1])
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:

@@ -242,28 +242,43 @@ def decode(payload: bytes, shards: int) -> list[dict[str, Any]] | None:
 _decode_search = msgspec.json.Decoder(_Item).decode
 
 
-def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns] | None:
-    """A lean window's answer from its one shard, its hits decoded as `Hit`s (each made a dict only
-    when read, unmarked: `WindowHits`), and their columns read from them; None where a `Hit` or
-    `_Item` does not describe it (an aggregation, the probes' scores, a field of its own, an error, not
-    JSON): the caller decodes it whole. A repeated window of 1,000 is 0.6-0.7 ms faster so
-    (benchmarks/RESULTS.md)."""
+def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns | None] | None:
+    """A lean window's answer from its one shard, as `decode` reads an `_msearch`'s: its hits decoded
+    as `Hit`s (each made a dict only when read, unmarked: `WindowHits`) and their columns read from
+    them; an answer a `Hit` or `_Item` does not describe (an aggregation, the probes' scores, a field
+    of its own, an error) decoded whole, with no columns; None when it is no JSON object. A repeated
+    window of 1,000 is 0.6-0.7 ms faster so (benchmarks/RESULTS.md)."""
     try:
-        item = _decode_search(payload)
-    except msgspec.DecodeError:  # not JSON, or not a lean hit's fields (`ValidationError` too)
+        item: _Item | None = _decode_search(payload)
+    except msgspec.ValidationError:
+        item = None
+    except msgspec.DecodeError:  # not JSON
         return None
     # an engine writes `terminated_early` before `_shards`: decoded whole, in the engine's own order
-    if item.terminated_early is not msgspec.UNSET or item.status != 200:
-        return None
+    if item is None or item.terminated_early is not msgspec.UNSET or item.status != 200:
+        try:
+            whole = orjson.loads(payload)
+        except orjson.JSONDecodeError:  # JSON orjson does not take (an integer past 64 bits)
+            return None
+        return (whole, None) if isinstance(whole, dict) else None
     found = item.hits.hits
     answer = item.answer()
     answer["hits"]["hits"] = hits = WindowHits(found, None)
-    return answer, HitColumns(
+    scores = np.fromiter(map(_SCORE, found), np.float64, len(found))
+    return answer, _typed_columns(hits, found, [None] * len(found), scores)  # searched whole
+
+
+def _typed_columns(
+    hits: Sequence[dict[str, Any]], typed: list[Hit], shards: list[Any], scores: np.ndarray
+) -> HitColumns:
+    """The columns of a window's `hits`, read from their `Hit`s (`typed`, in the same order), with each
+    hit's shard and score."""
+    return HitColumns(
         hits,
-        *(list(map(read, found)) for read in (_INDEX, _SEQ_NO, _PRIMARY_TERM)),
-        [None] * len(found),  # searched whole
+        *(list(map(read, typed)) for read in (_INDEX, _SEQ_NO, _PRIMARY_TERM)),
+        shards,
         True,  # `Hit` requires both, as integers
-        np.fromiter(map(_SCORE, found), np.float64, len(found)),
+        scores,
     )
 
 
@@ -303,14 +318,8 @@ def merge(
         for hit, shard in zip(made, shard_of, strict=True):
             hit[SHARD] = shard
         hits["hits"] = made
-    if typed:
-        columns = HitColumns(
-            hits["hits"],
-            *(list(map(read, window)) for read in (_INDEX, _SEQ_NO, _PRIMARY_TERM)),
-            shard_of,
-            True,  # `Hit` requires both, as integers
-            first[ranked],  # the window's scores, read for the merge
-        )
+    if typed:  # the window's scores, read for the merge
+        columns = _typed_columns(hits["hits"], window, shard_of, first[ranked])
     else:
         columns = HitColumns.of(hits["hits"])
     merged: dict[str, Any] = {

@@ -219,7 +219,8 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
 def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> None:
     """`decode_search` (an unprobed lean window on one shard): the same answer and columns as the
     answer decoded whole, its hits unmarked (one shard) and made dicts only when read; anything a
-    `Hit` or a plain answer does not describe is left to be decoded whole (None)."""
+    `Hit` or a plain answer does not describe is decoded whole, with no columns; no JSON object is
+    None."""
     hits = [
         {"_index": "i", "_version": 2, "_seq_no": n, "_primary_term": 1, "_score": s}
         for n, s in enumerate([3.0, 2.0, 2.0])
@@ -248,6 +249,6 @@ def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> N
         {**answer, "hits": {**answer["hits"], "hits": [{**answer["hits"]["hits"][0], "_id": "x"}]}},
         {**answer, "hits": {**answer["hits"], "hits": [{**answer["hits"]["hits"][0], "_score": None}]}},
     ]
-    for other in refused:
-        assert decode_search(json.dumps(other).encode()) is None, other
+    for other in refused:  # decoded whole, with no columns
+        assert decode_search(json.dumps(other).encode()) == (other, None), other
     assert decode_search(b"not json") is None and decode_search(b"[1]") is None
