@@ -285,12 +285,12 @@ class Reranker:
         seen = self.splits.get((who, window.digest))
         whole = seen is None and window.index_expr in self.uneven
         sizes = None if whole else shards.shard_sizes(window.body, seen, window.shards)
-        found, status, raw = await self._each_shard(window, first_stage, msearch, headers, sizes)
+        found, status, raw = await self._search_shards(window, first_stage, msearch, headers, sizes)
         if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
             self.metrics.first_stage.labels("shares_short").inc()
             if seen is None:
                 self.uneven[window.index_expr] = True
-            found, status, raw = await self._each_shard(window, first_stage, msearch, headers, None)
+            found, status, raw = await self._search_shards(window, first_stage, msearch, headers, None)
         merged = shards.merge(found, window.body)
         if merged is None:
             raise lean.Miss
@@ -298,7 +298,7 @@ class Reranker:
         self.splits[who, window.digest] = tuple(np.bincount(columns.shard, minlength=window.shards).tolist())
         return Answer(status, answer, raw, columns=columns)
 
-    async def _each_shard(
+    async def _search_shards(
         self,
         window: Window,
         first_stage: FirstStage,
@@ -321,7 +321,7 @@ class Reranker:
     async def _msearch(
         self, window: Window, msearch: MultiSearch, headers: Mapping[str, str], sizes: Sequence[int] | None
     ) -> tuple[list[Any], int, Any] | None:
-        """The window's shards' answers from one `_msearch` (`sizes` as `_each_shard`'s), its status and
+        """The window's shards' answers from one `_msearch` (`sizes` as `_search_shards`'s), its status and
         raw answer; None where it cannot go so: a parameter no header line carries, or probes the
         cluster's `_msearch` refuses (`_msearch_takes_probes`). `lean.Miss` if an item failed."""
         assert self.shard_form is not None and window.body is not None

@@ -446,7 +446,7 @@ def test_each_shard_is_asked_for_its_share_and_again_for_all_when_short(pair, mo
     sights ask for the whole window. Every answer is the full first stage's."""
     engine, index, lean, full, texts = pair
     asked: list[Any] = []  # each shard's size, per search of the shards (None: the whole window)
-    real = Reranker._each_shard
+    real = Reranker._search_shards
 
     async def recording(
         self: Any, window: Any, first_stage: Any, msearch: Any, headers: Any, sizes: Any
@@ -454,7 +454,7 @@ def test_each_shard_is_asked_for_its_share_and_again_for_all_when_short(pair, mo
         asked.append(sizes)
         return await real(self, window, first_stage, msearch, headers, sizes)
 
-    monkeypatch.setattr(Reranker, "_each_shard", recording)
+    monkeypatch.setattr(Reranker, "_search_shards", recording)
 
     def same(body: dict[str, Any]) -> dict[str, Any]:
         a = _post(lean.url, f"/{index}/_search", body)
