@@ -88,7 +88,7 @@ class FakeCluster:
         )
 
     async def slow(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
+        await asyncio.sleep(1)  # past any test's proxy timeout (0.3 s); its cleanup waits for it
         return web.Response(text="late")
 
     async def sink(self, request: web.Request) -> web.Response:

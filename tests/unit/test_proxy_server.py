@@ -238,7 +238,7 @@ async def test_a_client_gone_mid_answer_leaves_the_proxy_serving(proxy):
 async def test_cleanup_waits_for_a_request_under_way(proxy):
     runner, addr = proxy
     reader, writer = await asyncio.open_connection(*addr)
-    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")  # the fake cluster answers in 5 s
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")  # the fake cluster answers in 1 s
     await writer.drain()
     await asyncio.sleep(0.2)
     cleaned = asyncio.ensure_future(runner.cleanup())
