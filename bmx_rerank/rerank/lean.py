@@ -12,8 +12,9 @@ term-vector cache, which keys such hits by index, table and version); then nothi
 The page's documents come back in one more search (`terms` on `_seq_no`) with the caller's
 `_source`, `fields`, `docvalue_fields`, `stored_fields` and `version`, and must be the same versions:
 those of the likely page (the first stage's top two pages) asked for beside the first stage of a
-first sight or a page never kept, on one shard (`beside`: the caller's query itself, each hit with
-its version), or otherwise while the window is scored (`ahead`), any other after it; a page showing `_source` alone is kept per caller
+first sight or a page never kept (`beside`: the caller's query itself, each hit with its version; over
+several shards where the index's routing is known), or otherwise while the window is scored (`ahead`),
+any other after it; a page showing `_source` alone is kept per caller
 and version (`PageCache`).
 
 Anything else (a hit of another index, a version gone by the page fetch, a window declined or fallen
@@ -38,6 +39,7 @@ from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.term_vector_cache import numbered_in
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.stats.routing import routed_shards, routing_keys
 from bmx_rerank.upstream import Cluster
 
 # What a lean window may carry: what shapes its hits (the query phase) and what a page fetch can
@@ -402,17 +404,22 @@ def beside(
     cluster: Cluster, window: Window, headers: Mapping[str, str], *, cache: PageCache, who: str
 ) -> Ahead | None:
     """Start a search of the likely page beside a lean first stage whose page is not in the page cache
-    (a first sight's, or one never kept), before its answer names the page: the caller's query (without the probes, aggregations or the window's stored-field
-    savings) for its top `AHEAD` pages, each hit showing what the caller asked and its version. The
-    cluster answers it while it answers the first stage, instead of after it. Only where the window is
-    `AHEAD` pages or more twice over, as `ahead`, and on one shard: over several a hit says its shard
-    only when its shard is searched alone, and a search of each shard's share cost the cluster more than
-    it saved (benchmarks/RESULTS.md). A document of another version than the window's is not used; a
-    failed search guesses nothing (the page is fetched after, as without it)."""
+    (a first sight's, or one never kept), before its answer names the page: the caller's query (without
+    the probes, aggregations or the window's stored-field savings) for its top `AHEAD` pages, each hit
+    showing what the caller asked and its version. The cluster answers it while it answers the first
+    stage, instead of after it. Only where the window is `AHEAD` pages or more twice over, as `ahead`.
+    Over several shards a version is one of a shard, and a hit does not say its shard: there, each hit's
+    shard is the one its `_routing`, else its `_id`, routes to, where the index's length table knows its
+    routing (`routes`: as a table of several shards finds a hit's length); else nothing is searched
+    beside. A document of another version than the window's is not used; a failed search guesses
+    nothing (the page is fetched after, as without it)."""
     top = _likely(window)
     plan = window.plan
     assert window.page_fetch is not None
-    if window.shards != 1 or plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
+    if plan.body is None or top == 0 or 2 * top > int(plan.body.get("size", 10)):
+        return None
+    routing = routes(window) if window.shards > 1 else {}
+    if routing is None:
         return None
     shown, params = window.page_fetch
     body = {
@@ -422,16 +429,54 @@ def beside(
         **shown,
         "seq_no_primary_term": True,
     }
+    path = f"/{window.index_expr}/_search" + ("?" + urlencode(params) if params else "")
 
     async def searched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
         try:
-            (answer,) = await _each_shard(cluster, window, headers, {0: body}, params)
+            answer = await cluster.request("POST", path, body, headers)
         except SearchError:  # refused, failed or cut short: the page is fetched after
             return []
         hits = answer.get("hits", {}).get("hits", []) if isinstance(answer, dict) else []
-        return [(h, h) for h in hits if "_seq_no" in h and "_primary_term" in h and "_index" in h]
+        named = [h for h in hits if "_seq_no" in h and "_primary_term" in h and "_index" in h]
+        if window.shards == 1:
+            return [(h, h) for h in named]
+        return _routed(named, routing, window.shards)
 
     return Ahead(asyncio.ensure_future(searched()), partial(cache.keys, window, who))
+
+
+def routes(window: Window) -> dict[str, int] | None:
+    """The routing shard count of each index of a window over several shards, from its length tables
+    (checked against every document when they were built: `LengthIndex.routing_shards`); None where
+    one does not know it, or is not of the window's shards."""
+    out: dict[str, int] = {}
+    for task in window.stats.values():
+        for ix, table in (task.result().lengths or {}).items():
+            count = getattr(table, "routing_shards", None)
+            if count is None or table.shards != window.shards or out.setdefault(ix, count) != count:
+                return None
+    return out or None
+
+
+def _routed(
+    hits: Sequence[dict[str, Any]], routing: Mapping[str, int], shards: int
+) -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """Each hit of an index in `routing` named by its version (its index, shard, `_seq_no` and
+    `_primary_term`), its shard the one its routing key goes to, with the hit as it came."""
+    known = [h for h in hits if h["_index"] in routing and (h.get("_routing") is not None or h.get("_id"))]
+    out: list[tuple[Mapping[str, Any], dict[str, Any]]] = []
+    for ix in {h["_index"] for h in known}:
+        mine = [h for h in known if h["_index"] == ix]
+        keys = routing_keys([h.get("_id", "") for h in mine], [h.get("_routing") for h in mine])
+        for hit, shard in zip(mine, routed_shards(keys, routing[ix], shards).tolist(), strict=True):
+            named = {
+                "_index": ix,
+                SHARD: shard,
+                "_seq_no": hit["_seq_no"],
+                "_primary_term": hit["_primary_term"],
+            }
+            out.append((named, hit))
+    return out
 
 
 def _likely(window: Window) -> int:
