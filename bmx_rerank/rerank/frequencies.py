@@ -259,7 +259,7 @@ class TermFrequencies:
 
     def remember(self, columns: HitColumns, naming: Naming, names: Sequence[str], found: ProbedTerms) -> None:
         """Keep what `from_probes` found in the term-vector cache, for next time (partial entries): apart
-        from it, so that the pipeline does it once the answer is written (`lean.after_answer`). None are made
+        from it, so that the pipeline does it while the cluster answers the page's fetch. None are made
         (nor the hits' keys) when the cache keeps nothing."""
         if self.cache.max_bytes <= 0:
             return

@@ -358,16 +358,13 @@ class Ahead:
 
     async def found(self, cache: PageCache) -> dict[Version, dict[str, Any]]:
         """The documents fetched, by version (a version gone or changed is not there), each kept in
-        `cache` as a page's would be, once the answer is written: a repeated window then fetches none
-        of them again."""
+        `cache` as a page's would be: a repeated window then fetches none of them again."""
         pairs = await self.task
-        after_answer(partial(self._keep, cache, pairs))
-        return {version(named): doc for named, doc in pairs}
-
-    def _keep(self, cache: PageCache, pairs: Sequence[tuple[Mapping[str, Any], dict[str, Any]]]) -> None:
         keys = self.keys([named for named, _ in pairs])
         if keys is not None:
-            _put_all(cache, list(zip(keys, (doc for _, doc in pairs), strict=True)))
+            for key, (_, doc) in zip(keys, pairs, strict=True):
+                cache.put(key, doc)
+        return {version(named): doc for named, doc in pairs}
 
 
 def ahead(
@@ -497,14 +494,16 @@ async def fill_page(
     keep_version: bool,
     cache: PageCache,
     who: str,
+    meanwhile: Callable[[], None] | None = None,
 ) -> str:
     """The page of a reranked lean window (`body`'s hits, which carry `_seq_no`) replaced by its
     documents as the caller asked to see them (from `cache`, else those fetched ahead, else one
     fetch), with the rerank's `_score` (and explanation); `Miss` when one of them is gone or changed.
-    The documents fetched are kept in `cache` once the answer is written (`after_answer`).
 
-    Says how the fetch ahead served the page: "none" made; "unused" (the page all in the cache);
-    "covered"; "fetched_after" (part of the page outside it)."""
+    `meanwhile` (the request's work that the page does not wait for) runs while the cluster answers
+    a fetch of the page's documents (ahead or after), else before the answer. Says how the fetch ahead
+    served the page: "none" made; "unused" (the page all in the cache); "covered"; "fetched_after"
+    (part of the page outside it)."""
     hits = body.get("hits", {}).get("hits", [])
     keys = cache.keys(window, who, hits)
     docs = [cache.get(k) for k in keys] if keys is not None else [None] * len(hits)
@@ -513,18 +512,27 @@ async def fill_page(
     if window.ahead is not None:
         outcome = "unused"
         if wanted:  # else it is cancelled with the window (`Window.close`)
+            if meanwhile is not None and not window.ahead.task.done():  # its fetch is on the wire
+                meanwhile, now = None, meanwhile
+                now()
             found = await window.ahead.found(cache)
             for i in wanted:
                 docs[i] = found.get(version(hits[i]))
             wanted = [i for i in wanted if docs[i] is None]
             outcome = "fetched_after" if wanted else "covered"
     if wanted:
-        fetched = await fetch(cluster, window, headers, [hits[i] for i in wanted], page=True)
+        fetching = fetch(cluster, window, headers, [hits[i] for i in wanted], page=True)
+        if meanwhile is None:
+            fetched = await fetching
+        else:
+            fetched, _ = await asyncio.gather(fetching, _once_sent(meanwhile))
+            meanwhile = None
         for i, doc in zip(wanted, fetched, strict=True):
             docs[i] = doc
-        if keys is not None:
-            kept = [(keys[i], doc) for i, doc in zip(wanted, fetched, strict=True) if doc is not None]
-            after_answer(partial(_put_all, cache, kept))
+            if doc is not None and keys is not None:
+                cache.put(keys[i], doc)
+    if meanwhile is not None:  # nothing was waited for
+        meanwhile()
     page = []
     drop = {"_score", "sort", "matched_queries"}
     drop |= set() if keep_seq else {"_seq_no", "_primary_term"}
@@ -541,20 +549,6 @@ async def fill_page(
     return outcome
 
 
-def after_answer(work: Callable[[], None]) -> None:
-    """`work` (keeping what a rerank found, for next time) once its answer is written: a rerank's task
-    does not wait again after its scores and page are in hand, and the front end writes the answer in
-    that same step (the proxy; a client wrapper returns it), so the loop runs `work` after it, while
-    the caller reads the answer, instead of before it (1-2.5 ms for a first sight's 100 hits in the
-    term-vector cache: benchmarks/RESULTS.md)."""
-    asyncio.get_running_loop().call_soon(work)
-
-
-def _put_all(cache: PageCache, kept: Sequence[tuple[PageKey, dict[str, Any]]]) -> None:
-    for key, doc in kept:
-        cache.put(key, doc)
-
-
 async def on_the_wire() -> None:
     """Until a call started just before is on the wire, so that what follows runs while the cluster
     answers: a turn of the event loop for that call's task to write its request (the proxy's own
@@ -562,6 +556,12 @@ async def on_the_wire() -> None:
     lazily before Python 3.12), which the client wrappers' calls still go by."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
+
+
+async def _once_sent(work: Callable[[], None]) -> None:
+    """`work`, once the call started just before it is on the wire (`on_the_wire`)."""
+    await on_the_wire()
+    work()
 
 
 def tables(window: Window) -> dict[str, str]:

@@ -617,7 +617,7 @@ class Reranker:
                 terms, alive = found, [i for i, t in enumerate(found) if t is not None]
         if alive:
             self.prober.saw(window, who)
-        # a probed window's entries, kept for next time once the answer is written (see below)
+        # a probed window's entries, kept for next time while its page is fetched (see below)
         remember = partial(self.frequencies.remember, columns, naming, names, probed) if probed else None
         self.metrics.tf.labels(source, window.unprobed_because or "probed").inc()
         marker = {
@@ -689,10 +689,11 @@ class Reranker:
                 keep_version=wants_version(plan),
                 cache=self.pages,
                 who=who,
+                meanwhile=remember,  # the entries kept while the cluster answers
             )
             self.metrics.page_ahead.labels(served).inc()
-        if remember is not None:
-            lean.after_answer(remember)
+        elif remember is not None:
+            remember()
         return body
 
     async def _frequencies(
