@@ -1,4 +1,4 @@
-"""A real two-node cluster behind the proxy loses a node under load (a 20-second run of
+"""A real two-node cluster behind the proxy loses a node under load (a 12-second run of
 benchmarks/two_nodes.py; the one-minute runs and their figures are in benchmarks/RESULTS.md).
 
 Two processes of the launcher's default distribution of each kind (Elasticsearch 8.19 on Java 17,
@@ -28,7 +28,7 @@ from benchmarks import two_nodes
 from bmx_rerank.testing.kinds import DEFAULT_VERSIONS, EngineError
 from tests.support.engine_client import unavailable
 
-SECONDS = 20.0
+SECONDS = 12.0
 WRITERS = SEARCHERS = 3
 
 
