@@ -37,6 +37,7 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     for kind in ways:
         assert (kind, 1) in kinds and (kind, 2) in kinds, kind
     assert ("rerank again", 1) in kinds, "a third time, at one client (its answer checked equal)"
+    assert ("rerank fresh", 1) in kinds, "the warm proxy's first sights, at one client"
     assert all(r["n"] > 0 and r["p50"] > 0 and r["rps"] > 0 for r in rows)
     # Several clients: the CPU each request cost the engine, and the proxy when there is one.
     for r in (r for r in rows if r["clients"] == 2):
