@@ -40,8 +40,8 @@ TIMEOUT = 2.0  # the proxy's --timeout in these tests (1 s was too tight for a l
 # `_mtermvectors` starts only after the first stage answered, so the first stage's own time adds to a
 # hung term-vector call: 1 s of grace was exceeded by 10 ms on this shared, loaded 2-core machine.
 GRACE = 1.5
-# Rounds of every fault for the fd and memory check (a stall costs TIMEOUT each); the
-# long runs with faults are benchmarks/soak.py's (--faults)
+# Rounds of every fault for the fd and memory check (a stall costs TIMEOUT each); the long runs with
+# faults are benchmarks/soak.py's (--faults)
 ROUNDS = 3
 MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
