@@ -263,8 +263,11 @@ class TermFrequencies:
         (nor the hits' keys) when the cache keeps nothing."""
         if self.cache.max_bytes <= 0:
             return
+        self.keep_entries(naming.keys(columns), found)
+
+    def keep_entries(self, versions: Sequence[VersionKey | None], found: ProbedTerms) -> None:
+        """`remember` of hits named `versions` (their `version_key`s)."""
         put = self.cache.put
-        versions = naming.keys(columns)
         for i, f, doc in found.entries():
             if (version := versions[i]) is not None:
                 put((*version, f), doc)
@@ -368,3 +371,12 @@ def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
     (when the hit carries one)."""
     version = hit.get("_version")
     return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)
+
+
+def probed_bytes(found: ProbedTerms, versions: Sequence[VersionKey | None]) -> int:
+    """What a kept window holds to make its documents' entries later (`SeenWindow.entries`): the
+    probes' table and lengths, and each hit's version key (a tuple of five with its list slot and
+    numbers, ~150 bytes; its strings are the hits' own, ~60 more)."""
+    table = found.counts
+    arrays = table.counts.nbytes + table.usable.nbytes + found.lengths.nbytes + found.scored.nbytes
+    return int(arrays + 210 * len(versions) + 400)

@@ -10,7 +10,7 @@ fetch term vectors; `on` takes that bet.)"""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import orjson
 from cachetools import TTLCache
@@ -45,6 +45,7 @@ class Prober:
         *,
         mode: str,
         remember_windows: bool,
+        kept: Callable[[tuple[str, str]], bool] | None = None,
     ) -> None:
         if mode not in PROBE_MODES:
             raise ValueError(f"probes must be one of {PROBE_MODES}, got {mode!r}")
@@ -52,6 +53,9 @@ class Prober:
         self.metrics = metrics
         self.mode = mode
         self.remember_windows = remember_windows  # no term-vector cache: a seen window costs as a new one
+        # whether the term-vector cache still keeps a window (caller, digest): one it let go is probed
+        # again, as a new one (its documents have no entries of their own: `SeenWindow.entries`)
+        self.kept = kept
         self.seen: TTLCache[tuple[str, str], bool] = TTLCache(maxsize=SEEN_WINDOWS, ttl=SEEN_TTL)
         self._named_scores: bool | None = None  # does the cluster report named query scores?
         # (index expression, fields) whose probes the cluster refused (not text with positions)
@@ -68,7 +72,8 @@ class Prober:
 
     def had(self, window: Window, who: str) -> bool:
         """Whether this caller had this window reranked lately (`saw`)."""
-        return self.remember_windows and (who, window.digest) in self.seen
+        key = (who, window.digest)
+        return self.remember_windows and key in self.seen and (self.kept is None or self.kept(key))
 
     def drop(self, window: Window) -> bool:
         """After the cluster refused a first stage with probes: the request without them, to send

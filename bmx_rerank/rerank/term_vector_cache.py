@@ -23,7 +23,9 @@ An entry is either a document's full term vectors (`_mtermvectors`) or a partial
 the frequencies of the tokens a first stage probed (rerank/tf_probe), 0 included, and the exact
 length. A partial entry answers only a window whose tokens in that field it all knows; partial entries
 of one key merge (the union of their tokens: both are exact for that document version), and a full
-entry always wins over a partial one.
+entry always wins over a partial one. A probed window kept whole holds its documents' partial entries
+unmade (`SeenWindow.entries`): they are made only when it comes back changed, for its unchanged hits,
+so that a first sight (most windows are never asked for again) puts nothing per document.
 
 A window that comes back whole is kept whole too (`SeenWindow`): the same caller's
 same request (`Window.digest`) whose hits are the same document versions in the same order, analysed
@@ -45,9 +47,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, ClassVar
 
@@ -74,11 +76,12 @@ WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
 # tokens: one leaf 6,081-6,576 bytes, counted 7,250; a `dis_max` of two 12,434, counted 15,300; a
 # root alone 2,189, counted 2,200)
 KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 700, 600, 1400, 150
-# Windows seen once get 1/32 of the bound beside it (8 MiB beside the default 256: 1,000-1,700 windows
-# of 100 hits with their scores for queries of 12 to 3 tokens, 130-220 of 1,000; at 1/128 a window of
-# 1,000 was gone before its repeat among 60 other queries): a repeat or the next page soon after finds
-# its window there
-RECENT_SHARE = 32
+# Windows seen once get 1/8 of the bound beside it (32 MiB beside the default 256: ~1,000 probed windows
+# of 100 hits with their scores and their documents' probed entries, `SeenWindow.entries`, ~130 of
+# 1,000; at 1/128 a window of 1,000 was gone before its repeat among 60 other queries): a repeat or the
+# next page soon after finds its window there. (A first sight puts no document entries in the main
+# LRU: a window seen once weighs there nothing else.)
+RECENT_SHARE = 8
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
@@ -324,10 +327,22 @@ class SeenWindow:
     # half the float64 arrays the scoring core reads
     kept: dict[tuple[str, tuple[str, ...]], tuple[np.ndarray, np.ndarray]]
     scores: KeptScores | None = None
+    # a probed window's documents' entries, made only if the window comes back changed (`window`): its
+    # unchanged documents then need no `_mtermvectors`; and what holding them weighs
+    entries: Callable[[], None] | None = field(default=None, compare=False)
+    entries_bytes: int = 0
 
     @classmethod
-    def of(cls, versions: bytes, features: Features, scores: KeptScores | None = None) -> SeenWindow:
-        return cls(versions, {k: (_compact(c.tf), _compact(c.length)) for k, c in features.items()}, scores)
+    def of(
+        cls,
+        versions: bytes,
+        features: Features,
+        scores: KeptScores | None = None,
+        entries: Callable[[], None] | None = None,
+        entries_bytes: int = 0,
+    ) -> SeenWindow:
+        kept = {k: (_compact(c.tf), _compact(c.length)) for k, c in features.items()}
+        return cls(versions, kept, scores, entries, entries_bytes)
 
     def scored(self, scores: KeptScores) -> SeenWindow:
         """This window with other scores."""
@@ -361,7 +376,7 @@ def entry_bytes(entry: Terms | SeenWindow) -> int:
     if type(entry) is SeenWindow:
         arrays = sum(tf.nbytes + length.nbytes for tf, length in entry.kept.values())
         scores = entry.scores.nbytes if entry.scores is not None else 0
-        return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays + scores
+        return WINDOW_OVERHEAD + FEATURE_OVERHEAD * len(entry.kept) + arrays + scores + entry.entries_bytes
     return ENTRY_OVERHEAD + (entry.held if type(entry) is ProbedDoc else token_bytes(entry.tf))
 
 
@@ -428,7 +443,19 @@ class TermVectorCache:
             self._keep(self._items, key, seen)
         if type(seen) is SeenWindow and seen.versions == versions:
             return seen
+        if type(seen) is SeenWindow and seen.entries is not None:
+            # changed: its documents' entries, once, for those of its hits that did not change
+            seen.entries()
+            self._keep(
+                self._items if key in self._items else self._recent,
+                key,
+                replace(seen, entries=None, entries_bytes=0),
+            )
         return None
+
+    def holds_window(self, key: WindowKey) -> bool:
+        """Whether a window is kept under `key` (whatever its hits now are)."""
+        return self.max_bytes > 0 and (key in self._items or key in self._recent)
 
     def keep_window(self, key: WindowKey, seen: SeenWindow, *, again: bool) -> None:
         """Keep a window scored whole (replacing what `key` held: its hits or tokens changed); `again`:

@@ -367,7 +367,11 @@ async def test_auto_probes_a_new_window_and_not_one_this_caller_just_had_reranke
     auto = reranker("auto")
     assert await decide(auto, alice) is None
     side = auto.open("docs", plan, alice)
-    auto.prober.saw(side, caller_of(auto, alice))  # as the rerank does after the window
+    who = caller_of(auto, alice)
+    auto.prober.saw(side, who)  # as the rerank does after the window
+    # seen, but not kept whole (the cache let it go): probed again, as a new window
+    assert await decide(auto, alice) is None
+    auto.frequencies.cache.keep_window((who, side.digest), SeenWindow.of(b"hits", {}), again=False)
     side.close()
     assert await decide(auto, alice) == ("seen" if cache_bytes else None)
     assert await decide(auto, bob) is None, "another caller's windows are its own"
@@ -520,3 +524,26 @@ def test_windows_seen_once_stay_in_their_own_share_of_the_bound():
     assert all(cache.window(("u", f"w{n}"), one.versions) for n in (7, 8, 9))
     cache.keep_window(("u", "w30"), one, again=True)
     assert cache.window(("u", "w30"), one.versions) is not None, "a window had before goes to the main LRU"
+
+
+def test_a_probed_window_makes_its_documents_entries_only_when_it_comes_back_changed():
+    """A probed window kept whole holds its documents' entries unmade (`SeenWindow.entries`): found
+    again unchanged, none are made; found changed, they are made once (for the rerank to read its
+    unchanged hits from), and the window stays kept without them, weighing what it then holds."""
+    made: list[int] = []
+    tokens = {("body", "a"): ["a"]}
+    versions = versions_digest([("alice", "i", "1", 1, 1)], tokens)
+    features = {("body", ("a",)): Candidates(np.array([[1.0]]), np.array([4.0]))}
+    cache = TermVectorCache()
+    kept = SeenWindow.of(versions, features, None, lambda: made.append(1), 5_000)
+    cache.keep_window(("alice", "w"), kept, again=False)
+    assert cache.bytes == entry_bytes(kept) == entry_bytes(SeenWindow.of(versions, features)) + 5_000
+    assert cache.window(("alice", "w"), versions) is kept and made == []
+    assert cache.holds_window(("alice", "w")) and not cache.holds_window(("bob", "w"))
+    changed = versions_digest([("alice", "i", "1", 2, 1)], tokens)
+    assert cache.window(("alice", "w"), changed) is None and made == [1]
+    assert cache.window(("alice", "w"), changed) is None and made == [1], "made once"
+    assert cache.holds_window(("alice", "w")) and cache.bytes == entry_bytes(
+        SeenWindow.of(versions, features)
+    )
+    assert not TermVectorCache(0).holds_window(("alice", "w"))
