@@ -681,7 +681,7 @@ class Reranker:
                 versions = naming.keys(columns)
                 entries = partial(self.frequencies.keep_entries, versions, probed)
                 window_kept = SeenWindow.of(digest, features, scores, entries, probed_bytes(probed, versions))
-                remember = None
+                remember, again = None, True  # in the main LRU, where its documents' entries went
             else:
                 window_kept = SeenWindow.of(digest, features, scores)
             self.frequencies.keep_window(kept_as, window_kept, again=again)

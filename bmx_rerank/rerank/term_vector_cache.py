@@ -76,12 +76,12 @@ WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
 # tokens: one leaf 6,081-6,576 bytes, counted 7,250; a `dis_max` of two 12,434, counted 15,300; a
 # root alone 2,189, counted 2,200)
 KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 700, 600, 1400, 150
-# Windows seen once get 1/8 of the bound beside it (32 MiB beside the default 256: ~1,000 probed windows
-# of 100 hits with their scores and their documents' probed entries, `SeenWindow.entries`, ~130 of
-# 1,000; at 1/128 a window of 1,000 was gone before its repeat among 60 other queries): a repeat or the
-# next page soon after finds its window there. (A first sight puts no document entries in the main
-# LRU: a window seen once weighs there nothing else.)
-RECENT_SHARE = 8
+# Windows seen once get 1/32 of the bound beside it (8 MiB beside the default 256: 1,000-1,700 windows
+# of 100 hits with their scores for queries of 12 to 3 tokens, 130-220 of 1,000; at 1/128 a window of
+# 1,000 was gone before its repeat among 60 other queries): a repeat or the next page soon after finds
+# its window there. A probed window goes to the main LRU at once, with its documents' entries unmade
+# (`SeenWindow.entries`): where those entries went before, one a document.
+RECENT_SHARE = 32
 Features = dict[tuple[str, tuple[str, ...]], Candidates]  # (field, vocabulary) -> tf and lengths
 
 
