@@ -254,6 +254,28 @@ class _After:
         return await self.cluster.request(*args, **kwargs)
 
 
+def _count_page_reads(monkeypatch) -> tuple[list[int], list[int]]:
+    """Counted as the proxy goes: the documents each fetch by version asks for a page (`lean.fetch`),
+    and each search of a first sight's likely page beside its first stage (`lean.beside`)."""
+    from bmx_rerank.rerank import lean as lean_module
+
+    real, real_beside = lean_module.fetch, lean_module.beside
+    pages: list[int] = []
+    guesses: list[int] = []
+
+    async def counting(*args: Any, page: bool, **kwargs: Any) -> Any:
+        if page:
+            pages.append(len(args[3]))
+        return await real(*args, page=page, **kwargs)
+
+    def counting_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
+        return real_beside(_After(cluster, lambda: guesses.append(1)), *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lean_module, "fetch", counting)
+    monkeypatch.setattr(lean_module, "beside", counting_beside)
+    return pages, guesses
+
+
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_page_document_changed_before_the_page_fetch_sends_the_search_again_in_full(
     pair, monkeypatch
@@ -328,26 +350,12 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     documents from the page cache (no page fetch), the answer unchanged; another caller (another
     `Authorization`) reads its own; a page showing `fields` (which follow the mapping) is never kept,
     and read again each time."""
-    from bmx_rerank.rerank import lean as lean_module
-
     engine, index, lean, full, texts = pair
-    real, real_beside = lean_module.fetch, lean_module.beside
-    pages: list[int] = []  # documents a fetch by version asked for
-    guesses: list[int] = []  # searches of a first sight's likely page beside its first stage
-
-    async def counting(*args: Any, page: bool, **kwargs: Any) -> Any:
-        if page:
-            pages.append(len(args[3]))
-        return await real(*args, page=page, **kwargs)
-
-    def counting_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
-        return real_beside(_After(cluster, lambda: guesses.append(1)), *args, **kwargs)  # type: ignore[arg-type]
+    pages, guesses = _count_page_reads(monkeypatch)
 
     def read() -> tuple[list[int], int]:
         return list(pages), len(guesses)
 
-    monkeypatch.setattr(lean_module, "fetch", counting)
-    monkeypatch.setattr(lean_module, "beside", counting_beside)
     body = _searches(texts[1])[0][1]
     first = _post(lean.url, f"/{index}/_search", body)
     assert first["_bmx"]["fetch"] == "page", first["_bmx"]
@@ -491,8 +499,6 @@ def test_over_several_shards_a_first_sights_page_is_searched_beside_where_the_ro
     length table knows its routing, the page comes from the search beside, and the answer is the full
     first stage's. An index routed with `routing_partition_size` (a formula the build does not trust)
     searches nothing beside: the top two pages are fetched while the window is scored, as before."""
-    from bmx_rerank.rerank import lean as lean_module
-
     index = f"bmxtest-lean-routed-{uuid.uuid4().hex[:10]}"
     store = f"bmxtest-lean-store-{uuid.uuid4().hex[:8]}"
     settings: dict[str, Any] = {"number_of_shards": 3, "number_of_replicas": 0}
@@ -521,20 +527,7 @@ def test_over_several_shards_a_first_sights_page_is_searched_beside_where_the_ro
         return StatsCache(session, base, store=store, check_interval=3600.0)
 
     lean, full = ProxyThread(engine.url, stats), ProxyThread(engine.url, stats, tf_probes=False)
-    real_fetch, real_beside = lean_module.fetch, lean_module.beside
-    pages: list[int] = []  # documents each fetch by version asked for
-    guesses: list[int] = []  # searches beside a first stage
-
-    async def counting(*args: Any, page: bool, **kwargs: Any) -> Any:
-        if page:
-            pages.append(len(args[3]))
-        return await real_fetch(*args, page=page, **kwargs)
-
-    def counting_beside(cluster: Cluster, *args: Any, **kwargs: Any) -> Any:
-        return real_beside(_After(cluster, lambda: guesses.append(1)), *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(lean_module, "fetch", counting)
-    monkeypatch.setattr(lean_module, "beside", counting_beside)
+    pages, guesses = _count_page_reads(monkeypatch)
     try:
         routed_shown = 0
         for query in scifact_records("queries.jsonl", QUERIES):
