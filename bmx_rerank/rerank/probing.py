@@ -45,7 +45,7 @@ class Prober:
         *,
         mode: str,
         remember_windows: bool,
-        kept: Callable[[tuple[str, str]], bool] | None = None,
+        kept: Callable[[tuple[str, str]], bool],
     ) -> None:
         if mode not in PROBE_MODES:
             raise ValueError(f"probes must be one of {PROBE_MODES}, got {mode!r}")
@@ -73,7 +73,7 @@ class Prober:
     def had(self, window: Window, who: str) -> bool:
         """Whether this caller had this window reranked lately (`saw`)."""
         key = (who, window.digest)
-        return self.remember_windows and key in self.seen and (self.kept is None or self.kept(key))
+        return self.remember_windows and key in self.seen and self.kept(key)
 
     def drop(self, window: Window) -> bool:
         """After the cluster refused a first stage with probes: the request without them, to send
