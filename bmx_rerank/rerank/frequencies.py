@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -263,13 +264,13 @@ class TermFrequencies:
         (nor the hits' keys) when the cache keeps nothing."""
         if self.cache.max_bytes <= 0:
             return
-        self.keep_entries(naming.keys(columns), found)
+        self.keep_entries(partial(naming.keys, columns), found)
 
-    def keep_entries(self, versions: Sequence[VersionKey | None], found: ProbedTerms) -> None:
-        """`remember` of hits named `versions` (their `version_key`s)."""
-        put = self.cache.put
+    def keep_entries(self, versions: Callable[[], Sequence[VersionKey | None]], found: ProbedTerms) -> None:
+        """`remember` of hits named `versions()` (their `version_key`s, made now: `Naming.later`)."""
+        put, named = self.cache.put, versions()
         for i, f, doc in found.entries():
-            if (version := versions[i]) is not None:
+            if (version := named[i]) is not None:
                 put((*version, f), doc)
 
     async def _fetch(
@@ -373,10 +374,11 @@ def same_version(hit: Mapping[str, Any], terms: Iterable[DocTerms]) -> bool:
     return all(t.found and (not isinstance(version, int) or t.version == version) for t in terms)
 
 
-def probed_bytes(found: ProbedTerms, versions: Sequence[VersionKey | None]) -> int:
-    """What a kept window holds to make its documents' entries later (`SeenWindow.entries`): the
-    probes' table and lengths, and each hit's version key (a tuple of five with its list slot and
-    numbers, ~150 bytes; its strings are the hits' own, ~60 more)."""
+def probed_bytes(found: ProbedTerms, hits: int) -> int:
+    """What a kept window of `hits` holds to make its documents' entries later (`SeenWindow.entries`):
+    the probes' table and lengths, and what names each hit (`Naming.later`): at most its version key (a
+    tuple of five with its list slot and numbers, ~150 bytes; its strings are the hits' own, ~60
+    more), at least its version's columns (four list slots, a score and a `_seq_no`, ~70 bytes)."""
     table = found.counts
     arrays = table.counts.nbytes + table.usable.nbytes + found.lengths.nbytes + found.scored.nbytes
-    return int(arrays + 210 * len(versions) + 400)
+    return int(arrays + 210 * hits + 400)

@@ -50,6 +50,7 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import repeat
 from typing import Any, ClassVar
 
@@ -125,6 +126,15 @@ class Naming:
 
     def keys(self, hits: HitColumns) -> list[VersionKey | None]:
         return version_keys(hits, self.who, tables=self.tables)
+
+    def later(self, hits: HitColumns) -> Callable[[], list[VersionKey | None]]:
+        """The hits' keys when called, for a kept window that may never need them (`SeenWindow.entries`):
+        where their columns name them (a lean window's hits, named alike), those columns alone are held
+        (not the hits) and no key is made until then; else the keys are made now."""
+        if self.tables is not None and _alike(hits, self.tables):
+            return partial(version_keys, replace(hits, hits=()), self.who, tables=self.tables)
+        keys = self.keys(hits)
+        return lambda: keys
 
 
 def version_keys(

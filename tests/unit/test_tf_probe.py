@@ -205,6 +205,25 @@ def test_version_keys_name_a_window_as_version_key_names_each_hit():
     assert version_keys(HitColumns.of([lean]), "alice", tables={"a": "T1"}) == [("alice", "a", "@T1/2", 7, 1)]
 
 
+def test_keys_made_later_are_the_keys_made_now_whatever_becomes_of_the_hits():
+    """`Naming.later` (a kept window's keys, made only if it comes back changed) names the hits as
+    `Naming.keys` did when it was called, though the hits' dicts are emptied since: a lean window's
+    from the columns it holds, any other's made at once."""
+    lean = [{"_index": "a", "_seq_no": n, "_primary_term": 1, SHARD: n % 3} for n in range(5)]
+    named = [{"_index": "a", "_id": f"d{n}", "_seq_no": n, "_primary_term": 1} for n in range(5)]
+    odd = [*lean, {"_index": "gone", "_seq_no": 1, "_primary_term": 1}]  # an index without a table
+    for hits, naming in (
+        (lean, Naming("alice", {"a": "T1"})),
+        (named, Naming("alice")),
+        (odd, Naming("alice", {"a": "T1"})),
+    ):
+        columns = HitColumns.of(hits)
+        now, later = naming.keys(columns), naming.later(columns)
+        for hit in hits:
+            hit.clear()
+        assert later() == now and len(now) == len(hits)
+
+
 def test_a_windows_digest_names_exactly_its_hits_versions_and_tokens():
     tokens = {("body", "a b"): ["a", "b"]}
     lean = [{"_index": "a", "_seq_no": n, "_primary_term": 1, SHARD: n % 2} for n in range(6)]
