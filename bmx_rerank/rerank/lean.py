@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -348,23 +347,12 @@ class Ahead:
     """The documents of a lean window's likely page, asked for before the page is known (`ahead`,
     `beside`). Its task gives each document found with the hit that names its version."""
 
-    def __init__(
-        self,
-        task: asyncio.Task[list[tuple[Mapping[str, Any], dict[str, Any]]]],
-        keys: Callable[[Sequence[Mapping[str, Any]]], list[PageKey] | None],
-    ) -> None:
+    def __init__(self, task: asyncio.Task[list[tuple[Mapping[str, Any], dict[str, Any]]]]) -> None:
         self.task = task
-        self.keys = keys  # the page cache's keys of hits that name versions
 
-    async def found(self, cache: PageCache) -> dict[Version, dict[str, Any]]:
-        """The documents fetched, by version (a version gone or changed is not there), each kept in
-        `cache` as a page's would be: a repeated window then fetches none of them again."""
-        pairs = await self.task
-        keys = self.keys([named for named, _ in pairs])
-        if keys is not None:
-            for key, (_, doc) in zip(keys, pairs, strict=True):
-                cache.put(key, doc)
-        return {version(named): doc for named, doc in pairs}
+    async def found(self) -> dict[Version, dict[str, Any]]:
+        """The documents fetched, by version (a version gone or changed is not there)."""
+        return {version(named): doc for named, doc in await self.task}
 
 
 def ahead(
@@ -393,16 +381,14 @@ def ahead(
         docs = await fetch(cluster, window, headers, likely, page=True)
         return [(h, d) for h, d in zip(likely, docs, strict=True) if d is not None]
 
-    return Ahead(asyncio.ensure_future(fetched()), partial(cache.keys, window, who))
+    return Ahead(asyncio.ensure_future(fetched()))
 
 
 # What of a window's body picks its hits, for a search of its likely page beside it (`beside`)
 PICKS = ("query", "post_filter", "min_score")
 
 
-def beside(
-    cluster: Cluster, window: Window, headers: Mapping[str, str], *, cache: PageCache, who: str
-) -> Ahead | None:
+def beside(cluster: Cluster, window: Window, headers: Mapping[str, str]) -> Ahead | None:
     """Start a search of the likely page beside a lean first stage whose page is not in the page cache
     (a first sight's, or one never kept), before its answer names the page: the caller's query (without
     the probes, aggregations or the window's stored-field savings) for its top `AHEAD` pages, each hit
@@ -442,7 +428,7 @@ def beside(
             return [(h, h) for h in named]
         return _routed(named, routing, window.shards)
 
-    return Ahead(asyncio.ensure_future(searched()), partial(cache.keys, window, who))
+    return Ahead(asyncio.ensure_future(searched()))
 
 
 def routes(window: Window) -> dict[str, int] | None:
@@ -515,9 +501,11 @@ async def fill_page(
             if meanwhile is not None and not window.ahead.task.done():  # its fetch is on the wire
                 meanwhile, now = None, meanwhile
                 now()
-            found = await window.ahead.found(cache)
+            found = await window.ahead.found()
             for i in wanted:
-                docs[i] = found.get(version(hits[i]))
+                docs[i] = doc = found.get(version(hits[i]))
+                if doc is not None and keys is not None:
+                    cache.put(keys[i], doc)
             wanted = [i for i in wanted if docs[i] is None]
             outcome = "fetched_after" if wanted else "covered"
     if wanted:

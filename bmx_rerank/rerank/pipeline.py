@@ -229,11 +229,14 @@ class Reranker:
                         self.metrics.first_stage.labels("lean").inc()
                     searched: Awaitable[Answer] = self._search(window, first_stage, msearch, headers, who)
                     # a first sight's page, or one never kept, is asked for beside the first stage
-                    unkept = window.lean and not (self.prober.had(window, who) and self.pages.keeps(window))
+                    window.page_kept = (
+                        window.lean and self.prober.had(window, who) and self.pages.keeps(window)
+                    )
+                    unkept = window.lean and not window.page_kept
                     if window.analysis_gate is not None or unkept:
                         searched = asyncio.ensure_future(searched)
                     if unkept:  # once the first stage is on its way
-                        window.ahead = lean.beside(self.cluster, window, headers, cache=self.pages, who=who)
+                        window.ahead = lean.beside(self.cluster, window, headers)
                     window.analyse()  # the analysis, if held back, goes once the search is written
                     try:
                         answer = await searched
@@ -493,7 +496,7 @@ class Reranker:
             if columns is None:  # what every step reads of each hit, read once
                 columns = HitColumns.of(hits)
             lean.check_hits(window, columns)
-            if window.ahead is None:  # not asked for beside the first stage
+            if window.ahead is None and not window.page_kept:  # not asked for beside the first stage
                 window.ahead = lean.ahead(self.cluster, window, headers, hits, cache=self.pages, who=who)
                 if window.ahead is not None:
                     await lean.on_the_wire()  # its request written, then the window scored

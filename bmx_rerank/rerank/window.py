@@ -54,6 +54,9 @@ class Window:
     analysis_gate: asyncio.Event | None = None
     # a lean window's likely page, fetched while it is scored (`lean.ahead`)
     ahead: Ahead | None = None
+    # the caller had this lean window before and the page cache keeps its page: the page is read from
+    # there (what is missing fetched after), none guessed
+    page_kept: bool = False
 
     @property
     def lean(self) -> bool:
