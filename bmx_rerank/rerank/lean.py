@@ -320,6 +320,9 @@ class PageCache:
     def holds(self, key: PageKey) -> bool:
         return key in self._docs
 
+    def __len__(self) -> int:
+        return len(self._docs)
+
     def get(self, key: PageKey) -> dict[str, Any] | None:
         raw = self._docs.get(key)
         return None if raw is None else orjson.loads(raw)

@@ -347,9 +347,10 @@ def test_a_failed_search_beside_the_first_stage_leaves_the_page_to_the_fetch_aft
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
 def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monkeypatch) -> None:
     """The same search again: lean without probes (its frequencies kept), its page
-    documents from the page cache (no page fetch), the answer unchanged; another caller (another
-    `Authorization`) reads its own; a page showing `fields` (which follow the mapping) is never kept,
-    and read again each time."""
+    documents from the page cache (no page fetch, nor a guess), the answer unchanged; the cache holds
+    the page's documents alone, not the others guessed; another caller (another `Authorization`)
+    reads its own; a page showing `fields` (which follow the mapping) is never kept, and read again
+    each time."""
     engine, index, lean, full, texts = pair
     pages, guesses = _count_page_reads(monkeypatch)
 
@@ -362,6 +363,7 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     # the first stage's top two pages asked for (and kept) beside the first stage (over several
     # shards, each hit's shard the one its `_id` routes to); then what of the page they missed
     assert guesses == [1] and sum(pages) < 10, (guesses, pages)
+    assert len(lean.app.state.rerank.pages) == 10, "the page's documents alone kept, not the 20 guessed"
     fetched = read()
     again = _post(lean.url, f"/{index}/_search", body)
     assert _shown(again) == _shown(first) and read() == fetched, "the page from the cache: no fetch"
