@@ -283,9 +283,9 @@ class Reranker:
         (`shards`; in one `msearch` where it can go so), `lean.Miss` when a shard's answer is no
         success or does not merge."""
         if window.shards == 1:
-            # an unprobed lean window reads its hits' columns and its page's hits alone: left undecoded
-            undecoded = window.lean and window.probe is None
-            answer = await first_stage(window.body, window.params, undecoded=undecoded)
+            # a lean window reads its hits' columns, their probes and its page's hits alone: left
+            # undecoded, its hits decoded typed (`shards.decode_search`)
+            answer = await first_stage(window.body, window.params, undecoded=window.lean)
             return answer if answer.data is not None or answer.payload is None else await _decoded(answer)
         assert window.body is not None
         # each shard asked for its share of the window (that of the last time, else an even one) and

@@ -245,8 +245,8 @@ _decode_search = msgspec.json.Decoder(_Item).decode
 def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns | None] | None:
     """A lean window's answer from its one shard, as `decode` reads an `_msearch`'s: its hits decoded
     as `Hit`s (each made a dict only when read, unmarked: `WindowHits`) and their columns read from
-    them; an answer a `Hit` or `_Item` does not describe (an aggregation, the probes' scores, a field
-    of its own, an error) decoded whole, with no columns; None when it is no JSON object. A repeated
+    them; an answer a `Hit` or `_Item` does not describe (an aggregation, a field of its own, an
+    error) decoded whole, with no columns; None when it is no JSON object. A repeated
     window of 1,000 is 0.6-0.7 ms faster so (benchmarks/RESULTS.md)."""
     try:
         item: _Item | None = _decode_search(payload)
@@ -310,14 +310,13 @@ def merge(
     tops = [a["hits"]["max_score"] for a in answers if a["hits"].get("max_score") is not None]
     hits["max_score"] = max(tops) if tops else None
     window = list(map(every.__getitem__, ranked.tolist()))
-    if typed and window and window[0].matched_queries is msgspec.UNSET:
+    if typed:  # made dicts only when read (a probed window's probes read from the `Hit`s)
         hits["hits"] = WindowHits(window, shard_of)
-    else:  # a probed window's hits are each read (`tf_probe.take_frequencies`): made dicts at once
-        made = msgspec.to_builtins(window) if typed else window
+    else:
         # marked in place: a third of the time of a copy of each (0.37 -> 0.14 ms for a window of 1,000)
-        for hit, shard in zip(made, shard_of, strict=True):
+        for hit, shard in zip(window, shard_of, strict=True):
             hit[SHARD] = shard
-        hits["hits"] = made
+        hits["hits"] = window
     if typed:  # the window's scores, read for the merge
         columns = _typed_columns(hits["hits"], window, shard_of, first[ranked])
     else:
@@ -336,9 +335,9 @@ def merge(
 
 class WindowHits(Sequence[dict[str, Any]]):
     """A window's `Hit`s, each made a dict (as the cluster sent it, marked with its shard where the
-    window was merged from several) when first read: a warm rerank reads their columns (`HitColumns`)
-    and the dicts of a few (its page, the page fetched ahead); one that reads every hit (the probes'
-    `matched_queries`) makes them at once."""
+    window was merged from several) when first read: a rerank reads their columns (`HitColumns`), the
+    probes' `matched_queries` (`take_matched`) and the dicts of a few (its page, the page fetched
+    ahead)."""
 
     __slots__ = ("_hits", "_shards", "_made", "_all")
 
@@ -362,6 +361,19 @@ class WindowHits(Sequence[dict[str, Any]]):
             made = msgspec.to_builtins(self._hits[i])
             self._made[i] = made if self._shards is None else _marked(made, self._shards[i])
         return made
+
+    def take_matched(self) -> list[Any]:
+        """Each hit's `matched_queries` (None where it has none), taken from it: read from the `Hit`s,
+        no dict made (a probed window's probes: `tf_probe.take_frequencies`); a hit made a dict after
+        this shows none."""
+        out: list[Any] = []
+        for hit, made in zip(self._hits, self._made, strict=True):
+            if made is not None:
+                out.append(made.pop("matched_queries", None))
+            else:
+                out.append(None if hit.matched_queries is msgspec.UNSET else hit.matched_queries)
+            hit.matched_queries = msgspec.UNSET
+        return out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if not self._all:  # every hit made at once (those made already kept: a caller may have marked them)

@@ -190,7 +190,8 @@ def take_frequencies(hits: Sequence[dict[str, Any]], probe: Probe) -> ProbeCount
     (float32 as the engine computed them, then tf): a window is ~100 hits x ~15 probes."""
     pairs = probe.pairs
     number = {f"{PREFIX}{i}": i for i in range(len(pairs))}  # a probe's name -> its pair
-    named = list(map(dict.pop, hits, repeat("matched_queries"), repeat(None)))
+    take = getattr(hits, "take_matched", None)  # a window of typed hits (`shards.WindowHits`): no dict made
+    named = take() if take is not None else list(map(dict.pop, hits, repeat("matched_queries"), repeat(None)))
     if not set(map(type, named)) <= {dict}:  # a hit without them, or another kind of map: read as a dict
         named = [n if type(n) is dict else dict(n) if isinstance(n, Mapping) else {} for n in named]
     usable = np.fromiter(map(dict.__contains__, named, repeat(CANARY)), bool, len(named))

@@ -194,15 +194,23 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     same = {**vars(typed[1]), "hits": whole[1].hits, "first": whole[1].first}
     assert same == vars(whole[1])
     assert typed[1].first.tolist() == whole[1].first.tolist() == [3.0, 2.5, 2.0, 2.0]
-    probed = json.loads(payload)  # a probed window's hits are all read: made dicts at once
+    probed = json.loads(payload)  # a probed window's probes read from its `Hit`s, no dict made
     for item in probed["responses"]:
-        for hit in item["hits"]["hits"]:
-            hit["matched_queries"] = {"q": 1.0}
+        for n, hit in enumerate(item["hits"]["hits"]):
+            hit["matched_queries"] = {"q": float(n)}
     probed_payload = json.dumps(probed).encode()
-    whole, typed = (
-        merge(found or [], {"size": 4}) for found in (items(probed, 2), decode(probed_payload, 2))
-    )
-    assert whole is not None and typed is not None and typed[0] == whole[0]
+    for read_first in (False, True):  # a hit made a dict before the probes are taken, or none
+        whole, typed = (
+            merge(found or [], {"size": 4})
+            for found in (items(json.loads(probed_payload), 2), decode(probed_payload, 2))
+        )
+        assert whole is not None and typed is not None
+        made, dicts = typed[0]["hits"]["hits"], whole[0]["hits"]["hits"]
+        if read_first:
+            assert made[1] == dicts[1]
+        taken = [h.pop("matched_queries") for h in dicts]
+        assert made.take_matched() == taken == [{"q": 0.0}, {"q": 0.0}, {"q": 1.0}, {"q": 2.0}]
+        assert {**typed[0], "hits": {**typed[0]["hits"], "hits": list(made)}} == whole[0], "none shown after"
     own = json.loads(payload)
     own["responses"][0]["hits"]["hits"][0]["_id"] = "x"  # a field of its own: decoded whole
     assert decode(json.dumps(own).encode(), 2) == items(own, 2)
@@ -217,7 +225,7 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
 
 
 def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> None:
-    """`decode_search` (an unprobed lean window on one shard): the same answer and columns as the
+    """`decode_search` (a lean window on one shard): the same answer and columns as the
     answer decoded whole, its hits unmarked (one shard) and made dicts only when read; anything a
     `Hit` or a plain answer does not describe is decoded whole, with no columns; no JSON object is
     None."""
