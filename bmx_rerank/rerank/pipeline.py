@@ -740,7 +740,7 @@ class Reranker:
         probed = covered and probe is not None and frequencies is not None and set(names) <= set(probe.fields)
         # what a cached entry must know per field: the window's tokens; PRF reads every term
         needs = None if prf else {f: set(_field_tokens(tokens, f)) for f in names}
-        (terms, fetched), views = await asyncio.gather(
+        found = (
             self.frequencies.from_probes(
                 columns,
                 frequencies,  # type: ignore[arg-type]  # not None where probed
@@ -758,9 +758,13 @@ class Reranker:
                 headers,
                 needs,
                 self._nameless(window, headers) if window.lean else None,
-            ),
-            self._views(window, names, tokens),
+            )
         )
+        if all(_complete(window.stats[f]) for f in names):  # no call to wait for: none made a task
+            views = await self._views(window, names, tokens)
+            terms, fetched = await found
+        else:
+            (terms, fetched), views = await asyncio.gather(found, self._views(window, names, tokens))
         return terms, "probes" if probed else "termvectors" if fetched else "cache", views
 
     async def _views(self, window: Window, names: Sequence[str], tokens: Tokens) -> list[StatsView]:
@@ -839,6 +843,11 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+def _complete(stats: asyncio.Future[StatsView]) -> bool:
+    """Whether a field's statistics are in and hold every term (`Reranker._views` calls nothing)."""
+    return stats.done() and not stats.cancelled() and stats.exception() is None and stats.result().complete
 
 
 async def _decoded(answer: Answer) -> Answer:
