@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -264,14 +263,21 @@ class TermFrequencies:
         (nor the hits' keys) when the cache keeps nothing."""
         if self.cache.max_bytes <= 0:
             return
-        self.keep_entries(partial(naming.keys, columns), found)
+        self.keep_entries(naming.keys(columns), found)
 
-    def keep_entries(self, versions: Callable[[], Sequence[VersionKey | None]], found: ProbedTerms) -> None:
-        """`remember` of hits named `versions()` (their `version_key`s, made now: `Naming.later`)."""
-        put, named = self.cache.put, versions()
+    def keep_entries(self, versions: Sequence[VersionKey | None], found: ProbedTerms) -> None:
+        """`remember` of hits named `versions` (their `version_key`s)."""
+        put = self.cache.put
         for i, f, doc in found.entries():
-            if (version := named[i]) is not None:
+            if (version := versions[i]) is not None:
                 put((*version, f), doc)
+
+    def keep_entries_later(
+        self, versions: Callable[[], Sequence[VersionKey | None]], found: ProbedTerms
+    ) -> None:
+        """`keep_entries`, the hits' keys made now (`Naming.later`): a kept window's, made only if it
+        comes back changed (`SeenWindow.entries`)."""
+        self.keep_entries(versions(), found)
 
     async def _fetch(
         self, hits: Sequence[Mapping[str, Any]], names: Sequence[str], headers: Mapping[str, str]

@@ -682,7 +682,7 @@ class Reranker:
                 # a probed window kept whole: its documents' entries wait in it (`SeenWindow.entries`),
                 # made only if it comes back changed; a first sight puts none (0.7 ms for 100 hits) and,
                 # lean, makes no key for them (0.1 ms)
-                entries = partial(self.frequencies.keep_entries, naming.later(columns), probed)
+                entries = partial(self.frequencies.keep_entries_later, naming.later(columns), probed)
                 window_kept = SeenWindow.of(
                     digest, features, scores, entries, probed_bytes(probed, len(hits))
                 )
