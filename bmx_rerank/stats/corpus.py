@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,12 @@ for _c in _CONTRIB.tolist():
     assert (1 << ENTROPY_SCALE_BITS) % _den == 0, "contribution finer than the fixed-point scale"
     _CONTRIB_INT.append(_num * ((1 << ENTROPY_SCALE_BITS) // _den))
 assert _CONTRIB_INT[-1] == 0, "contributions must vanish before _MAX_TF"
+
+# Terms whose place in the vocabulary a `CorpusStats` remembers once looked up: query words recur (a few
+# thousand make most of a workload's queries), and a dict finds one by its hash where the binary search
+# compares ~16 Python strings scattered over memory (74 us for a query's terms inside a rerank against
+# 20 us in a loop: benchmarks/RESULTS.md). At most about 1 MiB a statistics object; emptied when full.
+REMEMBERED_TERMS = 8192
 
 
 def entropy_units(tf: int) -> int:
@@ -74,6 +80,8 @@ class CorpusStats:
     terms: np.ndarray  # (v,) sorted unique terms, variable-width string dtype
     df: np.ndarray  # (v,) int64
     entropy: np.ndarray  # (v,) float64, raw entropy
+    # term -> its position in `terms` (-1: not there), for the terms looked up (`REMEMBERED_TERMS`)
+    _places: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "terms", terms_array(self.terms))
@@ -81,6 +89,12 @@ class CorpusStats:
         object.__setattr__(self, "entropy", np.asarray(self.entropy, dtype=np.float64))
         if not (self.terms.shape == self.df.shape == self.entropy.shape) or self.terms.ndim != 1:
             raise ValueError("terms, df and entropy must be 1-d arrays of one length")
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_places"}  # what was looked up is no data
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _places={})
 
     @property
     def avgdl(self) -> float:
@@ -124,16 +138,30 @@ class CorpusStats:
 
     def lookup(self, terms: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """df and raw entropy of `terms` (0 for terms the corpus does not hold)."""
+        wanted = terms.tolist() if isinstance(terms, np.ndarray) else list(terms)
+        if not self.vocabulary_size or not wanted:
+            return np.zeros(len(wanted), np.int64), np.zeros(len(wanted))
+        places = self._places
+        at = list(map(places.get, wanted))
+        if None in at:
+            new = [i for i, p in enumerate(at) if p is None]
+            found = self._search([wanted[i] for i in new])
+            if len(places) + len(new) > REMEMBERED_TERMS:
+                places.clear()
+            room = len(new) <= REMEMBERED_TERMS
+            for i, p in zip(new, found, strict=True):
+                at[i] = p
+                if room:
+                    places[wanted[i]] = p
+        pos = np.fromiter(at, np.int64, len(at))
+        known = pos >= 0
+        return np.where(known, self.df[pos], 0), np.where(known, self.entropy[pos], 0.0)
+
+    def _search(self, terms: list[str]) -> list[int]:
+        """Each term's position in the sorted vocabulary, -1 where it is not there."""
         wanted = terms_array(terms)
-        df = np.zeros(wanted.shape[0], np.int64)
-        entropy = np.zeros(wanted.shape[0])
-        if self.vocabulary_size and wanted.size:
-            pos = np.searchsorted(self.terms, wanted)
-            pos_clipped = np.minimum(pos, self.vocabulary_size - 1)
-            found = self.terms[pos_clipped] == wanted
-            df[found] = self.df[pos_clipped[found]]
-            entropy[found] = self.entropy[pos_clipped[found]]
-        return df, entropy
+        pos = np.minimum(np.searchsorted(self.terms, wanted), self.vocabulary_size - 1)
+        return np.where(self.terms[pos] == wanted, pos, -1).tolist()  # type: ignore[no-any-return]
 
     def same_as(self, other: CorpusStats) -> bool:
         """Bit-for-bit equality of every number (dataclass equality cannot compare arrays)."""

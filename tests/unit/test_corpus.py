@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bmx_rerank.scoring import entropy_contribution
+from bmx_rerank.stats import corpus
 from bmx_rerank.stats.corpus import CorpusStats, EntropyAccumulator, entropy_units, units_to_float
 
 TERMS = ["a", "b", "c", "ünï", "long" * 20, "0,1"]
@@ -91,6 +92,34 @@ def test_term_stats_lookup_handles_unknown_and_out_of_range_terms():
     assert ts.entropy[0] == 0 and ts.entropy[1] > 0 and ts.n_docs == 2
     empty = CorpusStats.empty()
     assert empty.term_stats(["x"]).df.tolist() == [0] and empty.avgdl == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs_st, st.lists(st.lists(st.sampled_from([*TERMS, "zz", "b2"]), max_size=6), max_size=8))
+def test_remembered_places_answer_as_the_binary_search(docs, queries):
+    """Lookups answer the same whatever was looked up before (places remembered, the memo emptied
+    when full), and the memo stays within its bound and out of pickles."""
+    import pickle
+
+    stats = CorpusStats.from_documents(docs)
+    fresh = CorpusStats.from_documents(docs)
+    bound = corpus.REMEMBERED_TERMS
+    corpus.REMEMBERED_TERMS = 3
+    try:
+        for terms in queries:
+            got = stats.lookup(terms)
+            want = CorpusStats.from_documents(docs).lookup(terms)  # nothing remembered
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+            assert len(stats._places) <= 3
+            held = zip(fresh.df.tolist(), fresh.entropy.tolist(), strict=True)
+            by_term = dict(zip(fresh.terms.tolist(), held, strict=True))
+            pairs = zip(got[0].tolist(), got[1].tolist(), strict=True)
+            assert list(pairs) == [by_term.get(t, (0, 0.0)) for t in terms]
+    finally:
+        corpus.REMEMBERED_TERMS = bound
+    again = pickle.loads(pickle.dumps(stats))
+    assert again._places == {} and again.same_as(stats)
 
 
 def test_subtracting_documents_not_held_is_refused():
