@@ -36,6 +36,22 @@ class TermStats:
     entropy: np.ndarray  # (u,) raw entropy: sum over every holding document of h(sigmoid(tf))
 
     def __post_init__(self) -> None:
+        df, entropy = _floats(self.df), _floats(self.entropy)
+        if (
+            df.ndim == entropy.ndim == 1
+            and df.shape == entropy.shape
+            and 0 <= self.n_docs
+            and (self.n_docs == 0 or (math.isfinite(self.avgdl) and self.avgdl > 0))
+            and _within(df, self.n_docs)
+            and _within(entropy)
+        ):
+            object.__setattr__(self, "df", df)
+            object.__setattr__(self, "entropy", entropy)
+            return
+        self._refuse()
+
+    def _refuse(self) -> None:
+        """Raise what is wrong, the first check failed in order (`__post_init__` accepts at once)."""
         object.__setattr__(self, "df", _array("df", self.df, ndim=1))
         object.__setattr__(self, "entropy", _array("entropy", self.entropy, ndim=1))
         if self.df.shape != self.entropy.shape:
@@ -64,6 +80,21 @@ class Candidates:
     length: np.ndarray  # (n,)
 
     def __post_init__(self) -> None:
+        tf, length = _floats(self.tf), _floats(self.length)
+        if (
+            tf.ndim == 2
+            and length.ndim == 1
+            and tf.shape[0] == length.shape[0]
+            and _within(tf)
+            and _within(length)
+        ):
+            object.__setattr__(self, "tf", tf)
+            object.__setattr__(self, "length", length)
+            return
+        self._refuse()
+
+    def _refuse(self) -> None:
+        """Raise what is wrong, the first check failed in order (`__post_init__` accepts at once)."""
         object.__setattr__(self, "tf", _array("tf", self.tf, ndim=2))
         object.__setattr__(self, "length", _array("length", self.length, ndim=1))
         if self.tf.shape[0] != self.length.shape[0]:
@@ -89,11 +120,18 @@ class Query:
     def __post_init__(self) -> None:
         tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
         object.__setattr__(self, "tokens", tokens)
-        weights = np.ones(tokens.shape[0]) if self.weights is None else _array("weights", self.weights, 1)
-        if weights.shape != tokens.shape:
-            raise ValueError(f"weights must have one entry per token, got {weights.shape} for {tokens.shape}")
-        if (weights < 0).any():
-            raise ValueError("weights must be >= 0")
+        if self.weights is None:
+            object.__setattr__(self, "weights", np.ones(tokens.shape[0]))
+            return
+        weights = _floats(self.weights)
+        if not (weights.ndim == 1 and weights.shape == tokens.shape and _within(weights)):
+            weights = _array("weights", self.weights, 1)
+            if weights.shape != tokens.shape:
+                raise ValueError(
+                    f"weights must have one entry per token, got {weights.shape} for {tokens.shape}"
+                )
+            if (weights < 0).any():
+                raise ValueError("weights must be >= 0")
         object.__setattr__(self, "weights", weights)
 
     @property
@@ -378,6 +416,19 @@ def _query_weight(query: Query) -> float:
 
 def _unit_weights(query: Query) -> Query:
     return Query(query.tokens, np.ones(query.m))
+
+
+def _floats(value: object) -> np.ndarray:
+    return np.asarray(value, dtype=np.float64)
+
+
+def _within(arr: np.ndarray, high: float = math.inf) -> bool:
+    """Every entry finite and in [0, high], in two reductions (NaN fails every comparison): the inputs'
+    checks accept a valid input at once, and only a refused one is checked step by step for its message."""
+    if not arr.size:
+        return True
+    top = arr.max()
+    return bool(arr.min() >= 0 and top <= high and math.isfinite(top))
 
 
 def _array(name: str, value: object, ndim: int) -> np.ndarray:

@@ -272,3 +272,59 @@ def test_distinct_terms_are_numpys_unique_with_its_inverse(tokens: list[int]) ->
     want, want_inverse = np.unique(array, return_inverse=True)
     assert distinct.dtype == want.dtype and inverse.dtype == want_inverse.dtype
     assert distinct.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+
+
+_entry = st.sampled_from([0.0, 1.0, 2.5, 3.0, 4.0, -1.0, -0.0, float("nan"), float("inf"), float("-inf")])
+
+
+def _refusal(make):
+    """The message `make` refuses with (None: accepted)."""
+    try:
+        make()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _valid(*arrays):
+    return all(np.isfinite(a).all() and (np.asarray(a) >= 0).all() for a in arrays)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-1, 3),
+    st.sampled_from([1.0, 0.0, float("nan"), float("inf")]),
+    st.lists(_entry, max_size=3),
+    st.lists(_entry, max_size=3),
+)
+def test_statistics_are_accepted_exactly_when_every_check_passes(n_docs, avgdl, df, entropy):
+    """The inputs' checks accept a valid input in a few reductions and go step by step only for a
+    refused one (`_refuse`): they accept what the steps accept, and refuse with the first step's message."""
+    expected = None
+    dfa, ent = np.asarray(df, np.float64), np.asarray(entropy, np.float64)
+    if not np.isfinite(dfa).all() or not np.isfinite(ent).all():
+        expected = "must be finite"
+    elif dfa.shape != ent.shape:
+        expected = "same shape"
+    elif n_docs < 0:
+        expected = "n_docs"
+    elif n_docs > 0 and not (math.isfinite(avgdl) and avgdl > 0):
+        expected = "avgdl"
+    elif (dfa < 0).any() or (dfa > n_docs).any():
+        expected = "df must lie"
+    elif (ent < 0).any():
+        expected = "entropy must be"
+    got = _refusal(lambda: scoring.TermStats(n_docs, avgdl, df, entropy))
+    assert (got is None) == (expected is None), (got, expected)
+    assert got is None or expected in got
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_entry, min_size=2, max_size=2), max_size=3), st.lists(_entry, max_size=3))
+def test_features_and_weights_are_accepted_exactly_when_every_check_passes(tf, length):
+    tf_array = np.array(tf, np.float64).reshape(len(tf), 2)
+    got = _refusal(lambda: scoring.Candidates(tf_array, length))
+    assert (got is None) == (len(tf) == len(length) and _valid(tf_array, length)), got
+    got = _refusal(lambda: scoring.Query(list(range(len(length))), length))
+    assert (got is None) == _valid(length), got
+    assert got is None or "weights" in got
