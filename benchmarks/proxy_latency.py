@@ -134,6 +134,7 @@ def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1)
     document version on an index of one shard, and on one of several where every row of the sweep's
     table has its shard (versions that record it)."""
     import inspect
+    import shutil
     import tempfile
 
     from bmx_rerank.stats.source import FixedStats
@@ -158,6 +159,7 @@ def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1)
         lengths = {
             ix: LengthIndex.from_table(t, f"{where}/{ix}.len", **keying(t)) for ix, t in lengths.items()
         }
+        shutil.rmtree(where)  # the tables stay mapped; nothing is left behind when the process is killed
     tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
     return FixedStats({(index, "body"): corpus}, **tables)
 
