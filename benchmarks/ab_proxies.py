@@ -4,7 +4,8 @@ reranked search (window 100, one client; `passthrough`: the plain size-10 search
 plain search of the window (of 10 for `passthrough`), and
 each proxy's CPU per request, and how many answers the two versions gave differently (anything in
 the body but the cluster's `took`, or the `X-BMX-Rerank` header).
-What changed in the code, apart from what changed in the machine.
+What changed in the code, apart from what changed in the machine. The two proxies take turns to go
+first (whichever goes second is faster).
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
@@ -90,7 +91,11 @@ def compare(args: argparse.Namespace) -> None:
                 engine.ok("POST", path, plain(q, size) | shown)
                 direct.append(time.perf_counter() - start)
                 answers = []
-                for k, conn in enumerate(conns):
+                # the two in turn first: whichever goes second is faster (an A/A run of one checkout
+                # twice, always in the same order: the second 0.16-0.21 ms at p50 and 0.09-0.12 ms of
+                # CPU less, benchmarks/RESULTS.md), so each goes first for half the queries
+                turn = list(enumerate(conns))
+                for k, conn in turn if len(direct) % 2 else turn[::-1]:
                     start = time.perf_counter()
                     answer = _ask(
                         conn, path, (plain(q, 10) if passthrough else rerank(q, args.window)) | shown
