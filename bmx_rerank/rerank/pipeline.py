@@ -760,7 +760,7 @@ class Reranker:
                 self._nameless(window, headers) if window.lean else None,
             )
         )
-        if all(_complete(window.stats[f]) for f in names):  # no call to wait for: none made a task
+        if all(_in_hand(window.stats[f]) for f in names):  # no call to wait for: none made a task
             views = await self._views(window, names, tokens)
             terms, fetched = await found
         else:
@@ -845,8 +845,9 @@ class Reranker:
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
 
 
-def _complete(stats: asyncio.Future[StatsView]) -> bool:
-    """Whether a field's statistics are in and hold every term (`Reranker._views` calls nothing)."""
+def _in_hand(stats: asyncio.Future[StatsView]) -> bool:
+    """Whether a field's statistics are in and hold every term, so `Reranker._views` calls nothing (not
+    `Reranker._complete`, which completes them)."""
     return stats.done() and not stats.cancelled() and stats.exception() is None and stats.result().complete
 
 
