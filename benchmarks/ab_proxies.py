@@ -9,7 +9,7 @@ first (whichever goes second is faster).
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
-        [--fields body]
+        [--fields body] [--dataset scifact]
 
 `--pin`: the engine on core 0, the proxies and this client on the others (a sidecar with cores of its
 own), instead of every process on every core.
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.proxy_latency import Http, Proxy, index_corpus, pinned, plain, rerank
-from tests.support.data import scifact_records
+from tests.support.data import beir_records
 
 
 def main() -> None:
@@ -41,7 +41,10 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
-    parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
+    parser.add_argument("--shards", type=int, default=1, help="primary shards of the index")
+    parser.add_argument(
+        "--dataset", default="scifact", help="the BEIR dataset indexed and asked (../shared/data)"
+    )
     parser.add_argument("--pin", action="store_true", help="the engine on core 0, the rest on the others")
     parser.add_argument(
         "--fields", help="a field every search also asks for in `fields` (a page the page cache never keeps)"
@@ -54,7 +57,7 @@ def main() -> None:
 def compare(args: argparse.Namespace) -> None:
     engine = Http(args.upstream)
     index = f"bmxtest-ab-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
+    index_corpus(engine, index, beir_records(args.dataset, "corpus.jsonl"), shards=args.shards)
     proxies: list[Proxy] = []
     try:
         for checkout in args.checkouts:
@@ -70,7 +73,7 @@ def compare(args: argparse.Namespace) -> None:
             )
         conns = [Http(proxy.url) for proxy in proxies]
         path = f"/{index}/_search"
-        queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
+        queries = [q["text"] for q in beir_records(args.dataset, "queries.jsonl", args.queries)]
         shown = {"fields": [args.fields]} if args.fields else {}
         if args.mode == "warm":
             for q in queries:
@@ -107,7 +110,7 @@ def compare(args: argparse.Namespace) -> None:
         after = [proxy.cpu() for proxy in proxies]
         base = statistics.median(direct) * 1000
         print(
-            f"{args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each"
+            f"{args.dataset}, {args.mode}, window {args.window}, {args.shards} shard(s), {len(direct)} searches each"
             f"{', the engine on core 0' if args.pin else ''}; plain size-{size}: {base:.2f} ms"
         )
         for k, checkout in enumerate(args.checkouts):

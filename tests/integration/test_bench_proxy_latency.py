@@ -8,6 +8,7 @@ import argparse
 import re
 
 from benchmarks import proxy_latency as bench
+from bmx_rerank.rerank.shards import shard_sizes
 from tests.support.benchmark_runs import ROOT, run_benchmark
 from tests.support.data import scifact_records
 
@@ -70,16 +71,31 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
     """benchmarks/ab_proxies.py with this checkout on both sides: both proxies rerank, each line has
     its p50, its ratio to the plain search and its CPU per request."""
     root = str(ROOT)
-    for mode in ("first", "passthrough"):
-        run = run_benchmark(
-            "ab_proxies", root, root, "--mode", mode, "--queries", "3", "--upstream", elasticsearch_url
-        )
+    for mode, dataset in (("first", "scifact"), ("passthrough", "nfcorpus")):
+        args = ["--mode", mode, "--queries", "3", "--upstream", elasticsearch_url, "--dataset", dataset]
+        run = run_benchmark("ab_proxies", root, root, *args)
         assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.startswith(f"{dataset}, {mode}, "), run.stdout
         lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
         assert len(lines) == 2 and all(float(p) > 0 for p, _, _ in lines), run.stdout
         # CPU is read in clock ticks: 6 searches passed through may not cost one
         assert all(float(cpu) > 0 or mode == "passthrough" for _, _, cpu in lines), run.stdout
         assert "differ between the two (anything but `took`): 0 of 6" in run.stdout, run.stdout
+
+
+def test_small_shard_shares_run_counts_short_shares_at_each_margin(elasticsearch_url: str) -> None:
+    """benchmarks/shard_shares.py on NFCorpus's first 200 queries over 3 shards: a row per margin, the
+    shipped one marked, as many hits asked as the proxy asks, and no fewer windows short at a smaller
+    margin (the shares of a smaller one are the first hits of a larger one's)."""
+    args = ["--upstream", elasticsearch_url, "--dataset", "nfcorpus", "--queries", "200"]
+    run = run_benchmark("shard_shares", *args)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = re.findall(r"^\| ([\d.]+)( \(shipped\))? \| (\d+) \| (\d+) \(", run.stdout, re.M)
+    assert [float(r[0]) for r in rows] == [2.5, 3.0, 3.5, 4.0, 5.0], run.stdout
+    assert [r[0] for r in rows if r[1]] == ["3.0"], run.stdout
+    assert [int(r[2]) for r in rows if r[1]] == [shard_sizes({"size": 100}, None, 3)[0]], run.stdout  # type: ignore[index]
+    shorts = [int(r[3]) for r in rows]
+    assert shorts == sorted(shorts, reverse=True) and shorts[0] > 0, run.stdout
 
 
 def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elasticsearch_url: str) -> None:
