@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import numpy as np
 import orjson
-from cachetools import LRUCache, TTLCache
+from cachetools import LRUCache
 
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
@@ -193,9 +193,9 @@ class Reranker:
         self.msearch_probes: bool | None = None
         # (caller, window digest) -> how many of the window's hits each shard gave, the last time
         self.splits: LRUCache[tuple[str, str], tuple[int, ...]] = LRUCache(maxsize=SPLITS)
-        # index expressions a first sight's even shares fell short in lately: their first sights ask
-        # every shard for the whole window (an index routed unevenly would send each twice)
-        self.uneven: TTLCache[str, bool] = TTLCache(maxsize=UNEVEN, ttl=UNEVEN_TTL)
+        # index expressions whose first sights' even shares fell short often lately: their first
+        # sights ask every shard for the whole window (an index routed unevenly would send each twice)
+        self.uneven = shards.ShortShares(UNEVEN, UNEVEN_TTL)
 
     def _kept(self, key: tuple[str, str]) -> bool:
         return self.frequencies.cache.holds_window(key)
@@ -294,10 +294,11 @@ class Reranker:
         whole = seen is None and window.index_expr in self.uneven
         sizes = None if whole else shards.shard_sizes(window.body, seen, window.shards)
         found, status, raw = await self._search_shards(window, first_stage, msearch, headers, sizes)
-        if sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10))):
+        short = sizes is not None and not shards.hold_window(found, sizes, int(window.body.get("size", 10)))
+        if sizes is not None and seen is None:
+            self.uneven.add(window.index_expr, short)
+        if short:
             self.metrics.first_stage.labels("shares_short").inc()
-            if seen is None:
-                self.uneven[window.index_expr] = True
             found, status, raw = await self._search_shards(window, first_stage, msearch, headers, None)
         merged = shards.merge(found, window.body)
         if merged is None:

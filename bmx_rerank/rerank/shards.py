@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from itertools import chain
@@ -23,6 +24,7 @@ from typing import Any, overload
 import msgspec
 import numpy as np
 import orjson
+from cachetools import TTLCache
 
 from bmx_rerank.rerank.hits import SHARD, HitColumns, scores
 from bmx_rerank.rerank.window import Window
@@ -41,11 +43,17 @@ DEFAULT_TRACK_TOTAL_HITS = 10_000  # the bound a search counts its hits to when 
 # send the shards' searches again whole (`shard_sizes`)
 SIZE_MARGIN = 8
 # What a shard is asked for beyond its even share of a window no split is known of (a first sight), in
-# standard deviations of its count: a shard's hits of a window of n over s shards routed by `_id` are
-# ~Binomial(n, 1/s), and five deviations over the mean are passed about once in a million shards (then
-# all are asked again for the whole window, and the index is asked so for a while: `Reranker.uneven`).
-# A window of 100 over 3 shards asks each for 58 hits, not 100; one of 1,000 for 409.
-EVEN_SPREAD = 5.0
+# standard deviations of its count were a shard's hits of a window ~Binomial(n, 1/shards) (routed by
+# `_id`): 49 hits of a window of 100 over 3 shards, 379 of 1,000. Real windows gather on one shard more
+# than that (each shard scores with its own statistics): measured over 3 shards, a share of a window of
+# 100 passes it in 0.1 % of SciFact's queries and 5 % of NFCorpus's (at five deviations, 58 hits: 0.1
+# and 2.6 %; `benchmarks/shard_shares.py`). A short share costs the shards' searches again (`ShortShares`)
+EVEN_SPREAD = 3.0
+# An index whose first sights' even shares fell short this often, of its last first sights, has its
+# first sights ask every shard for the whole window for a while (`ShortShares`): a share short now and
+# then costs less than asking for whole windows always; one short often (an index routed by a value of
+# its own) costs a second search each time
+UNEVEN_SHORTS, UNEVEN_OF = 8, 32
 # A window's parameters an `_msearch` header line takes as they are (strings, as in a URL); any other
 # but `preference` (and the probes' own, on the `_msearch` URL where the cluster takes it: Elasticsearch
 # does, OpenSearch 2.19 and 3.3 do not) sends one search a shard
@@ -122,6 +130,29 @@ def shard_sizes(body: Mapping[str, Any], counts: Sequence[int] | None, shards: i
         spread = math.ceil(EVEN_SPREAD * math.sqrt(size * (shards - 1)) / shards)
         return [min(size, -(-size // shards) + max(SIZE_MARGIN, spread))] * shards
     return [min(size, n + max(SIZE_MARGIN, n // 8)) for n in counts]
+
+
+class ShortShares:
+    """The indices whose first sights ask every shard for the whole window, not an even share: those
+    whose even shares fell short in `UNEVEN_SHORTS` of their last `UNEVEN_OF` first sights, for `ttl`
+    seconds. Bounded: `indices` index expressions each remembered, and as many marked."""
+
+    def __init__(self, indices: int, ttl: float, timer: Callable[[], float] = time.monotonic) -> None:
+        self.marked: TTLCache[str, bool] = TTLCache(maxsize=indices, ttl=ttl, timer=timer)
+        # index expression -> its last first sights, one bit each (1: short), the newest lowest
+        self.record: TTLCache[str, int] = TTLCache(maxsize=indices, ttl=ttl, timer=timer)
+
+    def __contains__(self, index_expr: object) -> bool:
+        return index_expr in self.marked
+
+    def add(self, index_expr: str, short: bool) -> None:
+        """Record whether a first sight's even shares on `index_expr` fell short."""
+        record = ((self.record.get(index_expr, 0) << 1) | short) & ((1 << UNEVEN_OF) - 1)
+        if record.bit_count() >= UNEVEN_SHORTS:
+            self.marked[index_expr] = True
+            self.record.pop(index_expr, None)
+        else:
+            self.record[index_expr] = record
 
 
 def hold_window(answers: Sequence[Mapping[str, Any]], sizes: Sequence[int], size: int) -> bool:

@@ -468,7 +468,7 @@ def test_each_shard_is_asked_for_its_share_and_again_for_all_when_short(pair, mo
         same(body)
     # a first sight asks each shard for an even share and a margin; the repeats each
     # shard for its share of the last time and a margin
-    assert asked[0] == [39, 39, 39] and asked[1] == asked[2] and sum(asked[1]) < 3 * 60, asked
+    assert asked[0] == [31, 31, 31] and asked[1] == asked[2] and sum(asked[1]) < 3 * 60, asked
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 0
     # 30 documents that match the query better than any, all on one shard (one routing value)
     lines = []
@@ -482,13 +482,18 @@ def test_each_shard_is_asked_for_its_share_and_again_for_all_when_short(pair, mo
     # the first time its shares were short: asked again for the whole window; then the new split
     assert asked[0] is not None and asked[1] is None and asked[2] is not None and max(asked[2]) > 39, asked
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 1
-    # a first sight of another window there: its even shares short (30 of its hits on one shard),
-    # asked again whole; the index's first sights then ask for the whole window
+    # first sights of other windows there: their even shares short (30 of their hits on one shard),
+    # asked again whole; once 8 of the index's last 32 first sights were, its first sights ask for the
+    # whole window
     del asked[:]
-    for size in (36, 40):  # (fewer than the 30 on that shard: 27 and 29 each)
+    n = shards_module.UNEVEN_SHORTS
+    sizes = range(31, 31 + n)  # (each asks each shard for fewer than 30: 19 to 22)
+    for size in [*sizes, 39]:
         same({**body, "ext": {"bmx": {**body["ext"]["bmx"], "window_size": size}}})
-    assert asked == [[27, 27, 27], None, None], asked
-    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 2
+    assert asked[: 2 * n : 2] == [shards_module.shard_sizes({"size": k}, None, 3) for k in sizes], asked
+    assert all(max(a) < 30 for a in asked[: 2 * n : 2]), asked
+    assert asked[1 : 2 * n : 2] == [None] * n and asked[2 * n :] == [None], asked
+    assert _metric(lean.url, 'bmx_lean_windows_total{outcome="shares_short"}') == 1 + n
     assert _metric(lean.url, 'bmx_lean_windows_total{outcome="lean_missed"}') == 0
 
 

@@ -10,6 +10,9 @@ from bmx_rerank.rerank.hits import SHARD, HitColumns
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.shards import (
     FORMS,
+    UNEVEN_OF,
+    UNEVEN_SHORTS,
+    ShortShares,
     decode,
     decode_search,
     hold_window,
@@ -139,11 +142,11 @@ def test_a_shard_is_asked_for_its_share_of_a_window_seen_before_else_an_even_one
     assert shard_sizes(body, (40, 35, 25), 3) == [48, 43, 33]  # at least 8 more
     assert shard_sizes({**body, "size": 1000}, (400, 350, 250), 3) == [450, 393, 281]  # an eighth more
     assert shard_sizes(body, (97, 3, 0), 3) == [100, 11, 8], "never more than the window"
-    # no share known (a first sight): an even share and five standard deviations of a shard's count
+    # no share known (a first sight): an even share and three standard deviations of a shard's count
     # (at least 8 more), never more than the window
-    assert shard_sizes(body, None, 3) == [58, 58, 58]
-    assert shard_sizes({**body, "size": 1000}, None, 3) == [409] * 3
-    assert shard_sizes({**body, "size": 1000}, None, 4) == [319] * 4
+    assert shard_sizes(body, None, 3) == [49, 49, 49]
+    assert shard_sizes({**body, "size": 1000}, None, 3) == [379] * 3
+    assert shard_sizes({**body, "size": 1000}, None, 4) == [292] * 4
     assert shard_sizes({**body, "size": 10}, None, 3) == [10, 10, 10], "at least 8 more: the window"
     # answers that may depend on how many hits a shard is asked for: the whole window each
     assert shard_sizes({**body, "terminate_after": 50}, (40, 35, 25), 3) is None
@@ -260,3 +263,28 @@ def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> N
     for other in refused:  # decoded whole, with no columns
         assert decode_search(json.dumps(other).encode()) == (other, None), other
     assert decode_search(b"not json") is None and decode_search(b"[1]") is None
+
+
+def test_an_index_asks_for_whole_windows_once_its_even_shares_fall_short_often() -> None:
+    """A share short now and then (one shard's hits scoring higher by its own statistics) leaves an
+    index's first sights asking for even shares; `UNEVEN_SHORTS` of the last `UNEVEN_OF` mark it, for
+    the ttl, and its record starts over."""
+    now = [0.0]
+    uneven = ShortShares(indices=2, ttl=600.0, timer=lambda: now[0])
+    uneven.add("i", True)  # a short, then 31 held: it is among the last 32 until one more
+    for _ in range(UNEVEN_OF - 1):
+        uneven.add("i", False)
+    for _ in range(UNEVEN_SHORTS - 1):  # 7 shorts more: the first is out of the last 32
+        uneven.add("i", True)
+    assert "i" not in uneven
+    uneven.add("i", True)
+    assert "i" in uneven and "other" not in uneven, "8 of the last 32"
+    assert "i" not in uneven.record
+    now[0] += 601
+    assert "i" not in uneven, "for the ttl"
+    uneven.add("i", True)
+    assert "i" not in uneven, "its record started over"
+    for name in ("a", "b", "c"):
+        for _ in range(UNEVEN_SHORTS):
+            uneven.add(name, True)
+    assert len(uneven.marked) <= 2 and len(uneven.record) <= 2, "bounded"
