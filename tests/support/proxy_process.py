@@ -56,9 +56,10 @@ def proc_status(pid: int | str = "self") -> dict[str, int]:
 def serve(
     upstream: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None, log: Path | None = None
 ) -> Iterator[Proxy]:
-    """`bmx-rerank serve --upstream URL` on a free loopback port; stopped (SIGTERM) on exit."""
+    """`bmx-rerank serve --upstream URL` on a free loopback port; stopped (SIGTERM) on exit. Its log
+    goes to `log`, else to /tmp/bmx-proxy-PORT.log, removed on exit unless what ran in it failed."""
     port = free_port()
-    log = log or Path(f"/tmp/bmx-proxy-{port}.log")
+    keep, log = log is not None, log or Path(f"/tmp/bmx-proxy-{port}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(BIN), "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", *args],
@@ -78,6 +79,9 @@ def serve(
                     raise RuntimeError(f"the proxy did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
         yield Proxy(url, proc, log)
+    except BaseException:
+        keep = True
+        raise
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -85,3 +89,5 @@ def serve(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        if not keep:
+            log.unlink(missing_ok=True)
