@@ -9,7 +9,7 @@ first (whichever goes second is faster).
 
     .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
-        [--fields body] [--dataset scifact]
+        [--fields body] [--dataset scifact] [--caches off,on]
 
 `--pin`: the engine on core 0, the proxies and this client on the others (a sidecar with cores of its
 own), instead of every process on every core.
@@ -45,6 +45,12 @@ def main() -> None:
     parser.add_argument(
         "--dataset", default="scifact", help="the BEIR dataset indexed and asked (../shared/data)"
     )
+    parser.add_argument(
+        "--caches",
+        choices=("off,on", "on,off", "on,on", "off,off"),
+        help="each proxy's caches, in the order of the checkouts (`off,on` with one checkout twice: what "
+        "the caches cost a first sight); else on for warm and fresh, off for first and passthrough",
+    )
     parser.add_argument("--pin", action="store_true", help="the engine on core 0, the rest on the others")
     parser.add_argument(
         "--fields", help="a field every search also asks for in `fields` (a page the page cache never keeps)"
@@ -60,12 +66,14 @@ def compare(args: argparse.Namespace) -> None:
     index_corpus(engine, index, beir_records(args.dataset, "corpus.jsonl"), shards=args.shards)
     proxies: list[Proxy] = []
     try:
-        for checkout in args.checkouts:
+        cached = args.mode in ("warm", "fresh")
+        caches = [c == "on" for c in args.caches.split(",")] if args.caches else [cached, cached]
+        for checkout, on in zip(args.checkouts, caches, strict=True):
             proxies.append(
                 Proxy(
                     args.upstream,
                     index,
-                    caches=args.mode in ("warm", "fresh"),
+                    caches=on,
                     workers=1,
                     loop="uvloop",
                     checkout=Path(checkout).resolve(),
@@ -116,6 +124,8 @@ def compare(args: argparse.Namespace) -> None:
         for k, checkout in enumerate(args.checkouts):
             p50 = statistics.median(through[k]) * 1000
             cpu = (after[k] - before[k]) * 1000 / len(through[k])
+            if args.caches:
+                checkout += f" (caches {'on' if caches[k] else 'off'})"
             print(f"  {checkout}: p50 {p50:.2f} ms ({p50 / base:.2f}x), proxy CPU {cpu:.2f} ms/request")
         print(f"  answers that differ between the two (anything but `took`): {differ} of {len(direct)}")
     finally:

@@ -68,14 +68,24 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
 
 
 def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -> None:
-    """benchmarks/ab_proxies.py with this checkout on both sides: both proxies rerank, each line has
-    its p50, its ratio to the plain search and its CPU per request."""
+    """benchmarks/ab_proxies.py with this checkout on both sides (once with its caches off on one side
+    and on on the other): both proxies rerank, each line has its p50, its ratio to the plain search and
+    its CPU per request, and the answers are the same."""
     root = str(ROOT)
-    for mode, dataset in (("first", "scifact"), ("passthrough", "nfcorpus")):
-        args = ["--mode", mode, "--queries", "3", "--upstream", elasticsearch_url, "--dataset", dataset]
-        run = run_benchmark("ab_proxies", root, root, *args)
+    runs = (
+        ("first", "scifact", "3", []),
+        ("passthrough", "nfcorpus", "3", []),
+        ("fresh", "scifact", "6", ["--caches", "off,on"]),  # each query once: 6 first sights through each
+    )
+    for mode, dataset, queries, caches in runs:
+        args = ["--mode", mode, "--queries", queries, "--dataset", dataset, "--upstream", elasticsearch_url]
+        run = run_benchmark("ab_proxies", root, root, *args, *caches)
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.startswith(f"{dataset}, {mode}, "), run.stdout
+        # one checkout twice, its caches off then on: each line says which
+        assert not caches or re.search(r"\(caches off\): p50 .*\n.*\(caches on\): p50 ", run.stdout), (
+            run.stdout
+        )
         lines = re.findall(r"p50 ([\d.]+) ms \(([\d.]+)x\), proxy CPU ([\d.]+) ms/request", run.stdout)
         assert len(lines) == 2 and all(float(p) > 0 for p, _, _ in lines), run.stdout
         # CPU is read in clock ticks: 6 searches passed through may not cost one
