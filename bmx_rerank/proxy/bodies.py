@@ -249,11 +249,6 @@ def nesting(value: Any) -> tuple[int, int]:
     return deepest, deepest_bool
 
 
-def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether a JSON value nests objects/arrays deeper than `limit`."""
-    return isinstance(value, (dict, list)) and nesting(value)[0] > limit
-
-
 class TooDeep(SearchError):
     """A search body nested deeper than `--max-depth`: a 400, as the cluster's parser would answer."""
 
@@ -383,11 +378,6 @@ def guard_parsed(request: Request, body: Any, max_depth: int, max_query_depth: i
         refuse(request, metrics, "query_depth", depth=bools)
         raise bool_depth_error(max_query_depth)
     return depth
-
-
-def bool_depth(value: Any) -> int:
-    """The deepest nesting of `bool` queries in a body (see `nesting`)."""
-    return nesting(value)[1] if isinstance(value, (dict, list)) else 0
 
 
 def bool_depth_error(limit: int) -> SearchError:

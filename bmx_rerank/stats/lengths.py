@@ -30,7 +30,6 @@ from typing import ClassVar
 
 import numpy as np
 
-BYTES_PER_DOC = 32  # key 8, _seq_no 8, _primary_term 4, length 8, shard 4 (before compression)
 UNKNOWN_SHARD = -1  # a row whose shard the scan could not tell (a scroll over several shards, an old chunk)
 INT64 = (-(2**63), 2**63 - 1)
 

@@ -105,9 +105,6 @@ class LocalCluster:
     def urls(self) -> list[str]:
         return [m.url for m in self.members]
 
-    def member(self, name: str) -> Member:
-        return next(m for m in self.members if m.name == name)
-
     def health(self, params: str = "") -> dict[str, object] | None:
         """/_cluster/health from the first live member (`params`: e.g. "?wait_for_nodes=1")."""
         for m in self.members:

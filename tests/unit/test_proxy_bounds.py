@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.policy import parse_rules
-from bmx_rerank.proxy.bodies import MAX_DEPTH, Inflater, too_deep
+from bmx_rerank.proxy.bodies import MAX_DEPTH, Inflater, nesting
 from tests.support.fake_cluster import FakeCluster, post, run_proxy
 from tests.support.serving import serve_app
 
@@ -258,11 +258,15 @@ def _nested(depth: int) -> bytes:
     return b'{"query":{"match_all":{}},"aggs":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"
 
 
-def test_too_deep_counts_levels_without_recursion():
+def test_nesting_counts_levels_without_recursion():
     value: object = 1
     for _ in range(5000):
         value = [value]
-    assert too_deep(value) and not too_deep({"a": [{"b": 1}]}, 3) and too_deep({"a": [{"b": []}]}, 3)
+    assert (
+        nesting(value)[0] == 5000
+        and nesting({"a": [{"b": 1}]})[0] == 3
+        and nesting({"a": [{"b": []}]})[0] == 4
+    )
 
 
 @pytest.mark.parametrize("depth", [300, 600, 1000, 2000])

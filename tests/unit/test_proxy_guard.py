@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bmx_rerank.proxy.bodies import RawDepth, bool_depth, raw_depth
+from bmx_rerank.proxy.bodies import RawDepth, nesting, raw_depth
 from tests.support.fake_cluster import FakeCluster, run_proxy
 from tests.support.serving import serve_app
 
@@ -173,12 +173,12 @@ def test_an_open_string_full_of_escaped_quotes_is_counted_in_one_pass():
     assert time.perf_counter() - started < 5
 
 
-def test_bool_depth_counts_nested_bool_queries():
+def test_nesting_counts_nested_bool_queries():
     import orjson
 
-    assert bool_depth(orjson.loads(bools(30))) == 30
-    assert bool_depth({"query": {"match": {"bool": "x"}}}) == 0, "a field named bool is no query"
-    assert bool_depth({"aggs": {"f": {"filter": {"bool": {"filter": [{"bool": {}}]}}}}}) == 2
+    assert nesting(orjson.loads(bools(30)))[1] == 30
+    assert nesting({"query": {"match": {"bool": "x"}}})[1] == 0, "a field named bool is no query"
+    assert nesting({"aggs": {"f": {"filter": {"bool": {"filter": [{"bool": {}}]}}}}})[1] == 2
 
 
 @pytest.mark.parametrize("path", ["docs/_search", "docs/_msearch"])
