@@ -5,12 +5,15 @@ ratios and the plot come out of the rows."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import uuid
 
 from benchmarks import proxy_latency as bench
+from benchmarks import shard_shares
 from bmx_rerank.rerank.shards import shard_sizes
 from tests.support.benchmark_runs import ROOT, run_benchmark
-from tests.support.data import scifact_records
+from tests.support.data import beir_records, scifact_records
 
 
 def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path, capsys) -> None:
@@ -93,10 +96,11 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
         assert "differ between the two (anything but `took`): 0 of 6" in run.stdout, run.stdout
 
 
-def test_small_shard_shares_run_counts_short_shares_at_each_margin(elasticsearch_url: str) -> None:
+def test_small_shard_shares_run_counts_short_shares_at_each_margin(elasticsearch_url: str, tmp_path) -> None:
     """benchmarks/shard_shares.py on NFCorpus's first 200 queries over 3 shards: a row per margin, the
-    shipped one marked, as many hits asked as the proxy asks, and no fewer windows short at a smaller
-    margin (the shares of a smaller one are the first hits of a larger one's)."""
+    shipped one marked, as many hits asked as the proxy asks, no fewer windows short at a smaller
+    margin (the shares of a smaller one are the first hits of a larger one's), and how often that marks
+    the index; then on an index of one's own, with one's own queries."""
     args = ["--upstream", elasticsearch_url, "--dataset", "nfcorpus", "--queries", "200"]
     run = run_benchmark("shard_shares", *args)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -106,6 +110,29 @@ def test_small_shard_shares_run_counts_short_shares_at_each_margin(elasticsearch
     assert [int(r[2]) for r in rows if r[1]] == [shard_sizes({"size": 100}, None, 3)[0]], run.stdout  # type: ignore[index]
     shorts = [int(r[3]) for r in rows]
     assert shorts == sorted(shorts, reverse=True) and shorts[0] > 0, run.stdout
+    said = r"mark the index uneven \(8 of its last 32\) (once in [\d,]+|never in [\d,]+) first sights"
+    assert re.search(said, run.stdout), run.stdout
+    # an index of one's own, as it is (its shard count read from it), with one's own queries
+    index = f"bmxtest-own-shares-{uuid.uuid4().hex[:8]}"
+    engine = bench.Http(elasticsearch_url)
+    bench.index_corpus(engine, index, beir_records("nfcorpus", "corpus.jsonl"), shards=2)
+    try:
+        queries = tmp_path / "queries.jsonl"
+        queries.write_text(
+            "".join(json.dumps(q) + "\n" for q in beir_records("nfcorpus", "queries.jsonl", 40))
+        )
+        args = ["--upstream", elasticsearch_url, "--index", index, "--field", "body"]
+        own = run_benchmark("shard_shares", *args, "--queries-file", str(queries))
+    finally:
+        engine.call("DELETE", f"/{index}")
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert re.search(rf"^{index}, 2 shards, window 100: \d+ full windows of 40 queries$", own.stdout, re.M), (
+        own.stdout
+    )
+    assert len(re.findall(r"^\| [\d.]+", own.stdout, re.M)) == 5, own.stdout
+    # the simulation of `ShortShares`' rule: every first sight short marks it each 8; none, never
+    assert shard_shares.marked_by_chance(1.0) == 8 and shard_shares.marked_by_chance(0.0) is None
+    assert 300 < (shard_shares.marked_by_chance(0.1) or 0) < 3000  # 10 %: 3.2 of 32 on average
 
 
 def test_small_first_stage_costs_run_checks_the_probes_leave_the_hits_alone(elasticsearch_url: str) -> None:
