@@ -56,9 +56,10 @@ def main() -> None:
         texts = [q["text"] for q in beir_records(args.dataset, "queries.jsonl", args.queries)]
     if args.index:
         index = args.index
-        args.shards = int(
-            engine.ok("GET", f"/{index}/_settings")[index]["settings"]["index"]["number_of_shards"]
-        )
+        found = engine.ok("GET", f"/{index}/_settings")  # by its concrete name (an alias's index's)
+        if len(found) != 1:
+            parser.error(f"--index names {len(found)} indices; one (or an alias of one) is searched")
+        args.shards = int(next(iter(found.values()))["settings"]["index"]["number_of_shards"])
         windows = list(shard_windows(engine, index, args, texts))
     else:
         index = f"bmxtest-shares-{uuid.uuid4().hex[:8]}"
