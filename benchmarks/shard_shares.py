@@ -71,7 +71,8 @@ def main() -> None:
     short = {spread: 0 for spread in SPREADS}
     asked = {}
     for spread in SPREADS:
-        sizes = sizes_at(spread, args.window, args.shards)
+        sizes = shards.shard_sizes({"size": args.window}, None, args.shards, spread)
+        assert sizes is not None
         asked[spread] = sizes[0]
         short[spread] = sum(not shards.hold_window(cut(w, sizes), sizes, args.window) for w in windows)
     print(
@@ -123,18 +124,6 @@ def shard_windows(engine: Http, index: str, args: argparse.Namespace, texts: lis
         ]
         if sum(len(a["hits"]["hits"]) for a in answers) >= args.window:
             yield answers
-
-
-def sizes_at(spread: float, window: int, count: int) -> list[int]:
-    """What a first sight asks each shard for, were `EVEN_SPREAD` `spread`."""
-    shipped = shards.EVEN_SPREAD
-    shards.EVEN_SPREAD = spread
-    try:
-        sizes = shards.shard_sizes({"size": window}, None, count)
-    finally:
-        shards.EVEN_SPREAD = shipped
-    assert sizes is not None
-    return sizes
 
 
 def cut(answers: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:

@@ -116,19 +116,22 @@ def msearch_body(
     return b"\n".join(lines) + b"\n"
 
 
-def shard_sizes(body: Mapping[str, Any], counts: Sequence[int] | None, shards: int) -> list[int] | None:
+def shard_sizes(
+    body: Mapping[str, Any], counts: Sequence[int] | None, shards: int, spread: float = EVEN_SPREAD
+) -> list[int] | None:
     """What to ask each of `shards` shards for, for a window whose hits came `counts[i]` from shard i
     the last time: that and a margin (`SIZE_MARGIN`), instead of the whole window each (a window of
     1,000 over 3 shards: ~1,100 hits decoded instead of 3,000). With no count known (a first sight):
-    an even share and a margin (`EVEN_SPREAD`). None (the whole window each): a search whose
-    shards' answers may depend on how many hits they are asked for (`terminate_after`, a count bound
-    of its own). Whether the answers hold the window is checked (`hold_window`)."""
+    an even share and a margin of `spread` deviations (`EVEN_SPREAD`; another in
+    benchmarks/shard_shares.py). None (the whole window each): a search whose shards' answers may
+    depend on how many hits they are asked for (`terminate_after`, a count bound of its own). Whether
+    the answers hold the window is checked (`hold_window`)."""
     if "terminate_after" in body or type(body.get("track_total_hits", True)) is not bool:
         return None
     size = int(body.get("size", 10))
     if counts is None:
-        spread = math.ceil(EVEN_SPREAD * math.sqrt(size * (shards - 1)) / shards)
-        return [min(size, -(-size // shards) + max(SIZE_MARGIN, spread))] * shards
+        margin = math.ceil(spread * math.sqrt(size * (shards - 1)) / shards)
+        return [min(size, -(-size // shards) + max(SIZE_MARGIN, margin))] * shards
     return [min(size, n + max(SIZE_MARGIN, n // 8)) for n in counts]
 
 
