@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
@@ -329,19 +328,10 @@ class PageCache:
         return None if raw is None else orjson.loads(raw)
 
     def put(self, key: PageKey, doc: dict[str, Any]) -> None:
-        self.put_all([(key, self.held(doc))])
-
-    @staticmethod
-    def held(doc: dict[str, Any]) -> bytes:
-        """A document as the cache holds it: its JSON, a copy (orjson's own bytes keep the capacity of its
-        output buffer, ~16 KiB for a 2 KiB document, which the bound would not count)."""
-        return bytes(memoryview(orjson.dumps(doc)))
-
-    def put_all(self, docs: Sequence[tuple[PageKey, bytes]]) -> None:
-        """Documents made `held`, under their keys."""
-        for key, raw in docs:
-            with contextlib.suppress(ValueError):  # a document larger than the whole cache is not kept
-                self._docs[key] = raw
+        with contextlib.suppress(ValueError):  # a document larger than the whole cache is not kept
+            # a copy: orjson's own bytes keep the capacity of its output buffer (~16 KiB for a 2 KiB
+            # document), which the bound would not count
+            self._docs[key] = bytes(memoryview(orjson.dumps(doc)))
 
 
 def _held(raw: bytes) -> int:
@@ -494,23 +484,19 @@ async def fill_page(
     cache: PageCache,
     who: str,
     meanwhile: Callable[[], None] | None = None,
-    later: Callable[[Callable[[], None]], None] | None = None,
 ) -> str:
     """The page of a reranked lean window (`body`'s hits, which carry `_seq_no`) replaced by its
     documents as the caller asked to see them (from `cache`, else those fetched ahead, else one
     fetch), with the rerank's `_score` (and explanation); `Miss` when one of them is gone or changed.
 
     `meanwhile` (the request's work that the page does not wait for) runs while the cluster answers
-    a fetch of the page's documents (ahead or after), else before the answer. The documents fetched go
-    into `cache` by `later` (`keeps.Keeps.add`: once the answer is out), else at once; their bytes are
-    made now, as the answer shows them. Says how the fetch ahead
+    a fetch of the page's documents (ahead or after), else before the answer. Says how the fetch ahead
     served the page: "none" made; "unused" (the page all in the cache); "covered"; "fetched_after"
     (part of the page outside it)."""
     hits = body.get("hits", {}).get("hits", [])
     keys = cache.keys(window, who, hits)
     docs = [cache.get(k) for k in keys] if keys is not None else [None] * len(hits)
     wanted = [i for i, d in enumerate(docs) if d is None]
-    kept: list[tuple[PageKey, bytes]] = []
     outcome = "none"
     if window.ahead is not None:
         outcome = "unused"
@@ -522,7 +508,7 @@ async def fill_page(
             for i in wanted:
                 docs[i] = doc = found.get(version(hits[i]))
                 if doc is not None and keys is not None:
-                    kept.append((keys[i], cache.held(doc)))
+                    cache.put(keys[i], doc)
             wanted = [i for i in wanted if docs[i] is None]
             outcome = "fetched_after" if wanted else "covered"
     if wanted:
@@ -535,15 +521,9 @@ async def fill_page(
         for i, doc in zip(wanted, fetched, strict=True):
             docs[i] = doc
             if doc is not None and keys is not None:
-                kept.append((keys[i], cache.held(doc)))
+                cache.put(keys[i], doc)
     if meanwhile is not None:  # nothing was waited for
         meanwhile()
-    if kept:
-        put = partial(cache.put_all, kept)
-        if later is None:
-            put()
-        else:
-            later(put)
     page = []
     drop = {"_score", "sort", "matched_queries"}
     drop |= set() if keep_seq else {"_seq_no", "_primary_term"}

@@ -43,7 +43,6 @@ from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies, probed_bytes
 from bmx_rerank.rerank.hits import HitColumns
-from bmx_rerank.rerank.keeps import Keeps
 from bmx_rerank.rerank.pack import fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
@@ -197,11 +196,9 @@ class Reranker:
         # index expressions whose first sights' even shares fell short often lately: their first
         # sights ask every shard for the whole window (an index routed unevenly would send each twice)
         self.uneven = shards.ShortShares(UNEVEN, UNEVEN_TTL)
-        # what a rerank keeps for next time, put in the caches while a later search waits for the cluster
-        self.keeps = Keeps()
 
     def _kept(self, key: tuple[str, str]) -> bool:
-        return self.frequencies.cache.holds_window(key) or self.keeps.holds(key)
+        return self.frequencies.cache.holds_window(key)
 
     async def rerank(
         self,
@@ -242,7 +239,7 @@ class Reranker:
                         window.ahead = lean.beside(self.cluster, window, headers)
                     window.analyse()  # the analysis, if held back, goes once the search is written
                     try:
-                        answer = await self.keeps.sent(searched)
+                        answer = await searched
                     except lean.Miss:
                         self.metrics.first_stage.labels("lean_missed").inc()
                         continue
@@ -417,7 +414,7 @@ class Reranker:
         items: Any = None
         try:
             async with _until(deadline):
-                answer = await self.keeps.sent(first_stage(windows))
+                answer = await first_stage(windows)
                 items = (answer.data or {}).get("responses")
                 if answer.status >= 300 or not isinstance(items, list):
                     return answer, {}
@@ -679,25 +676,21 @@ class Reranker:
             and len(alive) == len(hits)
             and (kept_scores is None or kept_scores.folded is not folded)
         ):
-            entries, held = None, 0
-            if seen is None and probed is not None:
+            scores = KeptScores.of(how, corpora, folded, whole=explain)
+            if seen is not None:
+                window_kept = seen.scored(scores)
+            elif probed is not None:
                 # a probed window kept whole: its documents' entries wait in it (`SeenWindow.entries`),
                 # made only if it comes back changed; a first sight puts none (0.7 ms for 100 hits) and,
                 # lean, makes no key for them (0.1 ms)
                 entries = partial(self.frequencies.keep_entries_later, naming.later(columns), probed)
-                held = probed_bytes(probed, len(hits))
+                window_kept = SeenWindow.of(
+                    digest, features, scores, entries, probed_bytes(probed, len(hits))
+                )
                 remember, again = None, True  # in the main LRU, where its documents' entries went
-
-            def keep(seen: SeenWindow | None = seen, versions: bytes = digest, again: bool = again) -> None:
-                """The window kept whole, once this answer is out (`Keeps`)."""
-                scores = KeptScores.of(how, corpora, folded, whole=explain)
-                if seen is not None:
-                    window_kept = seen.scored(scores)
-                else:
-                    window_kept = SeenWindow.of(versions, features, scores, entries, held)
-                self.frequencies.keep_window(kept_as, window_kept, again=again)
-
-            self.keeps.add(keep, kept_as)
+            else:
+                window_kept = SeenWindow.of(digest, features, scores)
+            self.frequencies.keep_window(kept_as, window_kept, again=again)
         kept, first = hits, columns.first
         if len(alive) < len(hits):
             every = list(hits)  # a lean window's hits made dicts at once (`shards.WindowHits`)
@@ -718,7 +711,6 @@ class Reranker:
                 cache=self.pages,
                 who=who,
                 meanwhile=remember,  # the entries kept while the cluster answers
-                later=self.keeps.add,  # the page's documents kept while a later search waits
             )
             self.metrics.page_ahead.labels(served).inc()
         elif remember is not None:

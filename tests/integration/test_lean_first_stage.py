@@ -14,7 +14,6 @@ import asyncio
 import base64
 import json
 import threading
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -255,17 +254,6 @@ class _After:
         return await self.cluster.request(*args, **kwargs)
 
 
-def _settled(proxy: ProxyThread) -> Reranker:
-    """The proxy's reranker once what its answers keep is in its caches (`rerank/keeps.py`: put while a
-    later search waits for the cluster, or within `IDLE` seconds of the answer)."""
-    rerank = proxy.app.state.rerank
-    for _ in range(1000):
-        if not len(rerank.keeps):
-            return rerank
-        time.sleep(0.001)
-    raise AssertionError("the answer's cache puts never ran")
-
-
 def _count_page_reads(monkeypatch) -> tuple[list[int], list[int]]:
     """Counted as the proxy goes: the documents each fetch by version asks for a page (`lean.fetch`),
     and each search of a first sight's likely page beside its first stage (`lean.beside`)."""
@@ -375,7 +363,7 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     # the first stage's top two pages asked for (and kept) beside the first stage (over several
     # shards, each hit's shard the one its `_id` routes to); then what of the page they missed
     assert guesses == [1] and sum(pages) < 10, (guesses, pages)
-    assert len(_settled(lean).pages) == 10, "the page's documents alone kept, not the 20 guessed"
+    assert len(lean.app.state.rerank.pages) == 10, "the page's documents alone kept, not the 20 guessed"
     fetched = read()
     again = _post(lean.url, f"/{index}/_search", body)
     assert _shown(again) == _shown(first) and read() == fetched, "the page from the cache: no fetch"
@@ -401,30 +389,6 @@ def test_a_repeated_windows_page_comes_from_the_page_cache_per_caller(pair, monk
     # fields follow the mapping: not kept, the page read again (searched beside the first stage, as
     # a first sight's)
     assert read()[1] == once[1] + 1, (read(), once)
-
-
-@pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
-def test_a_repeat_sent_before_its_first_sights_puts_ran_is_served_as_a_repeat(pair, monkeypatch) -> None:
-    """What a first sight keeps (its window kept whole, its page's documents) waits after its answer
-    (`rerank/keeps.py`; here with no idle timer to run it): the caller's repeat is planned as a repeat
-    all the same (unprobed, nothing guessed beside it), runs the puts once its first stage is on the
-    wire, and reads them: its frequencies from the window kept, its page from the page cache, with
-    no fetch, the answer the first sight's and the full first stage's."""
-    engine, index, lean, full, texts = pair
-    pages, guesses = _count_page_reads(monkeypatch)
-    rerank = lean.app.state.rerank
-    rerank.keeps.idle = 3600.0  # the puts wait for the next search
-    body = _searches(texts[2])[0][1]
-    first = _post(lean.url, f"/{index}/_search", body)
-    assert first["_bmx"]["tf"] == "probes", first["_bmx"]
-    assert len(rerank.keeps) == 2 and len(rerank.pages) == 0, "the puts wait after the answer"
-    assert len(rerank.frequencies.cache) == 0
-    fetched = (list(pages), list(guesses))
-    again = _post(lean.url, f"/{index}/_search", body)
-    assert (again["_bmx"]["tf"], again["_bmx"]["tf_probes"]) == ("window", "seen"), again["_bmx"]
-    assert (list(pages), list(guesses)) == fetched, "the page from the cache: no fetch, none guessed"
-    assert len(rerank.keeps) == 0 and len(rerank.pages) == 10
-    assert _shown(again) == _shown(first) == _shown(_post(full.url, f"/{index}/_search", body))
 
 
 @pytest.mark.parametrize("pair", [1, 3], ids=["1-shard", "3-shards"], indirect=True)
