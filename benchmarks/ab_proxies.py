@@ -1,13 +1,14 @@
 """Two versions of the proxy side by side against one engine, interleaved query by query: p50 of a
 reranked search (window 100, one client; `passthrough`: the plain size-10 search, not reranked;
-`fresh`: first sights of a proxy whose caches are on, each query asked once) through each, next to a
+`fresh`: first sights of a proxy whose caches are on, each query asked once; `pair`: such a first
+sight and its repeat sent at once after it, timed together and apart) through each, next to a
 plain search of the window (of 10 for `passthrough`), and
 each proxy's CPU per request, and how many answers the two versions gave differently (anything in
 the body but the cluster's `took`, or the `X-BMX-Rerank` header).
 What changed in the code, apart from what changed in the machine. The two proxies take turns to go
 first (whichever goes second is faster).
 
-    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|passthrough]
+    .venv/bin/python -m benchmarks.ab_proxies OLD_CHECKOUT NEW_CHECKOUT [--mode warm|first|fresh|pair|passthrough]
         [--window 100] [--queries 120] [--upstream http://127.0.0.1:9200] [--shards 1] [--pin]
         [--fields body] [--dataset scifact] [--caches off,on]
 
@@ -37,7 +38,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("checkouts", nargs=2)
-    parser.add_argument("--mode", choices=("warm", "first", "fresh", "passthrough"), default="warm")
+    parser.add_argument("--mode", choices=("warm", "first", "fresh", "pair", "passthrough"), default="warm")
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--queries", type=int, default=120)
     parser.add_argument("--upstream", default="http://127.0.0.1:9200")
@@ -66,7 +67,7 @@ def compare(args: argparse.Namespace) -> None:
     index_corpus(engine, index, beir_records(args.dataset, "corpus.jsonl"), shards=args.shards)
     proxies: list[Proxy] = []
     try:
-        cached = args.mode in ("warm", "fresh")
+        cached = args.mode in ("warm", "fresh", "pair")
         caches = [c == "on" for c in args.caches.split(",")] if args.caches else [cached, cached]
         for checkout, on in zip(args.checkouts, caches, strict=True):
             proxies.append(
@@ -89,13 +90,15 @@ def compare(args: argparse.Namespace) -> None:
                     conn.ok("POST", path, rerank(q, args.window) | shown)
         direct: list[float] = []
         through: list[list[float]] = [[], []]
+        apart: list[list[tuple[float, float]]] = [[], []]  # `pair`: the first sight's time, its repeat's
         before = [proxy.cpu() for proxy in proxies]
         differ = 0  # searches the two versions answered with other hits or other scores
         passthrough = args.mode == "passthrough"
         size = 10 if passthrough else args.window
         half = len(queries) // 2
         # each query twice, or (`fresh`) each once: its first sight
-        passes = [queries[:half], queries[half:]] if args.mode == "fresh" else [queries, queries]
+        once = args.mode in ("fresh", "pair")
+        passes = [queries[:half], queries[half:]] if once else [queries, queries]
         for asked in passes:
             for q in asked:
                 start = time.perf_counter()
@@ -111,6 +114,11 @@ def compare(args: argparse.Namespace) -> None:
                     answer = _ask(
                         conn, path, (plain(q, 10) if passthrough else rerank(q, args.window)) | shown
                     )
+                    if args.mode == "pair":  # its repeat at once, as a user paging back would send it
+                        mid = time.perf_counter()
+                        repeat = _ask(conn, path, rerank(q, args.window) | shown)
+                        apart[k].append((mid - start, time.perf_counter() - mid))
+                        assert repeat[1]["hits"] == answer[1]["hits"], "the repeat answered otherwise"
                     through[k].append(time.perf_counter() - start)
                     assert passthrough or answer[1]["_bmx"]["reranked"] is True, answer[1]["_bmx"]
                     answers.append(answer)
@@ -127,6 +135,9 @@ def compare(args: argparse.Namespace) -> None:
             if args.caches:
                 checkout += f" (caches {'on' if caches[k] else 'off'})"
             print(f"  {checkout}: p50 {p50:.2f} ms ({p50 / base:.2f}x), proxy CPU {cpu:.2f} ms/request")
+            if apart[k]:
+                first, repeat = (statistics.median(t) * 1000 for t in zip(*apart[k], strict=True))
+                print(f"    the pair apart: first sight p50 {first:.2f} ms, its repeat p50 {repeat:.2f} ms")
         print(f"  answers that differ between the two (anything but `took`): {differ} of {len(direct)}")
     finally:
         for proxy in proxies:

@@ -73,12 +73,14 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
 def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -> None:
     """benchmarks/ab_proxies.py with this checkout on both sides (once with its caches off on one side
     and on on the other): both proxies rerank, each line has its p50, its ratio to the plain search and
-    its CPU per request, and the answers are the same."""
+    its CPU per request, and the answers are the same; `--mode pair` times a first sight and its
+    repeat apart too."""
     root = str(ROOT)
     runs = (
         ("first", "scifact", "3", []),
         ("passthrough", "nfcorpus", "3", []),
         ("fresh", "scifact", "6", ["--caches", "off,on"]),  # each query once: 6 first sights through each
+        ("pair", "scifact", "6", []),  # 6 first sights, each with its repeat at once
     )
     for mode, dataset, queries, caches in runs:
         args = ["--mode", mode, "--queries", queries, "--dataset", dataset, "--upstream", elasticsearch_url]
@@ -94,6 +96,11 @@ def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -
         # CPU is read in clock ticks: 6 searches passed through may not cost one
         assert all(float(cpu) > 0 or mode == "passthrough" for _, _, cpu in lines), run.stdout
         assert "differ between the two (anything but `took`): 0 of 6" in run.stdout, run.stdout
+        # a pair's two searches timed apart too, each within the pair
+        apart = re.findall(r"first sight p50 ([\d.]+) ms, its repeat p50 ([\d.]+) ms", run.stdout)
+        assert len(apart) == (2 if mode == "pair" else 0), run.stdout
+        for (pair, _, _), (first, repeat) in zip(lines, apart, strict=False):
+            assert 0 < float(repeat) < float(pair) and 0 < float(first) < float(pair), run.stdout
 
 
 def test_small_shard_shares_run_counts_short_shares_at_each_margin(elasticsearch_url: str, tmp_path) -> None:
