@@ -10,6 +10,8 @@ Ways of asking, per window N (10, 100, 1000):
   plain size-10   a `match` query, size 10, straight to the engine
   plain size-N    the same with size N (what a user re-sorting the top N would ask)
   rescore N       size 10 with the engine's own `rescore` (window N, a `match` rescore query)
+  plain size-10, gzip  the same with gzipped answers (several clients only; every other row asks for
+                  none, as the official clients do by default: what compression costs the engine)
   passthrough     the plain size-10 request through the proxy, no ext.bmx
   bare relay      the same through a bare aiohttp relay (the floor of an aiohttp proxy hop)
   client relay    the same through aiohttp's server with the protocol relay's upstream client (how an
@@ -549,6 +551,8 @@ def client_relay_child(upstream: str, port: int, loop: str) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+# The direct size-10 search at several clients, its answers gzipped: what compression costs the engine
+GZIP = "plain size-10, gzip"
 RELAYS = {"bare relay": "aiohttp", "client relay": "client", "protocol relay": "protocol"}  # row: kind
 
 
@@ -739,14 +743,21 @@ def sequential(
     return times
 
 
-async def closed_loop(url: str, path: str, bodies: list[bytes], clients: int, seconds: float) -> dict:
-    """`clients` connections, each sending its next request as soon as the last is answered."""
+async def closed_loop(
+    url: str, path: str, bodies: list[bytes], clients: int, seconds: float, encoding: str = "identity"
+) -> dict:
+    """`clients` connections, each sending its next request as soon as the last is answered, each
+    accepting answers in `encoding`."""
     import aiohttp
 
     latencies: list[float] = []
     stop = time.perf_counter() + seconds
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
-    headers = {"Content-Type": "application/json"}
+    # No compressed answers unless asked (the row "plain size-10, gzip"), as the one-client rows
+    # (http.client) and the official clients (their `http_compress` off by default) ask: aiohttp asks
+    # for gzip unless told, and the engine's gzip costs it ~0.3 ms of CPU a size-10 SciFact search,
+    # which the direct and passed-through rows paid and the proxy's own calls and answers never do.
+    headers = {"Content-Type": "application/json", "Accept-Encoding": encoding}
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def client(offset: int) -> None:
@@ -815,6 +826,7 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
         for c in [c for c in clients if c > 1]:
             cells: list[tuple[str, int, str, Callable[[str], dict], int]] = [
                 ("plain size-10", 0, url, lambda q: plain(q, 10), 1),
+                (GZIP, 0, url, lambda q: plain(q, 10), 1),
                 ("passthrough", 0, proxies["warm", 1].url, lambda q: plain(q, 10), 1),
                 *((row, 0, proxies[row, 1].url, lambda q: plain(q, 10), 1) for row in RELAYS),
             ]
@@ -835,7 +847,8 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
                     asyncio.run(closed_loop(target, path, bodies, 4, 0.0 + len(bodies) * 0.02))
                 proxy = by_url.get(target)
                 before = (engine_cpu(url), proxy.cpu() if proxy else 0.0, time.process_time())
-                result = asyncio.run(closed_loop(target, path, bodies, c, args.duration))
+                encoding = "gzip, deflate" if kind == GZIP else "identity"
+                result = asyncio.run(closed_loop(target, path, bodies, c, args.duration, encoding))
                 after = (engine_cpu(url), proxy.cpu() if proxy else 0.0, time.process_time())
                 done = result["rps"] * args.duration
                 cpu = {  # ms of CPU per request: who the 2 cores worked for
@@ -956,7 +969,19 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
             + " / ".join(cpu(row, 0) for row in RELAYS),
             "(the floors)",
         ),
+        (
+            "8 clients: direct qps with gzipped answers / without; the engine's CPU a search, the same",
+            compression_cost(find(rows, engine, GZIP, 0, 8), direct8),
+            "(what compression costs)",
+        ),
     ]
+
+
+def compression_cost(gzip: dict | None, plain: dict | None) -> str:
+    if not gzip or not plain:
+        return "n/a"
+    qps = f"{100 * gzip['rps'] / plain['rps']:.0f} %"
+    return f"{qps}; {gzip['cpu_engine_ms']:.2f} / {plain['cpu_engine_ms']:.2f} ms"
 
 
 def plot(rows: list[dict], engines: list[str], windows: list[int], path: str) -> None:

@@ -47,14 +47,21 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     for r in (r for r in rows if r["clients"] == 2):
         assert r["cpu_engine_ms"] > 0, r
         assert (r["cpu_proxy_ms"] > 0) == (
-            r["request"] not in ("plain size-10", "plain size-N", "rescore N")
+            r["request"] not in ("plain size-10", bench.GZIP, "plain size-N", "rescore N")
         ), r
+    assert (bench.GZIP, 2) in kinds and (bench.GZIP, 1) not in kinds, "gzipped: several clients only"
     measures = dict((m, v) for m, v, _ in bench.targets(rows, "es"))
     assert measures["passthrough p50 - direct p50 (one client)"].endswith("ms")
     assert re.fullmatch(
         r"([+-][\d.]+ / ){2}[+-][\d.]+ ms",
         measures["one client: p50 - direct p50, bare / client / protocol relay"],
     )
+    # what the engine's gzip costs, from the two direct rows at several clients
+    gzipped, direct = (
+        next(r for r in rows if r["request"] == k and r["clients"] == 2)
+        for k in (bench.GZIP, "plain size-10")
+    )
+    assert re.fullmatch(r"\d+ %; [\d.]+ / [\d.]+ ms", bench.compression_cost(gzipped, direct))
     bench.plot(rows, ["es"], [10, 40], str(tmp_path / "latency.png"))
     assert (tmp_path / "latency.png").stat().st_size > 1000
 
@@ -217,3 +224,33 @@ def test_small_passthrough_parts_run_times_every_part(elasticsearch_url: str) ->
     assert float(parts["proxy"]) > 0, run.stdout
     in_process = re.search(r"no socket: (\d+) µs", run.stdout)
     assert in_process and int(in_process.group(1)) > 0, run.stdout
+
+
+async def test_the_closed_loop_asks_for_answers_uncompressed_unless_told() -> None:
+    """The several-client rows ask for no compression, as the official clients do by default (aiohttp
+    would ask for gzip), and the gzip row asks for it."""
+    from aiohttp import web
+
+    from tests.support.net import free_port
+
+    asked: list[str] = []
+
+    async def search(request: web.Request) -> web.Response:
+        asked.append(request.headers.get("Accept-Encoding", ""))
+        return web.json_response({"hits": {"hits": []}})
+
+    app = web.Application()
+    app.router.add_post("/i/_search", search)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await bench.closed_loop(url, "/i/_search", [b"{}"], 2, 0.05)
+        assert asked and set(asked) == {"identity"}, set(asked)
+        asked.clear()
+        await bench.closed_loop(url, "/i/_search", [b"{}"], 2, 0.05, "gzip, deflate")
+        assert asked and set(asked) == {"gzip, deflate"}, set(asked)
+    finally:
+        await runner.cleanup()
