@@ -254,3 +254,16 @@ async def test_the_closed_loop_asks_for_answers_uncompressed_unless_told() -> No
         assert asked and set(asked) == {"gzip, deflate"}, set(asked)
     finally:
         await runner.cleanup()
+
+
+def test_small_page_depth_run_counts_pages_the_best_hits_hold(elasticsearch_url: str) -> None:
+    """benchmarks/page_depth.py on 6 NFCorpus queries: a row per depth, the shipped one marked, and no
+    fewer pages held whole by more of the first stage's best hits."""
+    args = ["--upstream", elasticsearch_url, "--dataset", "nfcorpus", "--queries", "6"]
+    run = run_benchmark("page_depth", *args)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = re.findall(r"best +(\d+) hold the page in (\d+) of (\d+)(  <- .*)?$", run.stdout, re.M)
+    assert [int(k) for k, *_ in rows] == [10, 12, 14, 15, 16, 18, 20, 25, 30], run.stdout
+    held = [int(h) for _, h, _, _ in rows]
+    assert held == sorted(held) and 0 < int(rows[0][2]) <= 6, run.stdout
+    assert [k for k, _, _, mark in rows if mark] == ["20"], run.stdout
