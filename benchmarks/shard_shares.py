@@ -68,8 +68,7 @@ def main() -> None:
             windows = list(shard_windows(engine, index, args, texts))
         finally:
             engine.call("DELETE", f"/{index}")
-    short = {spread: 0 for spread in SPREADS}
-    asked = {}
+    asked, short = {}, {}
     for spread in SPREADS:
         sizes = shards.shard_sizes({"size": args.window}, None, args.shards, spread)
         assert sizes is not None
