@@ -43,8 +43,10 @@ class HitColumns:
         return len(self.hits)
 
     def column(self, key: str, default: Any = None) -> list[Any]:
-        """Every hit's `key` (`default` where it has none)."""
-        return _column(self.hits, key, default)
+        """Every hit's `key` (`default` where it has none): a window's typed hits read without a dict
+        made of each (`shards.WindowHits.column`)."""
+        typed = getattr(self.hits, "column", None)
+        return typed(key, default) if typed is not None else _column(self.hits, key, default)
 
 
 def _column(hits: Sequence[dict[str, Any]], key: str, default: Any = None) -> list[Any]:

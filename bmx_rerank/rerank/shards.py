@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, overload
 
@@ -222,6 +222,10 @@ class Hit(msgspec.Struct, gc=False, forbid_unknown_fields=True, kw_only=True):
     matched_queries: Any = msgspec.UNSET  # the probes'
 
 
+# a JSON key of a hit -> its `Hit` field
+_HIT_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(Hit)}
+
+
 class _Hits(msgspec.Struct, gc=False, forbid_unknown_fields=True):
     hits: list[Hit] = msgspec.field(default_factory=list)
     total: Any = msgspec.UNSET
@@ -367,7 +371,7 @@ def merge(
 
 class WindowHits(Sequence[dict[str, Any]]):
     """A window's `Hit`s, each made a dict (as the cluster sent it, marked with its shard where the
-    window was merged from several) when first read: a rerank reads their columns (`HitColumns`), the
+    window was merged from several) when first read: a rerank reads their columns (`column`), the
     probes' `matched_queries` (`take_matched`) and the dicts of a few (its page, the page fetched
     ahead)."""
 
@@ -393,6 +397,30 @@ class WindowHits(Sequence[dict[str, Any]]):
             made = msgspec.to_builtins(self._hits[i])
             self._made[i] = made if self._shards is None else _marked(made, self._shards[i])
         return made
+
+    def column(self, key: str, default: Any = None) -> list[Any]:
+        """Every hit's `key` (`default` where it has none), as `HitColumns.column` reads it, with no
+        dict made: a hit not made one has a `Hit`'s fields alone (and its shard's mark)."""
+        field = _HIT_FIELDS.get(key)
+        if self._made.count(None) != len(self._made):  # some made (a caller may have marked them)
+            return list(map(self._read, range(len(self._hits)), repeat(key), repeat(field), repeat(default)))
+        if field is not None:
+            values = list(map(attrgetter(field), self._hits))
+            if msgspec.UNSET in values:
+                return [default if v is msgspec.UNSET else v for v in values]
+            return values
+        return (
+            list(self._shards) if key == SHARD and self._shards is not None else [default] * len(self._hits)
+        )
+
+    def _read(self, i: int, key: str, field: str | None, default: Any) -> Any:
+        made = self._made[i]
+        if made is not None:
+            return made.get(key, default)
+        if field is not None:
+            value = getattr(self._hits[i], field)
+            return default if value is msgspec.UNSET else value
+        return self._shards[i] if key == SHARD and self._shards is not None else default
 
     def take_matched(self) -> list[Any]:
         """Each hit's `matched_queries` (None where it has none), taken from it: read from the `Hit`s,

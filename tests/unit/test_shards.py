@@ -227,6 +227,32 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     assert decode(payload, 3) is None and decode(b"not json", 2) is None
 
 
+def test_typed_hits_columns_are_the_dicts_columns_with_no_dict_made() -> None:
+    """`WindowHits.column` reads what `HitColumns.column` reads of the hits decoded whole (a `Hit`'s
+    fields, its shard's mark, a key no hit has), making no dict; once some are made (and marked by a
+    caller), it reads those dicts; after the probes are taken, no hit shows them."""
+    payload = json.dumps(
+        {"took": 1, "responses": [{**a, "status": 200} for a in (_answer([3.0, 1.0]), _answer([2.0]))]}
+    ).encode()
+    probed = json.loads(payload)
+    probed["responses"][0]["hits"]["hits"][0]["matched_queries"] = {"q": 1.0}
+    probed["responses"][1]["hits"]["hits"][0]["_version"] = 4
+    payload = json.dumps(probed).encode()
+    whole, typed = (
+        merge(found or [], {"size": 3}) for found in (items(json.loads(payload), 2), decode(payload, 2))
+    )
+    assert whole is not None and typed is not None
+    made, dicts = typed[0]["hits"]["hits"], whole[0]["hits"]["hits"]
+    keys = ("_index", "_seq_no", "_score", "_version", "matched_queries", SHARD, "_id", "_routing")
+    for key in keys:
+        assert made.column(key, "-") == [h.get(key, "-") for h in dicts], key
+    assert made._made == [None, None, None], "no dict made"
+    made[1]["_seq_no"] = dicts[1]["_seq_no"] = 7  # a caller's change to a hit made a dict
+    assert made.column("_seq_no") == [0, 7, 1] and made.column("_id", "") == ["", "", ""]
+    assert made.take_matched() == [{"q": 1.0}, None, None]
+    assert made.column("matched_queries") == [None, None, None], "taken"
+
+
 def test_one_shards_lean_answer_decoded_typed_is_the_answer_decoded_whole() -> None:
     """`decode_search` (a lean window on one shard): the same answer and columns as the
     answer decoded whole, its hits unmarked (one shard) and made dicts only when read; anything a
