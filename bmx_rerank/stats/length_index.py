@@ -65,8 +65,7 @@ _SEEDS_B = (0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5)
 
 # each seed word for both lanes at once, (2, 1) each
 _SEED_KEY, _SEED_SEQ, _SEED_TERM = np.array([_SEEDS_A, _SEEDS_B], np.uint64)[:, :, None].transpose(1, 0, 2)
-_RECORD_BYTES = np.arange(RECORD)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_S30, _S27, _S31, _S8 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(8)
 
 
 def _fmix(z: np.ndarray) -> np.ndarray:
@@ -191,7 +190,12 @@ class LengthIndex:
 
         self.anchors = view("anchors", "<u8")
         self.offsets = view("offsets", "<u2")
-        self.records = view("records", "u1")
+        # each record's 7 bytes as the top of a little-endian word read from the byte before it (the
+        # section never starts the file: the header is before it), so a lookup gathers one word each
+        at = sec["records"][0]
+        self._words = (
+            np.ndarray((layout.n,), "<u8", whole, at - 1, (RECORD,)) if layout.n else np.zeros(0, "<u8")
+        )
         esc = view("escapes", "<u8").reshape(layout.escapes, 3)
         self._esc_a, self._esc_b, self._esc_len = esc[:, 0], esc[:, 1], esc[:, 2]
         # a record's word: its fingerprint (the top `r` bits of lane `b`) above its length
@@ -355,9 +359,7 @@ class LengthIndex:
         owner = np.repeat(np.arange(n), count)
         # each candidate record's position: its bucket's start, then the bucket's next records
         pos = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
-        raw = np.zeros((total, 8), np.uint8)
-        raw[:, :RECORD] = self.records[pos[:, None] * RECORD + _RECORD_BYTES]
-        word = raw.view("<u8")[:, 0]
+        word = self._words[pos] >> _S8
         match = (word >> self._length_bits) == (b >> self._fingerprint_shift)[owner]
         matches = np.bincount(owner[match], minlength=n)
         lengths = (word & self._length_mask).astype(np.int64)
