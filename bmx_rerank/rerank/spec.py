@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from bmx_rerank.errors import SearchError, bad_request
@@ -147,8 +147,7 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
     first = _string(raw, "field", where) if "field" in raw else fields[0][0]
     if fields and first not in (name for name, _ in fields):
         raise bad_request(f"[{where}] [field] [{first}] must be one of [fields]")
-    spec = RerankSpec(field=first, widen=widen_default, fields=fields)
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {"widen": widen_default}
     if raw.get("combine") is not None:
         values["combine"] = _choice(raw, "combine", where, COMBINE)
     if raw.get("weight") is not None:
@@ -187,7 +186,7 @@ def parse_spec(raw: Any, *, widen_default: bool = True, where: str = "bmx") -> R
         values["scoring"] = Request(**core)
     except ValueError as exc:  # the core's own checks, should a combination slip through
         raise bad_request(f"[{where}] {exc}") from exc
-    return replace(spec, **values)
+    return RerankSpec(field=first, fields=fields, **values)
 
 
 def _fields(raw: Mapping[str, Any], where: str) -> tuple[tuple[str, float], ...]:
