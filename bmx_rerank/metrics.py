@@ -18,9 +18,9 @@ from prometheus_client import (
 
 T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-# Labelled children of the per-request metrics kept by label (request kinds and upstream calls are a
-# few fixed names): prometheus_client's `labels()` validates its arguments and takes a lock on every
-# call, 3 µs of a passthrough's ~90 µs of Python for its two (benchmarks/RESULTS.md).
+# Labelled children kept by label (each metric's labels are a few fixed names): prometheus_client's
+# `labels()` validates its arguments and takes a lock on every call, 3 µs of a passthrough's ~90 µs of
+# Python for its two, and a first sight asks for seven (benchmarks/RESULTS.md).
 KEPT_LABELS = 64
 
 
@@ -115,8 +115,22 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
-        self._kind = functools.lru_cache(maxsize=KEPT_LABELS)(self.requests.labels)
-        self._call = functools.lru_cache(maxsize=KEPT_LABELS)(self.upstream_seconds.labels)
+        for labelled in (
+            self.requests,
+            self.upstream_seconds,
+            self.errors,
+            self.reranks,
+            self.cache,
+            self.tf,
+            self.first_stage,
+            self.page_ahead,
+            self.token_guesses,
+            self.guarded,
+            self.connections_closed,
+        ):  # each child kept by its labels: `labels()` gives the same child again, after its checks
+            labelled.labels = functools.lru_cache(maxsize=KEPT_LABELS)(labelled.labels)  # type: ignore[method-assign]
+        self._kind = self.requests.labels
+        self._call = self.upstream_seconds.labels
 
     def served(self, kind: str) -> None:
         """One request served, of `kind`."""
