@@ -104,8 +104,9 @@ def pack(
     out = dict(response)
     hits_obj = dict(out.get("hits", {}))
     page = []
+    keep_version = wants_version(plan)
     for i in order[plan.from_ : plan.from_ + plan.size]:
-        hit = _strip(hits[i], plan.wants_seq_no, wants_version(plan))
+        hit = _strip(hits[i], plan.wants_seq_no, keep_version)
         hit["_score"] = float(final[i])
         if spec.explain:
             hit["_bmx_explanation"] = _combined_explanation(
