@@ -129,16 +129,14 @@ class Metrics:
             self.connections_closed,
         ):  # each child kept by its labels: `labels()` gives the same child again, after its checks
             labelled.labels = functools.lru_cache(maxsize=KEPT_LABELS)(labelled.labels)  # type: ignore[method-assign]
-        self._kind = self.requests.labels
-        self._call = self.upstream_seconds.labels
 
     def served(self, kind: str) -> None:
         """One request served, of `kind`."""
-        self._kind(kind).inc()
+        self.requests.labels(kind).inc()
 
     def upstream(self, call: str, seconds: float) -> None:
         """One call to the cluster named `call`, and how long it took."""
-        self._call(call).observe(seconds)
+        self.upstream_seconds.labels(call).observe(seconds)
 
     async def timed(self, call: str, awaitable: Awaitable[T]) -> T:
         """`awaitable`'s result, its time observed as one upstream call named `call`."""
