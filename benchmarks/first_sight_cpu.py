@@ -55,6 +55,8 @@ class Recording:
     queries: list[str]
     corpus: Any  # CorpusStats of `body`
     lengths: dict[str, Any] | None  # concrete index -> DocLengths
+    # concrete index -> the routing shard count its sweep proved (none in a recording made before)
+    routing: dict[str, int] = field(default_factory=dict)
     answers: dict[Key, tuple[int, bytes] | BaseException] = field(default_factory=dict)
     expected: list[bytes] = field(default_factory=list)  # each rerank's body, in order
     # `first`: each rerank's body with the caches on (what a replay with `fresh` caches compares with)
@@ -85,7 +87,7 @@ def reranker(cluster: Any, rec: Recording, *, caches: bool | None = None) -> Any
     first = rec.mode == "first" if caches is None else not caches
     out = Reranker(
         cluster,
-        stats_source(rec.index, rec.corpus, rec.lengths, rec.shards),
+        stats_source(rec.index, rec.corpus, rec.lengths, rec.routing, rec.shards),
         Metrics(),
         cache=TermVectorCache(0 if first else 256 << 20),
         lengths=tf_probe.LengthCache(0 if first else 1_000_000),
@@ -137,6 +139,8 @@ async def rerank_all(
     for _ in range(passes):
         if fresh:
             _empty(rr)
+        if rec.mode == "first":  # a first sight's window is one the proxy never saw split over shards
+            rr.splits.clear()
         for q in rec.queries:
             body = orjson.loads(orjson.dumps(rerank(q, rec.window)))  # as the proxy parses the request
             plan = bounded_plan(body, {}, None, bounds)
@@ -170,9 +174,9 @@ def record(args: argparse.Namespace) -> None:
     index = f"bmxtest-cpu-{uuid.uuid4().hex[:8]}"
     index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
     try:
-        corpus, lengths = sweep_stats(args.upstream, index)
+        corpus, lengths, routing = sweep_stats(args.upstream, index)
         queries = [q["text"] for q in scifact_records("queries.jsonl", 0)][: args.queries]
-        rec = Recording(args.mode, args.window, args.shards, index, queries, corpus, lengths)
+        rec = Recording(args.mode, args.window, args.shards, index, queries, corpus, lengths, routing)
         asyncio.run(_record(rec, args.upstream))
     finally:
         engine.call("DELETE", f"/{index}")

@@ -110,9 +110,11 @@ def index_corpus(engine: Http, index: str, docs: list[dict], shards: int = 1) ->
 # ---- the proxy, in child processes ------------------------------------------------------------------
 
 
-def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
+def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None, dict[str, int]]:
     """Exact statistics of the index's `body` and, in versions that build one, each concrete index's
-    document-length table (what `stats build` keeps), from one sweep."""
+    document-length table and the routing shard count its sweep proved (what `stats build` keeps: a
+    table of several shards that knows its routing names the shard of a hit searched by `_id`), from
+    one sweep."""
     import aiohttp
 
     from bmx_rerank import upstream as cluster_calls
@@ -123,18 +125,32 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None]:
             make = getattr(cluster_calls, "Cluster", None)  # an older version takes (session, url)
             target = (session, upstream) if make is None else (make(session, upstream),)
             if not hasattr(stats_build, "build_with_lengths"):  # an older version (the baseline)
-                return await stats_build.build(*target, index, "body", {}), None
-            corpus, tables = await stats_build.build_with_lengths(*target, index, "body", {})
-            return corpus, tables or None
+                return await stats_build.build(*target, index, "body", {}), None, {}
+            results = await stats_build.sweep_all(*target, index, "body", {})
+            corpus = stats_build.sum_in_order([r.stats for r in results.values()])
+            tables = {ix: r.lengths for ix, r in results.items() if r.lengths is not None}
+            routing = {  # as `snapshot_info` records it
+                ix: r.routing.routing_shards
+                for ix, r in results.items()
+                if r.lengths is not None
+                and r.lengths.shards_known
+                and r.routing is not None
+                and r.routing.shards == len(r.marks.shards) > 1
+                and r.routing.routing_shards is not None
+            }
+            return corpus, tables or None, routing
 
     return asyncio.run(sweep())
 
 
-def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1) -> Any:
+def stats_source(
+    index: str, corpus: Any, lengths: dict | None, routing: dict[str, int], shards: int = 1
+) -> Any:
     """FixedStats with the length table where this version's FixedStats takes one, served as the
     statistics cache serves it where this version has the form: a mapped `LengthIndex`, keyed by
     document version on an index of one shard, and on one of several where every row of the sweep's
-    table has its shard (versions that record it)."""
+    table has its shard (versions that record it), with the routing shard count its sweep proved
+    (`routing`, by index; versions that take it)."""
     import inspect
     import shutil
     import tempfile
@@ -149,17 +165,20 @@ def stats_source(index: str, corpus: Any, lengths: dict | None, shards: int = 1)
         params = inspect.signature(LengthIndex.from_table).parameters
         where = tempfile.mkdtemp(prefix="bmx-bench-lengths-")
 
-        def keying(table: Any) -> dict[str, Any]:
+        def keying(ix: str, table: Any) -> dict[str, Any]:
             if "by_version" not in params:
                 return {}
             if shards == 1:
                 return {"by_version": True, **({"shards": 1} if "shards" in params else {})}
             if "shards" in params and getattr(table, "shards_known", False):
-                return {"by_version": True, "shards": shards}
+                routed = (
+                    {"routing_shards": routing[ix]} if ix in routing and "routing_shards" in params else {}
+                )
+                return {"by_version": True, "shards": shards, **routed}
             return {"by_version": False}
 
         lengths = {
-            ix: LengthIndex.from_table(t, f"{where}/{ix}.len", **keying(t)) for ix, t in lengths.items()
+            ix: LengthIndex.from_table(t, f"{where}/{ix}.len", **keying(ix, t)) for ix, t in lengths.items()
         }
         shutil.rmtree(where)  # the tables stay mapped; nothing is left behind when the process is killed
     tables = {"lengths": {(index, "body"): lengths}} if lengths is not None else {}
@@ -177,11 +196,13 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
     own event loop of kind `loop`."""
     import multiprocessing
 
-    corpus, lengths = sweep_stats(upstream, index)
+    corpus, lengths, routing = sweep_stats(upstream, index)
     ctx = multiprocessing.get_context("fork")
     procs = [
         ctx.Process(
-            target=_serve_worker, args=(upstream, index, port, caches, loop, corpus, lengths), daemon=True
+            target=_serve_worker,
+            args=(upstream, index, port, caches, loop, corpus, lengths, routing),
+            daemon=True,
         )
         for _ in range(workers)
     ]
@@ -201,13 +222,15 @@ def serve_child(upstream: str, index: str, port: int, caches: bool, workers: int
             proc.join(5)
 
 
-def _serve_worker(upstream: str, index: str, port: int, caches: bool, loop: str, corpus, lengths) -> None:
+def _serve_worker(
+    upstream: str, index: str, port: int, caches: bool, loop: str, corpus, lengths, routing
+) -> None:
     from bmx_rerank.logs import serve_logs
     from bmx_rerank.proxy import ProxyConfig, make_app
     from bmx_rerank.proxy.server import ConnectionLimits, serve_forever
 
     # with lengths: first sights without _mtermvectors
-    stats = stats_source(index, corpus, lengths, shard_count(upstream, index))
+    stats = stats_source(index, corpus, lengths, routing, shard_count(upstream, index))
     app = make_app(ProxyConfig(upstream=upstream, **cache_option(caches)), lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
