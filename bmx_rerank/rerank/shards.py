@@ -164,20 +164,24 @@ def hold_window(answers: Sequence[Mapping[str, Any]], sizes: Sequence[int], size
     hits not sent score no higher than its last, and one equal to the window's last could rank
     before it). A shard's hits are its first hits of a larger search too (Lucene ranks by score,
     then document: the same order for any size). A hit without a score holds nothing."""
-    each = [answer["hits"].get("hits", []) for answer in answers]
-    found = [_score_of(h) for hits in each for h in hits]
-    if None in found:
+    each = [_scores(answer["hits"].get("hits", [])) for answer in answers]
+    if any(s is None for s in each):
         return False
-    every = np.fromiter(found, np.float64, len(found))
+    every = np.concatenate(each)  # type: ignore[arg-type]
     last = -np.partition(-every, size - 1)[size - 1] if len(every) >= size else -np.inf
     return all(
-        len(hits) < asked or asked >= size or _score_of(hits[-1]) < last  # type: ignore[operator]
-        for hits, asked in zip(each, sizes, strict=True)
+        len(found) < asked or asked >= size or found[-1] < last  # type: ignore[arg-type,index]
+        for found, asked in zip(each, sizes, strict=True)
     )
 
 
-def _score_of(hit: Any) -> float | None:
-    return hit.score if isinstance(hit, Hit) else hit.get("_score")
+def _scores(hits: Sequence[Any]) -> np.ndarray | None:
+    """A shard's hits' scores, None where one has none: its `Hit`s' read in one C-level pass (a `Hit`
+    always has one)."""
+    if hits and isinstance(hits[0], Hit):
+        return np.fromiter(map(_SCORE, hits), np.float64, len(hits))
+    found = [h.get("_score") for h in hits]
+    return None if None in found else np.fromiter(found, np.float64, len(found))
 
 
 def in_header(params: Mapping[str, str]) -> bool:
