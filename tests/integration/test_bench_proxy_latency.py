@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import re
 import uuid
 
 from benchmarks import proxy_latency as bench
 from benchmarks import shard_shares
 from bmx_rerank.rerank.shards import shard_sizes
+from bmx_rerank.stats.routing import default_routing_shards
 from tests.support.benchmark_runs import ROOT, run_benchmark
 from tests.support.data import beir_records, scifact_records
 
@@ -210,6 +212,26 @@ def test_small_first_sight_cpu_run_replays_to_the_same_bytes_and_counts(
     assert run.returncode == 0, run.stderr[-2000:]
     counted = re.search(r"([\d,]+) instructions a rerank", run.stdout)
     assert counted and int(counted.group(1).replace(",", "")) > 100_000, run.stdout
+
+
+def test_small_first_sight_cpu_run_over_three_shards_serves_the_table_as_stats_build_keeps_it(
+    elasticsearch_url: str, tmp_path
+) -> None:
+    """Over 3 shards the recording's length table knows the routing its sweep proved (as `stats build`
+    records it), so each first sight searches its likely page beside its first stage; and two passes
+    replay to the same bytes (a first sight's window is one the proxy never saw split)."""
+    recording = tmp_path / "first3.pkl"
+    run = run_benchmark(
+        "first_sight_cpu", "record", str(recording), "--upstream", elasticsearch_url, "--queries", "3",
+        "--shards", "3",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    kept = pickle.loads(recording.read_bytes())
+    assert list(kept["routing"].values()) == [default_routing_shards(3)], kept["routing"]
+    beside = [k for k in kept["answers"] if b'"size":20,' in k[2] and b"_bmx_tf_" not in k[2]]
+    assert len(beside) == 3 and all(k[1].startswith(f"/{kept['index']}/_search") for k in beside), beside
+    run = run_benchmark("first_sight_cpu", "replay", str(recording), "--check", "--repeats", "2")
+    assert run.returncode == 0 and "answers that differ 0 of 6" in run.stdout, run.stdout + run.stderr[-2000:]
 
 
 def test_small_passthrough_parts_run_times_every_part(elasticsearch_url: str) -> None:
