@@ -322,10 +322,15 @@ class Reranker:
         together = await self._msearch(window, msearch, headers, sizes) if msearch is not None else None
         if together is not None:
             return together
-        answers = await shards.search_each(first_stage, window, self.shard_form, sizes)
-        if any(a.status >= 300 or a.data is None for a in answers):
+        answers = await shards.search_each(
+            partial(first_stage, undecoded=True), window, self.shard_form, sizes
+        )
+        if any(a.status >= 300 for a in answers):
             raise lean.Miss
-        return [a.data for a in answers], answers[0].status, answers[0].raw
+        found = await _each_decoded(answers)
+        if found is None:
+            raise lean.Miss
+        return found, answers[0].status, answers[0].raw
 
     async def _msearch(
         self, window: Window, msearch: MultiSearch, headers: Mapping[str, str], sizes: Sequence[int] | None
@@ -861,6 +866,18 @@ async def _decoded(answer: Answer) -> Answer:
     decode = partial(shards.decode_search, payload)
     found = await asyncio.to_thread(decode) if len(payload) > THREAD_BYTES else decode()
     return answer if found is None else replace(answer, data=found[0], columns=found[1])
+
+
+async def _each_decoded(answers: Sequence[Answer]) -> list[dict[str, Any]] | None:
+    """A lean window's answers from each of its shards, decoded where the front end left them so: their
+    hits as `Hit`s (`shards.decode_each`, as an `_msearch`'s items). None where one is no JSON object."""
+    if all(a.data is not None for a in answers):  # a front end that decodes its answers itself
+        return [a.data for a in answers]  # type: ignore[misc]
+    if any(a.payload is None for a in answers):
+        return None
+    payloads = [a.payload for a in answers]
+    decode = partial(shards.decode_each, payloads)
+    return await asyncio.to_thread(decode) if sum(map(len, payloads)) > THREAD_BYTES else decode()  # type: ignore[arg-type]
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:

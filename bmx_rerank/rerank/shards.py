@@ -310,6 +310,28 @@ def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns | None] | 
     return answer, _typed_columns(hits, found, [None] * len(found), scores)  # searched whole
 
 
+def decode_each(payloads: Sequence[bytes]) -> list[dict[str, Any]] | None:
+    """The answers of a window's search sent to each shard on its own (`search_each`), as `decode` reads
+    an `_msearch`'s items: each shard's hits as `Hit`s, or, where one answer is not so described, every
+    answer decoded whole (a merge reads one form of hit); None where one is no JSON object."""
+    try:
+        return [_decode_search(payload).answer() for payload in payloads]
+    except msgspec.ValidationError:
+        pass
+    except msgspec.DecodeError:  # not JSON
+        return None
+    out = []
+    for payload in payloads:
+        try:
+            whole = orjson.loads(payload)
+        except orjson.JSONDecodeError:  # JSON orjson does not take (an integer past 64 bits)
+            return None
+        if not isinstance(whole, dict):
+            return None
+        out.append(whole)
+    return out
+
+
 def _typed_columns(
     hits: Sequence[dict[str, Any]], typed: list[Hit], shards: list[Any], scores: np.ndarray
 ) -> HitColumns:

@@ -14,6 +14,7 @@ from bmx_rerank.rerank.shards import (
     UNEVEN_SHORTS,
     ShortShares,
     decode,
+    decode_each,
     decode_search,
     hold_window,
     items,
@@ -225,6 +226,27 @@ def test_decoded_items_merge_as_the_whole_answer_does() -> None:
     own["responses"][1] = {"error": {"type": "x"}, "status": 500}
     assert decode(json.dumps(own).encode(), 2) is None
     assert decode(payload, 3) is None and decode(b"not json", 2) is None
+
+
+def test_each_shards_own_answer_decodes_as_the_items_of_one_msearch() -> None:
+    """A window searched shard by shard (a cluster whose `_msearch` refuses the probes) decodes each
+    answer as `decode` decodes an `_msearch`'s items: its hits `Hit`s, merged as the answers decoded
+    whole. Where one answer is not so described, every one is decoded whole (a merge reads one form of
+    hit); no JSON object: None."""
+    answers = [_answer([3.0, 2.0, 2.0], {"value": 3, "relation": "eq"}), _answer([2.5, 2], took=9)]
+    answers[1]["hits"]["hits"][0]["matched_queries"] = {"q": 1.0}
+    payloads = [json.dumps(a).encode() for a in answers]
+    each = decode_each(payloads)
+    msearch = json.dumps({"responses": [{**a, "status": 200} for a in answers]}).encode()
+    assert each is not None and each == decode(msearch, 2)
+    whole, typed = merge(answers, {"size": 4}), merge(each, {"size": 4})
+    assert whole is not None and typed is not None
+    assert {**typed[0], "hits": {**typed[0]["hits"], "hits": list(typed[0]["hits"]["hits"])}} == whole[0]
+    assert typed[1].first.tolist() == whole[1].first.tolist() == [3.0, 2.5, 2.0, 2.0]
+    own = json.loads(payloads[1])
+    own["hits"]["hits"][1]["_id"] = "x"  # a field of its own: every answer decoded whole
+    assert decode_each([payloads[0], json.dumps(own).encode()]) == [json.loads(payloads[0]), own]
+    assert decode_each([payloads[0], b"not json"]) is None and decode_each([payloads[0], b"[1]"]) is None
 
 
 def test_typed_hits_columns_are_the_dicts_columns_with_no_dict_made() -> None:
