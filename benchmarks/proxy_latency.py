@@ -129,14 +129,10 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None, dict[str, 
             results = await stats_build.sweep_all(*target, index, "body", {})
             corpus = stats_build.sum_in_order([r.stats for r in results.values()])
             tables = {ix: r.lengths for ix, r in results.items() if r.lengths is not None}
-            routing = {  # as `snapshot_info` records it
-                ix: r.routing.routing_shards
+            routing = {  # as `stats build` records it
+                ix: shards
                 for ix, r in results.items()
-                if r.lengths is not None
-                and r.lengths.shards_known
-                and r.routing is not None
-                and r.routing.shards == len(r.marks.shards) > 1
-                and r.routing.routing_shards is not None
+                if (shards := stats_build.table_routing(r.lengths, r.marks, r.routing)) is not None
             }
             return corpus, tables or None, routing
 

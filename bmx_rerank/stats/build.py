@@ -376,7 +376,6 @@ def snapshot_info(
     it serves: a table whose every row has its shard, on several shards, each placed by `routing`."""
     n_chunks = max(1, -(-stats.vocabulary_size // CHUNK_TERMS))
     shards_known = lengths is not None and lengths.shards_known
-    routed = routing is not None and routing.shards == len(marks.shards) > 1 and shards_known
     return SnapshotInfo(
         uuid.uuid4().hex,
         name,
@@ -396,8 +395,17 @@ def snapshot_info(
         0 if lengths is None else max(1, -(-len(lengths) // LENGTH_CHUNK)),
         None if lengths is not None else lengths_skipped,
         shards_known,
-        routing.routing_shards if routed and routing is not None else None,
+        table_routing(lengths, marks, routing),
     )
+
+
+def table_routing(lengths: DocLengths | None, marks: IndexMarks, routing: RoutingCheck | None) -> int | None:
+    """The routing shard count a length table is served with (`SnapshotInfo.length_routing_shards`),
+    only where it serves: a table whose every row has its shard, on several shards, each placed by
+    `routing`; else None."""
+    if lengths is None or not lengths.shards_known or routing is None:
+        return None
+    return routing.routing_shards if routing.shards == len(marks.shards) > 1 else None
 
 
 # --- freshness ------------------------------------------------------------------------------------
