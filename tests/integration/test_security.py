@@ -5,9 +5,11 @@ loopback; the `elastic` password set as `bootstrap.password` in its keystore) is
 by the engine launcher, unless `BMX_TEST_SECURE_ELASTICSEARCH_URL`, `BMX_TEST_SECURE_ELASTIC_PASSWORD`
 and `BMX_TEST_SECURE_CONFIG_DIR` name one already running. Users and roles are those of the file realm
 (config/users with {SHA} hashes, users_roles, roles.yml, reloaded by the node within a second or two;
-written again and the node's role and realm caches cleared if it has not after 10 s): the integ-test zip lacks the analysis-common module that the native realm's `.security` index needs, so
-`PUT /_security/user` answers 400 "Unknown filter type [pattern_capture]". Between the proxy and the engine a
-recorder (tests/integration/faultproxy.py, no faults) notes every call with its Authorization header.
+written again and the node's role and realm caches cleared if it has not after 10 s): the integ-test
+zip lacks the analysis-common module that the native realm's `.security` index needs, so
+`PUT /_security/user` answers 400 "Unknown filter type [pattern_capture]". Between the proxy and the
+engine a recorder (tests/integration/faultproxy.py, no faults) notes every call with its Authorization
+header.
 
 - a user without read on an index gets 403 through the proxy for a plain search, a reranked search and
   an msearch item, and every call the sidecar made on its behalf carried its own credentials and was
