@@ -12,7 +12,6 @@ caller's own `preference`) keeps the window from being searched so (`lean.narrow
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
@@ -270,10 +269,8 @@ def decode(payload: bytes, shards: int) -> list[dict[str, Any]] | None:
     try:
         found = _decode(payload).responses
     except msgspec.ValidationError:
-        with contextlib.suppress(orjson.JSONDecodeError):
-            whole = orjson.loads(payload)
-            return items(whole if isinstance(whole, dict) else None, shards)
-        return None
+        whole = _whole(payload)
+        return None if whole is None else items(whole, shards)
     except msgspec.DecodeError:  # not JSON
         return None
     if len(found) != shards or any(item.status >= 300 for item in found):
@@ -298,11 +295,8 @@ def decode_search(payload: bytes) -> tuple[dict[str, Any], HitColumns | None] | 
         return None
     # an engine writes `terminated_early` before `_shards`: decoded whole, in the engine's own order
     if item is None or item.terminated_early is not msgspec.UNSET or item.status != 200:
-        try:
-            whole = orjson.loads(payload)
-        except orjson.JSONDecodeError:  # JSON orjson does not take (an integer past 64 bits)
-            return None
-        return (whole, None) if isinstance(whole, dict) else None
+        whole = _whole(payload)
+        return None if whole is None else (whole, None)
     found = item.hits.hits
     answer = item.answer()
     answer["hits"]["hits"] = hits = WindowHits(found, None)
@@ -322,14 +316,20 @@ def decode_each(payloads: Sequence[bytes]) -> list[dict[str, Any]] | None:
         return None
     out = []
     for payload in payloads:
-        try:
-            whole = orjson.loads(payload)
-        except orjson.JSONDecodeError:  # JSON orjson does not take (an integer past 64 bits)
-            return None
-        if not isinstance(whole, dict):
+        if (whole := _whole(payload)) is None:
             return None
         out.append(whole)
     return out
+
+
+def _whole(payload: bytes) -> dict[str, Any] | None:
+    """An answer a `Hit` or `_Item` does not describe, decoded whole; None where it is no JSON object,
+    or JSON that orjson does not take (an integer past 64 bits)."""
+    try:
+        whole = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return whole if isinstance(whole, dict) else None
 
 
 def _typed_columns(
