@@ -23,10 +23,10 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import numpy as np
@@ -71,6 +71,7 @@ else:  # the same, before asyncio had it (aiohttp's own dependency there)
 ON_ERROR = ("fallback", "fail")
 THREAD_HITS = 1000  # windows this large are scored and packed in a worker thread, off the event loop
 THREAD_BYTES = 1 << 20  # an answer this large is decoded in a worker thread, as the proxy parses one
+T = TypeVar("T")
 # Windows over several shards whose split between their shards is kept, per caller, to ask each shard
 # for its share next time (`shards.shard_sizes`): a few ints each
 SPLITS = 10_000
@@ -355,8 +356,9 @@ class Reranker:
         answer = await msearch(body, on_url)
         found = None
         if answer.status < 300 and answer.payload is not None:
-            decode = partial(shards.decode, answer.payload, window.shards)
-            found = await asyncio.to_thread(decode) if len(answer.payload) > THREAD_BYTES else decode()
+            found = await _off_loop(
+                partial(shards.decode, answer.payload, window.shards), len(answer.payload)
+            )
         if found is None:
             raise lean.Miss
         return found, answer
@@ -863,8 +865,7 @@ async def _decoded(answer: Answer) -> Answer:
     handed back as the cluster sent it."""
     payload = answer.payload
     assert payload is not None
-    decode = partial(shards.decode_search, payload)
-    found = await asyncio.to_thread(decode) if len(payload) > THREAD_BYTES else decode()
+    found = await _off_loop(partial(shards.decode_search, payload), len(payload))
     return answer if found is None else replace(answer, data=found[0], columns=found[1])
 
 
@@ -875,9 +876,13 @@ async def _each_decoded(answers: Sequence[Answer]) -> list[dict[str, Any]] | Non
         return [a.data for a in answers]  # type: ignore[misc]
     if any(a.payload is None for a in answers):
         return None
-    payloads = [a.payload for a in answers]
-    decode = partial(shards.decode_each, payloads)
-    return await asyncio.to_thread(decode) if sum(map(len, payloads)) > THREAD_BYTES else decode()  # type: ignore[arg-type]
+    payloads: list[bytes] = [a.payload for a in answers]  # type: ignore[misc]
+    return await _off_loop(partial(shards.decode_each, payloads), sum(map(len, payloads)))
+
+
+async def _off_loop(decode: Callable[[], T], size: int) -> T:
+    """`decode()` of a `size`-byte answer, in a worker thread when it is larger than THREAD_BYTES."""
+    return await asyncio.to_thread(decode) if size > THREAD_BYTES else decode()
 
 
 def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncContextManager[Any]:
