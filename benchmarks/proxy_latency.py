@@ -127,8 +127,7 @@ def sweep_stats(upstream: str, index: str) -> tuple[Any, dict | None, dict[str, 
             if not hasattr(stats_build, "build_with_lengths"):  # an older version (the baseline)
                 return await stats_build.build(*target, index, "body", {}), None, {}
             results = await stats_build.sweep_all(*target, index, "body", {})
-            corpus = stats_build.sum_in_order([r.stats for r in results.values()])
-            tables = {ix: r.lengths for ix, r in results.items() if r.lengths is not None}
+            corpus, tables = stats_build.summed(results)
             routing = {  # as `stats build` records it
                 ix: shards
                 for ix, r in results.items()

@@ -83,7 +83,11 @@ async def build_with_lengths(
 ) -> tuple[CorpusStats, dict[str, DocLengths]]:
     """`build`'s statistics and, from the same sweep, each concrete index's document-length table
     (those a sweep kept: see `sweep_index`), as a `FixedStats` takes them."""
-    results = await sweep_all(cluster, index, field, headers, options, progress=progress)
+    return summed(await sweep_all(cluster, index, field, headers, options, progress=progress))
+
+
+def summed(results: Mapping[str, SweepResult]) -> tuple[CorpusStats, dict[str, DocLengths]]:
+    """The concrete indices' sweeps as one `CorpusStats` and each index's length table (those kept)."""
     tables = {name: r.lengths for name, r in results.items() if r.lengths is not None}
     return sum_in_order([r.stats for r in results.values()]), tables
 
