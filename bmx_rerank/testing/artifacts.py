@@ -1,4 +1,4 @@
-"""Maven artifacts: the integ-test-zip distributions and OpenSearch's analysis-common jar, downloaded
+"""Maven artifacts: the integ-test-zip distributions and the OpenSearch module jars they lack, downloaded
 from Maven Central with `mvn dependency:get` and unpacked once into the shared cache.
 
 The integ-test-zip distributions are the only official builds reachable where the network allows
@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 from bmx_rerank.testing import host
 from bmx_rerank.testing.host import (
@@ -55,35 +56,106 @@ def distribution_artifact(kind: EngineKind, version: str) -> Artifact:
     return Artifact(f"{group}.distribution.integ-test-zip", kind, version, "zip")
 
 
+@dataclass(frozen=True)
+class Module:
+    """An OpenSearch module the integ zip leaves out, added back from its plain jar on Maven Central
+    (`org.opensearch.plugin`) with the libraries its POM names and a descriptor we write: module
+    bundles are not published to Maven."""
+
+    name: str  # the module's directory and plugin name
+    artifact: str  # its jar's artifact id
+    package: str  # where its plugin class lives
+    classes: tuple[str, ...]  # the plugin class; renamed between 2.x and 3.x, so found in the jar
+    description: str
+    permissions: tuple[str, ...] = ()  # RuntimePermissions its code needs under 2.x's SecurityManager
+
+    def jar(self, version: str) -> Artifact:
+        return Artifact("org.opensearch.plugin", self.artifact, version, "jar")
+
+    def pom(self, version: str) -> Artifact:
+        return Artifact("org.opensearch.plugin", self.artifact, version, "pom")
+
+
+# What a test cluster lacks and every OpenSearch distribution has: `english` and the stemmers
+# (analysis-common), scripts (lang-painless: `script_score`, term statistics in a script) and
+# `token_count` (mapper-extras), so that in-engine scoring can be measured against a real engine.
+OPENSEARCH_MODULES = (
+    Module(
+        "analysis-common",
+        "analysis-common",
+        "org.opensearch.analysis.common",
+        ("CommonAnalysisModulePlugin", "CommonAnalysisPlugin"),
+        'Adds "built in" analyzers to OpenSearch.',
+    ),
+    Module(
+        "lang-painless",
+        "lang-painless",
+        "org.opensearch.painless",
+        ("PainlessModulePlugin", "PainlessPlugin"),
+        "An easy, safe and fast scripting language for OpenSearch",
+        ("createClassLoader", "getClassLoader"),  # it generates and loads classes at run time
+    ),
+    Module(
+        "mapper-extras",
+        "mapper-extras-client",
+        "org.opensearch.index.mapper",
+        ("MapperExtrasModulePlugin", "MapperExtrasPlugin"),
+        "Adds advanced field mappers",
+    ),
+)
+
+
 def analysis_common_artifact(version: str) -> Artifact:
     """OpenSearch's analysis-common module as a plain jar (the integ zip lacks `english` and stemmers)."""
-    return Artifact("org.opensearch.plugin", "analysis-common", version, "jar")
+    return OPENSEARCH_MODULES[0].jar(version)
 
 
-def plugin_classname(jar_names: Sequence[str]) -> str:
-    """The analysis-common plugin class: renamed between OpenSearch 2.x and 3.x, so read it from the jar."""
-    for name in ("CommonAnalysisModulePlugin", "CommonAnalysisPlugin"):
-        if f"org/opensearch/analysis/common/{name}.class" in jar_names:
-            return f"org.opensearch.analysis.common.{name}"
-    raise EngineError("analysis-common jar has neither CommonAnalysisModulePlugin nor CommonAnalysisPlugin")
+def plugin_classname(jar_names: Sequence[str], module: Module = OPENSEARCH_MODULES[0]) -> str:
+    """The module's plugin class, read from its jar: the class was renamed between 2.x and 3.x."""
+    for name in module.classes:
+        if f"{module.package.replace('.', '/')}/{name}.class" in jar_names:
+            return f"{module.package}.{name}"
+    raise EngineError(f"{module.artifact} jar has neither {' nor '.join(module.classes)}")
 
 
-def plugin_descriptor(version: str, classname: str) -> str:
-    """plugin-descriptor.properties for analysis-common installed as a module.
+def plugin_descriptor(version: str, classname: str, module: Module = OPENSEARCH_MODULES[0]) -> str:
+    """plugin-descriptor.properties for a module installed from its jar.
 
-    `extended.plugins=lang-painless` is left out on purpose: painless is absent from the integ zip
-    and would be a fatal missing dependency; it only matters for script-based token filters.
-    Unknown keys are fatal to OpenSearch, so only the documented ones are written.
+    `extended.plugins` is left out on purpose: analysis-common's official one names lang-painless,
+    which only script-based token filters need, and a missing one is fatal. Unknown keys are fatal to
+    OpenSearch too, so only the documented ones are written.
     """
     java_version = "11" if parse_version(version)[0] < 3 else "21"
     return (
-        "name=analysis-common\n"
-        'description=Adds "built in" analyzers to OpenSearch.\n'
+        f"name={module.name}\n"
+        f"description={module.description}\n"
         f"version={version}\n"
         f"opensearch.version={version}\n"
         f"java.version={java_version}\n"
         f"classname={classname}\n"
     )
+
+
+def security_policy(module: Module) -> str:
+    """plugin-security.policy granting what the module's code needs under 2.x's SecurityManager."""
+    grants = "".join(f'  permission java.lang.RuntimePermission "{name}";\n' for name in module.permissions)
+    return f"grant {{\n{grants}}};\n"
+
+
+def pom_libraries(pom: str) -> list[Artifact]:
+    """The jars a module's POM says it runs with (compile and runtime scope), as Maven coordinates."""
+
+    def local(tag: str) -> str:
+        return tag.rsplit("}", 1)[-1]  # Maven's POM namespace, whichever version
+
+    found = []
+    project = ElementTree.fromstring(pom)
+    listed = (d for section in project if local(section.tag) == "dependencies" for d in section)
+    for dep in listed:  # the project's own, not a dependencyManagement's
+        fields = {local(child.tag): (child.text or "").strip() for child in dep}
+        if fields.get("scope", "compile") in ("compile", "runtime") and fields.get("optional") != "true":
+            found.append(Artifact(fields["groupId"], fields["artifactId"], fields["version"], "jar"))
+    return found
 
 
 def classify_maven_failure(output: str, artifact: Artifact) -> EngineError:
@@ -177,15 +249,39 @@ def _make_world_readable(root: Path) -> None:
                 os.chmod(p, os.stat(p).st_mode | 0o444)
 
 
-def install_analysis_common(home: Path, version: str, cache: Path, report: Reporter = quiet) -> None:
-    """Add OpenSearch's analysis-common jar as a module (jar + our descriptor) for `english` & co."""
-    jar = fetch_artifact(analysis_common_artifact(version), cache / "archives", report)
-    module = home / "modules" / "analysis-common"
-    module.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(jar, module / jar.name)
+def install_module(home: Path, module: Module, version: str, cache: Path, report: Reporter = quiet) -> None:
+    """Add `module` to the distribution at `home`: its jar and libraries, our descriptor and, on 2.x,
+    its security policy. Written beside and renamed into place, so a half-written module never loads."""
+    archives = cache / "archives"
+    jar = fetch_artifact(module.jar(version), archives, report)
+    pom = fetch_artifact(module.pom(version), archives, report).read_text()
+    libraries = [fetch_artifact(a, archives, report) for a in pom_libraries(pom)]
+    target = home / "modules" / module.name
+    staging = home.parent / f".{home.name}-{module.name}.part{os.getpid()}"  # never half in modules/
+    shutil.rmtree(staging, ignore_errors=True)
+    makedirs_0755(staging)
+    for path in (jar, *libraries):
+        shutil.copyfile(path, staging / path.name)
     with zipfile.ZipFile(jar) as zf:
-        classname = plugin_classname(zf.namelist())
-    (module / "plugin-descriptor.properties").write_text(plugin_descriptor(version, classname))
+        classname = plugin_classname(zf.namelist(), module)
+    (staging / "plugin-descriptor.properties").write_text(plugin_descriptor(version, classname, module))
+    if module.permissions and parse_version(version)[0] < 3:
+        (staging / "plugin-security.policy").write_text(security_policy(module))
+    _make_world_readable(staging)
+    makedirs_0755(target.parent)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.replace(target)
+
+
+def missing_modules(kind: EngineKind, home: Path) -> list[Module]:
+    """The modules we add that the unpacked distribution does not have yet (an older cache's)."""
+    if kind != "opensearch":
+        return []
+    return [
+        m
+        for m in OPENSEARCH_MODULES
+        if not (home / "modules" / m.name / "plugin-descriptor.properties").is_file()
+    ]
 
 
 def ensure_distribution(kind: EngineKind, version: str, report: Reporter = quiet) -> Path:
@@ -195,26 +291,29 @@ def ensure_distribution(kind: EngineKind, version: str, report: Reporter = quiet
         makedirs_0755(cache)
         check_traversable(cache)
     home = cache / "dists" / f"{kind}-{version}"
-    if (home / "bin" / kind).is_file():
+    if (home / "bin" / kind).is_file() and not missing_modules(kind, home):
         return home
     with locked(cache / f".{kind}-{version}.lock"):
-        if (home / "bin" / kind).is_file():
-            return home
-        archive = fetch_artifact(distribution_artifact(kind, version), cache / "archives", report)
-        report(f"unpacking {archive.name}")
-        staging = cache / "dists" / f".{kind}-{version}.unpack{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        makedirs_0755(staging)
-        _unzip(archive, staging)
-        top = staging / f"{kind}-{version}"
-        if not (top / "bin" / kind).is_file():
-            raise EngineError(f"{archive} does not contain {kind}-{version}/bin/{kind}: delete it and retry")
-        if kind == "opensearch":
-            install_analysis_common(top, version, cache, report)
-        if parse_version(version)[0] >= 3 and kind == "opensearch" and not (top / "agent").is_dir():
-            raise EngineError(f"{archive} has no agent/ directory, which OpenSearch 3.x needs to start")
-        _make_world_readable(top)
-        shutil.rmtree(home, ignore_errors=True)
-        top.replace(home)
-        shutil.rmtree(staging, ignore_errors=True)
+        if not (home / "bin" / kind).is_file():
+            _unpack(kind, version, home, cache, report)
+        for module in missing_modules(kind, home):  # all of them on a new home; an older cache's few
+            install_module(home, module, version, cache, report)
     return home
+
+
+def _unpack(kind: EngineKind, version: str, home: Path, cache: Path, report: Reporter) -> None:
+    archive = fetch_artifact(distribution_artifact(kind, version), cache / "archives", report)
+    report(f"unpacking {archive.name}")
+    staging = cache / "dists" / f".{kind}-{version}.unpack{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    makedirs_0755(staging)
+    _unzip(archive, staging)
+    top = staging / f"{kind}-{version}"
+    if not (top / "bin" / kind).is_file():
+        raise EngineError(f"{archive} does not contain {kind}-{version}/bin/{kind}: delete it and retry")
+    if parse_version(version)[0] >= 3 and kind == "opensearch" and not (top / "agent").is_dir():
+        raise EngineError(f"{archive} has no agent/ directory, which OpenSearch 3.x needs to start")
+    _make_world_readable(top)
+    shutil.rmtree(home, ignore_errors=True)
+    top.replace(home)
+    shutil.rmtree(staging, ignore_errors=True)

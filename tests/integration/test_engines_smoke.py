@@ -155,6 +155,28 @@ def test_analyze_field_ignores_search_analyzer(engine: EngineClient, make_index:
     assert explained["explanations"][0]["explanation"] == "a:running a:dogs"  # search uses std_stop
 
 
+def test_token_count_and_scripts_with_term_statistics(engine: EngineClient, make_index: MakeIndex) -> None:
+    """Our OpenSearch has mapper-extras and lang-painless (what in-engine scoring needs): a length from a
+    `token_count` sub-field and a term's frequency in a `script_score`. The ES integ zip has neither."""
+    length = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
+    mappings = {"properties": {"body": {"type": "text", "fields": {"len": length}}}}
+    if engine.kind == "elasticsearch":
+        resp = engine.call("PUT", "/bmx-test-no-token-count", {"mappings": mappings})
+        assert resp.status == 400
+        assert resp.body["error"]["type"] == "mapper_parsing_exception"
+        assert "[token_count]" in resp.body["error"]["reason"]
+        return
+    index = make_index(mappings=mappings)
+    engine.ok("PUT", f"/{index}/_doc/1", {"body": "the cat sat on the cat mat"}, params={"refresh": "true"})
+    script = {
+        "source": "termFreq('body', params.term) * 100 + doc['body.len'].value",
+        "params": {"term": "cat"},
+    }
+    body = {"query": {"script_score": {"query": {"match_all": {}}, "script": script}}}
+    hit = engine.ok("POST", f"/{index}/_search", body)["hits"]["hits"][0]
+    assert hit["_score"] == 207.0  # tf 2, 7 tokens
+
+
 def test_english_analyzer(engine: EngineClient, make_index: MakeIndex) -> None:
     """`english` stems where analysis-common is installed (our OpenSearch); the ES integ zip rejects it."""
     mappings = {"properties": {"body": {"type": "text", "analyzer": "english"}}}

@@ -86,6 +86,66 @@ def test_plugin_descriptor_has_only_known_keys_and_no_painless_dependency() -> N
     assert _properties(artifacts.plugin_descriptor("3.6.0", "x.Y"))["java.version"] == "21"
 
 
+def test_each_added_module_names_its_own_class_descriptor_and_policy() -> None:
+    painless, extras = artifacts.OPENSEARCH_MODULES[1], artifacts.OPENSEARCH_MODULES[2]
+    assert (
+        artifacts.plugin_classname(["org/opensearch/painless/PainlessPlugin.class"], painless)
+        == "org.opensearch.painless.PainlessPlugin"
+    )
+    assert (
+        artifacts.plugin_classname(["org/opensearch/index/mapper/MapperExtrasModulePlugin.class"], extras)
+        == "org.opensearch.index.mapper.MapperExtrasModulePlugin"
+    )
+    with pytest.raises(eng.EngineError, match="mapper-extras-client jar has neither"):
+        artifacts.plugin_classname(["org/opensearch/painless/PainlessPlugin.class"], extras)
+    props = _properties(
+        artifacts.plugin_descriptor("2.19.3", "org.opensearch.painless.PainlessPlugin", painless)
+    )
+    assert props["name"] == "lang-painless" and props["classname"] == "org.opensearch.painless.PainlessPlugin"
+    assert artifacts.security_policy(painless) == (
+        "grant {\n"
+        '  permission java.lang.RuntimePermission "createClassLoader";\n'
+        '  permission java.lang.RuntimePermission "getClassLoader";\n'
+        "};\n"
+    )
+    assert extras.jar("3.3.2").coordinate == "org.opensearch.plugin:mapper-extras-client:3.3.2:jar"
+    assert painless.pom("2.19.3").filename == "lang-painless-2.19.3.pom"
+
+
+LANG_PAINLESS_POM = """<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <groupId>org.opensearch.plugin</groupId><artifactId>lang-painless</artifactId><version>2.19.3</version>
+  <dependencies>
+    <dependency><groupId>org.antlr</groupId><artifactId>antlr4-runtime</artifactId>
+      <version>4.13.1</version><scope>compile</scope></dependency>
+    <dependency><groupId>org.ow2.asm</groupId><artifactId>asm</artifactId><version>9.7</version></dependency>
+    <dependency><groupId>junit</groupId><artifactId>junit</artifactId><version>4.13</version>
+      <scope>test</scope></dependency>
+    <dependency><groupId>x</groupId><artifactId>opt</artifactId><version>1</version>
+      <optional>true</optional></dependency>
+  </dependencies>
+</project>"""
+
+
+def test_a_modules_libraries_are_what_its_pom_runs_with() -> None:
+    libraries = artifacts.pom_libraries(LANG_PAINLESS_POM)
+    assert [a.coordinate for a in libraries] == [
+        "org.antlr:antlr4-runtime:4.13.1:jar",
+        "org.ow2.asm:asm:9.7:jar",
+    ]
+    assert artifacts.pom_libraries("<project><dependencies/></project>") == []
+
+
+def test_missing_modules_are_those_without_a_descriptor(tmp_path: Path) -> None:
+    assert artifacts.missing_modules("elasticsearch", tmp_path) == []
+    everything = [m.name for m in artifacts.OPENSEARCH_MODULES]
+    assert [m.name for m in artifacts.missing_modules("opensearch", tmp_path)] == everything
+    (tmp_path / "modules" / "analysis-common").mkdir(parents=True)
+    (tmp_path / "modules" / "analysis-common" / "plugin-descriptor.properties").write_text("name=x\n")
+    (tmp_path / "modules" / "lang-painless").mkdir()  # a directory alone is no module
+    assert [m.name for m in artifacts.missing_modules("opensearch", tmp_path)] == everything[1:]
+
+
 def _jdk(feature: int, modules: str = "java.base jdk.attach") -> java.JavaHome:
     return java.JavaHome(Path(f"/jvm/{feature}"), f"{feature}.0.1", feature, frozenset(modules.split()))
 
@@ -236,6 +296,9 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (home / "config").mkdir()
     (home / "config" / "jvm.options").write_text(OS_219_JVM)
     (home / "config" / "opensearch.yml").write_text("# comments only\n")
+    for module in artifacts.OPENSEARCH_MODULES:  # as installed once: nothing to fetch
+        (home / "modules" / module.name).mkdir(parents=True)
+        (home / "modules" / module.name / "plugin-descriptor.properties").write_text(f"name={module.name}\n")
     jdk = tmp_path / "jdk"
     (jdk / "bin").mkdir(parents=True)
     (jdk / "bin" / "java").write_text("")
