@@ -1,0 +1,206 @@
+"""BMX scored inside OpenSearch by a Painless `rescore`, next to the proxy's first sight and the engine's
+own `rescore`: issue 18's in-engine lever, measured.
+
+Indexes SciFact (`title + text` as `body`, standard analyzer) with a `token_count` sub-field `body.len`,
+so that a script reads each document's length from doc values, and builds the exact statistics of
+`body` with one sweep. Each query's tokens (the index's `_analyze`; those no document holds dropped, as
+BMX does) become the parameters of one Painless script: for each distinct term its IDF x (alpha + 1),
+its tokens' summed weight, entropy share and count, and alpha, avgdl, alpha x mean entropy, beta and m.
+The script reads tf with `termFreq`, which OpenSearch 2.10+ gives a `script_score`.
+
+First every query's page is compared with the proxy's (exact BMX over the same window): the ids in
+order, and the largest relative gap between scores (the engine answers float32). A `rescore` window is
+per shard, so over several shards the pages that differ are counted, not hidden. Then one client asks,
+interleaved query by query: plain size-10, the engine's `rescore` (window N, a `match`), the Painless
+BMX rescore (window N) and the proxy's first sight (window N, every cache off). p50 in ms.
+
+Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
+them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
+
+    .venv/bin/python -m benchmarks.in_engine [--upstream http://127.0.0.1:9201] [--queries 220]
+        [--window 100] [--shards 1] [--docs 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from benchmarks.proxy_latency import WARMUP, Http, Proxy, plain, rerank, rescore
+from bmx_rerank import scoring
+from bmx_rerank.stats.corpus import CorpusStats
+from tests.support.corpora import bulk, exact_stats
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+
+FIELD = "body"
+# BMX's score of one document, from the parameters `script_params` makes; lengths from `body.len`.
+SCRIPT = """
+double lnorm = params.alpha * doc['body.len'].value / params.avgdl + params.alpha_ebar;
+double tf_part = 0; double entropy = 0; double matched = 0;
+for (int i = 0; i < params.terms.length; ++i) {
+  double tf = termFreq('body', params.terms[i]);
+  if (tf > 0) {
+    tf_part += params.weight[i] * params.idf1[i] * tf / (tf + lnorm);
+    entropy += params.weighted_entropy[i];
+    matched += params.count[i];
+  }
+}
+return tf_part + params.beta * (matched / params.m) * entropy;
+"""
+WAYS = ("plain size-10", "rescore N", "painless BMX rescore N", "proxy first sight N")
+
+
+def index_with_lengths(engine: Http, index: str, docs: list[dict], shards: int) -> None:
+    """SciFact into `index`, `body` with a `token_count` of the same analyzer: every token counted
+    (`enable_position_increments: false`, so a removed token would leave no hole in the count)."""
+    length = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
+    body = {"type": "text", "analyzer": "standard", "fields": {"len": length}}
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": {"properties": {FIELD: body}}})
+    sources = {d["_id"]: {FIELD: f"{d.get('title', '')} {d['text']}"} for d in docs}
+    bulk(EngineClient("opensearch", engine.url), index, sources, chunk=1000)
+
+
+def script_params(stats: CorpusStats, tokens: list[str]) -> dict[str, Any] | None:
+    """The script's parameters for a query's analyzed tokens (duplicates kept); None when no document
+    holds any of them (every document scores 0)."""
+    places = {t: i for i, t in enumerate(stats.terms.tolist())}
+    live = [t for t in tokens if t in places and stats.df[places[t]] > 0]
+    if not live:
+        return None
+    alpha, beta = scoring.default_alpha(stats.avgdl), scoring.default_beta(stats.n_docs)
+    raw = np.array([stats.entropy[places[t]] for t in live])
+    entropy = raw / raw.max() if raw.max() > 0 else np.zeros_like(raw)
+    terms = sorted(set(live))
+    df = np.array([stats.df[places[t]] for t in terms])
+    return {
+        "terms": terms,
+        "idf1": (scoring.idf(stats.n_docs, df) * (alpha + 1)).tolist(),
+        "weight": [float(live.count(t)) for t in terms],
+        "weighted_entropy": [
+            float(sum(e for x, e in zip(live, entropy, strict=True) if x == t)) for t in terms
+        ],
+        "count": [float(live.count(t)) for t in terms],  # the weights' sum too, until WQA weighs tokens
+        "alpha": alpha,
+        "avgdl": stats.avgdl,
+        "alpha_ebar": alpha * float(entropy.mean()),
+        "beta": beta,
+        "m": len(live),
+    }
+
+
+def painless(q: str, window: int, params: dict[str, Any]) -> dict:
+    """The caller's search with BMX as its rescore: the window's scores replaced, not added to."""
+    script = {"source": SCRIPT, "params": params}
+    rescore_query = {"script_score": {"query": {"match_all": {}}, "script": script}}
+    weights = {"query_weight": 0.0, "rescore_query_weight": 1.0}
+    return {
+        **plain(q, 10),
+        "rescore": {"window_size": window, "query": {**weights, "rescore_query": rescore_query}},
+    }
+
+
+def compare(proxy_hits: list[dict], engine_hits: list[dict]) -> tuple[bool, float]:
+    """Whether two pages hold the same ids in the same order, and their scores' largest relative gap."""
+    same = [h["_id"] for h in proxy_hits] == [h["_id"] for h in engine_hits]
+    gaps = [
+        abs(a["_score"] - b["_score"]) / max(abs(a["_score"]), 1e-12)
+        for a, b in zip(proxy_hits, engine_hits, strict=False)
+    ]
+    return same, max(gaps, default=0.0)
+
+
+def run(upstream: str, queries: list[str], docs: list[dict], window: int, shards: int) -> dict[str, Any]:
+    engine = Http(upstream)
+    index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
+    index_with_lengths(engine, index, docs, shards)
+    proxy = None
+    try:
+        stats = asyncio.run(exact_stats(upstream, index, FIELD))
+        asked = []
+        for q in queries:
+            tokens = [
+                t["token"]
+                for t in engine.ok("POST", f"/{index}/_analyze", {"field": FIELD, "text": q})["tokens"]
+            ]
+            params = script_params(stats, tokens)
+            if params is not None:
+                asked.append((q, params))
+        proxy = Proxy(upstream, index, caches=False, workers=1, loop="uvloop")
+        through = Http(proxy.url)
+        differ, worst = 0, 0.0
+        for q, params in asked:
+            same, gap = compare(
+                through.ok("POST", f"/{index}/_search", rerank(q, window))["hits"]["hits"],
+                engine.ok("POST", f"/{index}/_search", painless(q, window, params))["hits"]["hits"],
+            )
+            differ += not same
+            worst = max(worst, gap)
+        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        for i, (q, params) in enumerate(asked):
+            for way, (client, body) in zip(
+                WAYS,
+                (
+                    (engine, plain(q, 10)),
+                    (engine, rescore(q, window)),
+                    (engine, painless(q, window, params)),
+                    (through, rerank(q, window)),
+                ),
+                strict=True,
+            ):
+                start = time.perf_counter()
+                client.ok("POST", f"/{index}/_search", body)
+                if i >= WARMUP:
+                    times[way].append((time.perf_counter() - start) * 1000)
+        return {
+            "asked": len(asked),
+            "differ": differ,
+            "worst": worst,
+            "p50": {w: statistics.median(t) for w, t in times.items()},
+        }
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engine.call("DELETE", f"/{index}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--upstream", default="http://127.0.0.1:9201")
+    parser.add_argument("--queries", type=int, default=220, help=f"the first {WARMUP} are warm-up")
+    parser.add_argument("--window", type=int, default=100)
+    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
+    args = parser.parse_args(argv)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
+    try:
+        result = run(
+            args.upstream, queries, scifact_records("corpus.jsonl", args.docs), args.window, args.shards
+        )
+    except RuntimeError as exc:  # Http.ok's refusal: no `token_count` or no scripts on this cluster
+        print(f"needs OpenSearch with mapper-extras and lang-painless: {exc}", file=sys.stderr)
+        return 2
+    p50 = result["p50"]
+    print(f"{args.upstream}, {args.shards} shard(s), window {args.window}, {result['asked']} queries")
+    print(
+        f"pages unlike the proxy's: {result['differ']} of {result['asked']}; "
+        f"largest relative score gap {result['worst']:.1e}"
+    )
+    print("| way of asking | p50 ms | / engine rescore |\n|---|---|---|")
+    for way in WAYS:
+        print(f"| {way} | {p50[way]:.2f} | {p50[way] / p50['rescore N']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

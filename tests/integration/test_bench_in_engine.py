@@ -1,0 +1,41 @@
+"""A few-seconds version of benchmarks/in_engine.py (the full run and its figures are in
+benchmarks/RESULTS.md): BMX as a Painless rescore gives the proxy's page on one shard, and every way
+of asking is timed."""
+
+from __future__ import annotations
+
+import re
+
+from benchmarks.proxy_latency import WARMUP
+from tests.support.benchmark_runs import run_benchmark
+from tests.support.engine_client import EngineClient
+
+
+def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient) -> None:
+    """On each OpenSearch; the integ-test Elasticsearch has no `token_count`, and the run says so."""
+    args = ["--upstream", engine.url, "--queries", str(WARMUP + 6), "--docs", "500", "--window", "40"]
+    run = run_benchmark("in_engine", *args)
+    if engine.kind == "elasticsearch":
+        assert run.returncode == 2, run.stderr[-2000:]
+        assert "needs OpenSearch with mapper-extras and lang-painless" in run.stderr
+        assert "token_count" in run.stderr and "Traceback" not in run.stderr
+        return
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = re.search(
+        r"pages unlike the proxy's: (\d+) of (\d+); largest relative score gap ([\d.e+-]+)", run.stdout
+    )
+    assert found, run.stdout
+    assert found.group(1) == "0" and int(found.group(2)) >= WARMUP, run.stdout
+    assert float(found.group(3)) < 1e-6, "the engine answers float32: no other gap"
+    for way in ("plain size-10", "rescore N", "painless BMX rescore N", "proxy first sight N"):
+        assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
+
+
+def test_small_in_engine_run_counts_the_pages_a_per_shard_window_changes(opensearch_url: str) -> None:
+    """A `rescore` window is per shard: over 3 shards a window of 10 (the page) reranks up to 30 hits,
+    so pages unlike the proxy's global window come out, and are counted."""
+    args = ["--upstream", opensearch_url, "--queries", str(WARMUP + 3), "--docs", "500", "--window", "10"]
+    run = run_benchmark("in_engine", *args, "--shards", "3")
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = re.search(r"3 shard\(s\), window 10.*\npages unlike the proxy's: (\d+) of (\d+);", run.stdout)
+    assert found and 0 < int(found.group(1)) <= int(found.group(2)), run.stdout
