@@ -12,19 +12,22 @@ First every query's page is compared with the proxy's (exact BMX over the same w
 order, and the largest relative gap between scores (the engine answers float32). A `rescore` window is
 per shard, so over several shards the pages that differ are counted, not hidden. Then one client asks,
 interleaved query by query: plain size-10, the engine's `rescore` (window N, a `match`), the Painless
-BMX rescore (window N) and the proxy's first sight (window N, every cache off). p50 in ms.
+BMX rescore (window N) and the proxy's first sight (window N, every cache off). p50 in ms. Then
+`--clients` connections in a closed loop for `--duration` seconds ask the engine's rescore, then the
+Painless one: requests a second, and the second's share of the first.
 
 Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
 
     .venv/bin/python -m benchmarks.in_engine [--upstream http://127.0.0.1:9201] [--queries 220]
-        [--window 100] [--shards 1] [--docs 0]
+        [--window 100] [--shards 1] [--docs 0] [--clients 8] [--duration 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import time
@@ -33,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.proxy_latency import WARMUP, Http, Proxy, plain, rerank, rescore
+from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, plain, rerank, rescore
 from bmx_rerank import scoring
 from bmx_rerank.stats.corpus import CorpusStats
 from tests.support.corpora import bulk, exact_stats
@@ -118,7 +121,15 @@ def compare(proxy_hits: list[dict], engine_hits: list[dict]) -> tuple[bool, floa
     return same, max(gaps, default=0.0)
 
 
-def run(upstream: str, queries: list[str], docs: list[dict], window: int, shards: int) -> dict[str, Any]:
+def run(
+    upstream: str,
+    queries: list[str],
+    docs: list[dict],
+    window: int,
+    shards: int,
+    clients: int,
+    seconds: float,
+) -> dict[str, Any]:
     engine = Http(upstream)
     index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
     index_with_lengths(engine, index, docs, shards)
@@ -160,12 +171,19 @@ def run(upstream: str, queries: list[str], docs: list[dict], window: int, shards
                 client.ok("POST", f"/{index}/_search", body)
                 if i >= WARMUP:
                     times[way].append((time.perf_counter() - start) * 1000)
-        return {
-            "asked": len(asked),
-            "differ": differ,
-            "worst": worst,
-            "p50": {w: statistics.median(t) for w, t in times.items()},
-        }
+        throughput = {}
+        if clients > 1:  # a closed loop of `clients` connections straight to the engine, each way alone
+            for way, make in (
+                ("rescore N", lambda q, _: rescore(q, window)),
+                ("painless BMX rescore N", None),
+            ):
+                bodies = [
+                    json.dumps(make(q, p) if make else painless(q, window, p)).encode() for q, p in asked
+                ]
+                loop = closed_loop(upstream, f"/{index}/_search", bodies, clients, seconds)
+                throughput[way] = asyncio.run(loop)["rps"]
+        p50 = {way: statistics.median(t) for way, t in times.items()}
+        return {"asked": len(asked), "differ": differ, "worst": worst, "p50": p50, "rps": throughput}
     finally:
         if proxy is not None:
             proxy.stop()
@@ -181,12 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
+    parser.add_argument("--clients", type=int, default=8, help="the closed loop's connections (1: none)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds of each closed loop")
     args = parser.parse_args(argv)
     queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
     try:
-        result = run(
-            args.upstream, queries, scifact_records("corpus.jsonl", args.docs), args.window, args.shards
-        )
+        docs = scifact_records("corpus.jsonl", args.docs)
+        result = run(args.upstream, queries, docs, args.window, args.shards, args.clients, args.duration)
     except RuntimeError as exc:  # Http.ok's refusal: no `token_count` or no scripts on this cluster
         print(f"needs OpenSearch with mapper-extras and lang-painless: {exc}", file=sys.stderr)
         return 2
@@ -199,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| way of asking | p50 ms | / engine rescore |\n|---|---|---|")
     for way in WAYS:
         print(f"| {way} | {p50[way]:.2f} | {p50[way] / p50['rescore N']:.2f}x |")
+    if result["rps"]:
+        rps = result["rps"]
+        print(
+            f"{args.clients} clients: rescore N {rps['rescore N']:.0f} req/s, painless BMX rescore N "
+            f"{rps['painless BMX rescore N']:.0f} req/s "
+            f"({100 * rps['painless BMX rescore N'] / rps['rescore N']:.0f} % of rescore)"
+        )
     return 0
 
 

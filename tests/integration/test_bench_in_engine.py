@@ -14,6 +14,7 @@ from tests.support.engine_client import EngineClient
 def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient) -> None:
     """On each OpenSearch; the integ-test Elasticsearch has no `token_count`, and the run says so."""
     args = ["--upstream", engine.url, "--queries", str(WARMUP + 6), "--docs", "500", "--window", "40"]
+    args += ["--clients", "2", "--duration", "0.5"]
     run = run_benchmark("in_engine", *args)
     if engine.kind == "elasticsearch":
         assert run.returncode == 2, run.stderr[-2000:]
@@ -29,13 +30,17 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
     assert float(found.group(3)) < 1e-6, "the engine answers float32: no other gap"
     for way in ("plain size-10", "rescore N", "painless BMX rescore N", "proxy first sight N"):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
+    loop = r"^2 clients: rescore N \d+ req/s, painless BMX rescore N \d+ req/s \(\d+ % of rescore\)$"
+    assert re.search(loop, run.stdout, re.M), run.stdout
 
 
 def test_small_in_engine_run_counts_the_pages_a_per_shard_window_changes(opensearch_url: str) -> None:
     """A `rescore` window is per shard: over 3 shards a window of 10 (the page) reranks up to 30 hits,
     so pages unlike the proxy's global window come out, and are counted."""
     args = ["--upstream", opensearch_url, "--queries", str(WARMUP + 3), "--docs", "500", "--window", "10"]
+    args += ["--clients", "1"]  # no closed loop
     run = run_benchmark("in_engine", *args, "--shards", "3")
     assert run.returncode == 0, run.stderr[-2000:]
     found = re.search(r"3 shard\(s\), window 10.*\npages unlike the proxy's: (\d+) of (\d+);", run.stdout)
     assert found and 0 < int(found.group(1)) <= int(found.group(2)), run.stdout
+    assert "clients:" not in run.stdout
