@@ -10,6 +10,11 @@ from benchmarks.proxy_latency import WARMUP
 from tests.support.benchmark_runs import run_benchmark
 from tests.support.engine_client import EngineClient
 
+PAGES = (
+    r"pages unlike the proxy's: (\d+) of (\d+) \(each shard's window\), (\d+) \(the global window\); "
+    r"largest relative score gap ([\d.e+-]+)"
+)
+
 
 def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient) -> None:
     """On each OpenSearch; the integ-test Elasticsearch has no `token_count`, and the run says so."""
@@ -22,25 +27,31 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         assert "token_count" in run.stderr and "Traceback" not in run.stderr
         return
     assert run.returncode == 0, run.stderr[-2000:]
-    found = re.search(
-        r"pages unlike the proxy's: (\d+) of (\d+); largest relative score gap ([\d.e+-]+)", run.stdout
-    )
+    found = re.search(PAGES, run.stdout)
     assert found, run.stdout
-    assert found.group(1) == "0" and int(found.group(2)) >= WARMUP, run.stdout
-    assert float(found.group(3)) < 1e-6, "the engine answers float32: no other gap"
-    for way in ("plain size-10", "rescore N", "painless BMX rescore N", "proxy first sight N"):
+    assert found.group(1) == found.group(3) == "0" and int(found.group(2)) >= WARMUP, run.stdout
+    assert float(found.group(4)) < 1e-6, "the engine answers float32: no other gap"
+    for way in (
+        "plain size-10",
+        "rescore N",
+        "painless BMX rescore N",
+        "the same, global window",
+        "proxy first sight N",
+    ):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
     loop = r"^2 clients: rescore N \d+ req/s, painless BMX rescore N \d+ req/s \(\d+ % of rescore\)$"
     assert re.search(loop, run.stdout, re.M), run.stdout
 
 
-def test_small_in_engine_run_counts_the_pages_a_per_shard_window_changes(opensearch_url: str) -> None:
+def test_small_in_engine_run_over_three_shards_keeps_to_the_global_window(opensearch_url: str) -> None:
     """A `rescore` window is per shard: over 3 shards a window of 10 (the page) reranks up to 30 hits,
-    so pages unlike the proxy's global window come out, and are counted."""
+    so pages unlike the proxy's come out, and are counted; with the global window's cutoff, none."""
     args = ["--upstream", opensearch_url, "--queries", str(WARMUP + 3), "--docs", "500", "--window", "10"]
     args += ["--clients", "1"]  # no closed loop
     run = run_benchmark("in_engine", *args, "--shards", "3")
     assert run.returncode == 0, run.stderr[-2000:]
-    found = re.search(r"3 shard\(s\), window 10.*\npages unlike the proxy's: (\d+) of (\d+);", run.stdout)
+    assert "3 shard(s), window 10" in run.stdout
+    found = re.search(PAGES, run.stdout)
     assert found and 0 < int(found.group(1)) <= int(found.group(2)), run.stdout
+    assert found.group(3) == "0" and float(found.group(4)) < 1e-6, run.stdout
     assert "clients:" not in run.stdout
