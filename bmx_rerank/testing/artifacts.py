@@ -105,12 +105,7 @@ OPENSEARCH_MODULES = (
 )
 
 
-def analysis_common_artifact(version: str) -> Artifact:
-    """OpenSearch's analysis-common module as a plain jar (the integ zip lacks `english` and stemmers)."""
-    return OPENSEARCH_MODULES[0].jar(version)
-
-
-def plugin_classname(jar_names: Sequence[str], module: Module = OPENSEARCH_MODULES[0]) -> str:
+def plugin_classname(jar_names: Sequence[str], module: Module) -> str:
     """The module's plugin class, read from its jar: the class was renamed between 2.x and 3.x."""
     for name in module.classes:
         if f"{module.package.replace('.', '/')}/{name}.class" in jar_names:
@@ -118,7 +113,7 @@ def plugin_classname(jar_names: Sequence[str], module: Module = OPENSEARCH_MODUL
     raise EngineError(f"{module.artifact} jar has neither {' nor '.join(module.classes)}")
 
 
-def plugin_descriptor(version: str, classname: str, module: Module = OPENSEARCH_MODULES[0]) -> str:
+def plugin_descriptor(version: str, classname: str, module: Module) -> str:
     """plugin-descriptor.properties for a module installed from its jar.
 
     `extended.plugins` is left out on purpose: analysis-common's official one names lang-painless,

@@ -65,10 +65,16 @@ def test_rewrite_jvm_options_makes_log_paths_absolute() -> None:
 def test_plugin_classname_is_read_from_the_jar() -> None:
     names_2x = ["META-INF/MANIFEST.MF", "org/opensearch/analysis/common/CommonAnalysisPlugin.class"]
     names_3x = ["org/opensearch/analysis/common/CommonAnalysisModulePlugin.class"]
-    assert artifacts.plugin_classname(names_2x) == "org.opensearch.analysis.common.CommonAnalysisPlugin"
-    assert artifacts.plugin_classname(names_3x) == "org.opensearch.analysis.common.CommonAnalysisModulePlugin"
+    common = artifacts.OPENSEARCH_MODULES[0]
+    assert (
+        artifacts.plugin_classname(names_2x, common) == "org.opensearch.analysis.common.CommonAnalysisPlugin"
+    )
+    assert (
+        artifacts.plugin_classname(names_3x, common)
+        == "org.opensearch.analysis.common.CommonAnalysisModulePlugin"
+    )
     with pytest.raises(eng.EngineError, match="neither"):
-        artifacts.plugin_classname(["org/opensearch/Other.class"])
+        artifacts.plugin_classname(["org/opensearch/Other.class"], common)
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -77,13 +83,21 @@ def _properties(text: str) -> dict[str, str]:
 
 def test_plugin_descriptor_has_only_known_keys_and_no_painless_dependency() -> None:
     props = _properties(
-        artifacts.plugin_descriptor("2.19.3", "org.opensearch.analysis.common.CommonAnalysisPlugin")
+        artifacts.plugin_descriptor(
+            "2.19.3", "org.opensearch.analysis.common.CommonAnalysisPlugin", artifacts.OPENSEARCH_MODULES[0]
+        )
     )
     assert set(props) == {"name", "description", "version", "opensearch.version", "java.version", "classname"}
     assert props["opensearch.version"] == props["version"] == "2.19.3"
     assert props["java.version"] == "11"
     assert props["classname"] == "org.opensearch.analysis.common.CommonAnalysisPlugin"
-    assert _properties(artifacts.plugin_descriptor("3.6.0", "x.Y"))["java.version"] == "21"
+    assert props["name"] == "analysis-common"
+    assert (
+        _properties(artifacts.plugin_descriptor("3.6.0", "x.Y", artifacts.OPENSEARCH_MODULES[0]))[
+            "java.version"
+        ]
+        == "21"
+    )
 
 
 def test_each_added_module_names_its_own_class_descriptor_and_policy() -> None:
@@ -192,7 +206,7 @@ def test_artifacts_and_their_maven_paths() -> None:
         "/m2/org/elasticsearch/distribution/integ-test-zip/elasticsearch/8.19.21/elasticsearch-8.19.21.zip"
     )
     assert (
-        artifacts.analysis_common_artifact("2.19.3").coordinate
+        artifacts.OPENSEARCH_MODULES[0].jar("2.19.3").coordinate
         == "org.opensearch.plugin:analysis-common:2.19.3:jar"
     )
 
@@ -248,7 +262,7 @@ def test_fetch_without_maven_or_cache_says_what_to_do(
 
 def test_fetch_copies_from_m2_and_checks_sha1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BMX_RERANK_M2_REPO", str(tmp_path / "m2"))
-    artifact = artifacts.analysis_common_artifact("2.19.3")
+    artifact = artifacts.OPENSEARCH_MODULES[0].jar("2.19.3")
     local = artifact.local_path(tmp_path / "m2")
     local.parent.mkdir(parents=True)
     local.write_bytes(b"jar bytes")
