@@ -1,9 +1,9 @@
 """BMX scored inside OpenSearch by a Painless `rescore`, next to the proxy's first sight and the engine's
 own `rescore`: issue 18's in-engine lever, measured.
 
-Indexes SciFact (`title + text` as `body`, standard analyzer) with a `token_count` sub-field `body.len`,
-so that a script reads each document's length from doc values, and builds the exact statistics of
-`body` with one sweep. Each query's tokens (the index's `_analyze`; those no document holds dropped, as
+Indexes SciFact (or `--dataset`; `title + text` as `body`, standard analyzer) with a `token_count`
+sub-field `body.len`, so that a script reads each document's length from doc values, and builds the
+exact statistics of `body` with one sweep. Each query's tokens (the index's `_analyze`; those no document holds dropped, as
 BMX does) become the parameters of one Painless script: for each distinct term its IDF x (alpha + 1),
 its tokens' summed weight, entropy share and count, and alpha, avgdl, alpha x mean entropy, beta and m.
 The script reads tf with `termFreq`, which OpenSearch 2.10+ gives a `script_score`.
@@ -11,7 +11,9 @@ The script reads tf with `termFreq`, which OpenSearch 2.10+ gives a `script_scor
 A `rescore` window is per shard: over several shards each reranks its own best N, up to N x shards
 hits, where the proxy reranks the best N of the index. So the script can also keep to the global
 window: a first search that reads no stored field gives the N-th best first-stage score, and the
-rescore, wrapping the caller's query, scores 0 for a hit below it (ties at the cutoff all stay in).
+rescore, wrapping the caller's query, scores 0 for a hit below it. Hits tied at the cutoff all stay
+in, so the searches whose cutoff ties with the next hit are counted: a product would serve those its
+own way.
 
 First every query's page is compared with the proxy's (exact BMX over the global window), each
 shard's window and the global one: the ids in order, and over the pages alike the largest relative gap
@@ -26,7 +28,7 @@ Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine sta
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
 
     .venv/bin/python -m benchmarks.in_engine [--upstream http://127.0.0.1:9201] [--queries 220]
-        [--window 100] [--shards 1] [--docs 0] [--clients 8] [--duration 3]
+        [--window 100] [--shards 1] [--docs 0] [--clients 8] [--duration 3] [--dataset scifact]
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, plain, re
 from bmx_rerank import scoring
 from bmx_rerank.stats.corpus import CorpusStats
 from tests.support.corpora import bulk, exact_stats
-from tests.support.data import scifact_records
+from tests.support.data import beir_records
 from tests.support.engine_client import EngineClient
 
 FIELD = "body"
@@ -79,7 +81,7 @@ WAYS = (
 
 
 def index_with_lengths(engine: Http, index: str, docs: list[dict], shards: int) -> None:
-    """SciFact into `index`, `body` with a `token_count` of the same analyzer: every token counted
+    """A BEIR corpus into `index`, `body` with a `token_count` of the same analyzer: every token counted
     (`enable_position_increments: false`, so a removed token would leave no hole in the count)."""
     length = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
     body = {"type": "text", "analyzer": "standard", "fields": {"len": length}}
@@ -131,18 +133,22 @@ def painless(q: str, window: int, params: dict[str, Any], cutoff: float | None =
     }
 
 
-def global_cutoff(engine: Http, index: str, q: str, window: int) -> float:
-    """The first-stage score of the global window's last hit (0 when fewer hits match): one search
-    that reads no stored field, as the proxy's lean first stage does."""
-    body = {**plain(q, 1), "from": window - 1, "_source": False, "stored_fields": "_none_"}
+def global_cutoff(engine: Http, index: str, q: str, window: int) -> tuple[float, bool]:
+    """The first-stage score of the global window's last hit (0 when fewer hits match), and whether
+    the next hit ties with it (then the window's edge is the cluster's tie-break, which no cutoff can
+    draw: a product would serve that search its own way). One search that reads no stored field, as the
+    proxy's lean first stage does."""
+    body = {**plain(q, 2), "from": window - 1, "_source": False, "stored_fields": "_none_"}
     hits = engine.ok("POST", f"/{index}/_search", {**body, "track_total_hits": False})["hits"]["hits"]
-    return float(hits[0]["_score"]) if hits else 0.0
+    scores = [float(h["_score"]) for h in hits]
+    return (scores[0] if scores else 0.0), len(scores) == 2 and scores[0] == scores[1]
 
 
-def in_window(engine: Http, index: str, q: str, window: int, params: dict[str, Any]) -> dict:
-    """BMX over the global window inside the engine: its cutoff, then the rescore that keeps to it."""
-    cutoff = global_cutoff(engine, index, q, window)
-    return engine.ok("POST", f"/{index}/_search", painless(q, window, params, cutoff))
+def in_window(engine: Http, index: str, q: str, window: int, params: dict[str, Any]) -> tuple[dict, bool]:
+    """BMX over the global window inside the engine: its cutoff, then the rescore that keeps to it;
+    and whether the cutoff was tied."""
+    cutoff, tied = global_cutoff(engine, index, q, window)
+    return engine.ok("POST", f"/{index}/_search", painless(q, window, params, cutoff)), tied
 
 
 def compare(proxy_hits: list[dict], engine_hits: list[dict]) -> tuple[bool, float]:
@@ -181,12 +187,14 @@ def run(
                 asked.append((q, params))
         proxy = Proxy(upstream, index, caches=False, workers=1, loop="uvloop")
         through = Http(proxy.url)
-        differ, worst = {"per shard": 0, "global": 0}, 0.0
+        differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
         for q, params in asked:
             page = through.ok("POST", f"/{index}/_search", rerank(q, window))["hits"]["hits"]
+            kept, at_edge = in_window(engine, index, q, window, params)
+            tied += at_edge
             for kind, answer in (
                 ("per shard", engine.ok("POST", f"/{index}/_search", painless(q, window, params))),
-                ("global", in_window(engine, index, q, window, params)),
+                *((("global", kept),) if not at_edge else ()),  # a tie would go the proxy's way
             ):
                 same, gap = compare(page, answer["hits"]["hits"])
                 differ[kind] += not same
@@ -219,7 +227,14 @@ def run(
                 loop = closed_loop(upstream, f"/{index}/_search", bodies, clients, seconds)
                 throughput[way] = asyncio.run(loop)["rps"]
         p50 = {way: statistics.median(t) for way, t in times.items()}
-        return {"asked": len(asked), "differ": differ, "worst": worst, "p50": p50, "rps": throughput}
+        return {
+            "asked": len(asked),
+            "differ": differ,
+            "tied": tied,
+            "worst": worst,
+            "p50": p50,
+            "rps": throughput,
+        }
     finally:
         if proxy is not None:
             proxy.stop()
@@ -235,22 +250,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--docs", type=int, default=0, help="0: the whole corpus")
+    parser.add_argument(
+        "--dataset", default="scifact", help="the BEIR dataset indexed and asked (../shared/data)"
+    )
     parser.add_argument("--clients", type=int, default=8, help="the closed loop's connections (1: none)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of each closed loop")
     args = parser.parse_args(argv)
-    queries = [q["text"] for q in scifact_records("queries.jsonl", args.queries)]
+    queries = [q["text"] for q in beir_records(args.dataset, "queries.jsonl", args.queries)]
     try:
-        docs = scifact_records("corpus.jsonl", args.docs)
+        docs = beir_records(args.dataset, "corpus.jsonl", args.docs)
         result = run(args.upstream, queries, docs, args.window, args.shards, args.clients, args.duration)
     except RuntimeError as exc:  # Http.ok's refusal: no `token_count` or no scripts on this cluster
         print(f"needs OpenSearch with mapper-extras and lang-painless: {exc}", file=sys.stderr)
         return 2
     p50 = result["p50"]
-    print(f"{args.upstream}, {args.shards} shard(s), window {args.window}, {result['asked']} queries")
+    print(
+        f"{args.upstream}, {args.dataset}, {args.shards} shard(s), window {args.window}, {result['asked']} queries"
+    )
     differ = result["differ"]
     print(
         f"pages unlike the proxy's: {differ['per shard']} of {result['asked']} (each shard's window), "
-        f"{differ['global']} (the global window); largest relative score gap {result['worst']:.1e}"
+        f"{differ['global']} of {result['asked'] - result['tied']} (the global window, its cutoff untied); "
+        f"largest relative score gap {result['worst']:.1e}"
     )
     print("| way of asking | p50 ms | / engine rescore |\n|---|---|---|")
     for way in WAYS:
