@@ -151,14 +151,26 @@ def in_window(engine: Http, index: str, q: str, window: int, params: dict[str, A
     return engine.ok("POST", f"/{index}/_search", painless(q, window, params, cutoff)), tied
 
 
-def compare(proxy_hits: list[dict], engine_hits: list[dict]) -> tuple[bool, float]:
-    """Whether two pages hold the same ids in the same order, and their scores' largest relative gap."""
-    same = [h["_id"] for h in proxy_hits] == [h["_id"] for h in engine_hits]
+def compare(proxy_hits: list[dict], engine_hits: list[dict]) -> tuple[str, float]:
+    """How two pages compare: "same" ids in the same order, "ties" (the same hits with the same scores,
+    but hits of equal score in another order: the engine breaks a tie by shard and document, the proxy
+    by the first stage's order) or "unlike"; and, unless unlike, the scores' largest relative gap."""
+
+    def groups(hits: list[dict]) -> list[tuple[float, frozenset[str]]]:
+        by_score: dict[float, set[str]] = {}
+        for hit in hits:  # in order of score: equal float32 scores make one group
+            by_score.setdefault(float(np.float32(hit["_score"])), set()).add(hit["_id"])
+        return [(score, frozenset(ids)) for score, ids in by_score.items()]
+
     gaps = [
         abs(a["_score"] - b["_score"]) / max(abs(a["_score"]), 1e-12)
         for a, b in zip(proxy_hits, engine_hits, strict=False)
     ]
-    return same, max(gaps, default=0.0)
+    if [h["_id"] for h in proxy_hits] == [h["_id"] for h in engine_hits]:
+        return "same", max(gaps, default=0.0)
+    if groups(proxy_hits) == groups(engine_hits):
+        return "ties", max(gaps, default=0.0)
+    return "unlike", 0.0
 
 
 def run(
@@ -188,6 +200,7 @@ def run(
         proxy = Proxy(upstream, index, caches=False, workers=1, loop="uvloop")
         through = Http(proxy.url)
         differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
+        reordered = dict.fromkeys(differ, 0)
         for q, params in asked:
             page = through.ok("POST", f"/{index}/_search", rerank(q, window))["hits"]["hits"]
             kept, at_edge = in_window(engine, index, q, window, params)
@@ -196,9 +209,10 @@ def run(
                 ("per shard", engine.ok("POST", f"/{index}/_search", painless(q, window, params))),
                 *((("global", kept),) if not at_edge else ()),  # a tie would go the proxy's way
             ):
-                same, gap = compare(page, answer["hits"]["hits"])
-                differ[kind] += not same
-                worst = max(worst, gap) if same else worst  # a page unlike has no gap to speak of
+                alike, gap = compare(page, answer["hits"]["hits"])
+                differ[kind] += alike == "unlike"
+                reordered[kind] += alike == "ties"
+                worst = max(worst, gap)
         ways: dict[str, Callable[[str, dict[str, Any]], object]] = {
             "plain size-10": lambda q, _: engine.ok("POST", f"/{index}/_search", plain(q, 10)),
             "rescore N": lambda q, _: engine.ok("POST", f"/{index}/_search", rescore(q, window)),
@@ -230,6 +244,7 @@ def run(
         return {
             "asked": len(asked),
             "differ": differ,
+            "reordered": reordered,
             "tied": tied,
             "worst": worst,
             "p50": p50,
@@ -272,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         f"pages unlike the proxy's: {differ['per shard']} of {result['asked']} (each shard's window), "
         f"{differ['global']} of {result['asked'] - result['tied']} (the global window, its cutoff untied); "
         f"largest relative score gap {result['worst']:.1e}"
+    )
+    again = result["reordered"]
+    print(
+        f"pages alike but for the order of hits of equal score: {again['per shard']} (each shard's "
+        f"window), {again['global']} (the global window)"
     )
     print("| way of asking | p50 ms | / engine rescore |\n|---|---|---|")
     for way in WAYS:

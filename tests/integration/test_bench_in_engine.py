@@ -31,6 +31,11 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
     assert found, run.stdout
     assert found.group(1) == found.group(3) == "0" and int(found.group(2)) >= WARMUP, run.stdout
     assert int(found.group(4)) > 0 and float(found.group(5)) < 1e-6, "float32's rounding, no other gap"
+    reordered = re.search(
+        r"pages alike but for the order of hits of equal score: (\d+) .*, (\d+) ", run.stdout
+    )
+    assert reordered, run.stdout  # SciFact's first 500 documents hold no twins to tie: none reordered
+    assert reordered.groups() == ("0", "0"), run.stdout
     for way in (
         "plain size-10",
         "rescore N",
