@@ -80,6 +80,11 @@ WAYS = (
 )
 
 
+class Unsupported(Exception):
+    """The cluster has no `token_count` (mapper-extras) or no scripts with term statistics (lang-painless,
+    OpenSearch 2.10+)."""
+
+
 def index_with_lengths(engine: Http, index: str, docs: list[dict], shards: int) -> None:
     """A BEIR corpus into `index`, `body` with a `token_count` of the same analyzer: every token counted
     (`enable_position_increments: false`, so a removed token would leave no hole in the count)."""
@@ -182,11 +187,21 @@ def run(
     clients: int,
     seconds: float,
 ) -> dict[str, Any]:
+    """Index `docs`, compare every query's pages with the proxy's, then time each way of asking."""
     engine = Http(upstream)
     index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
-    index_with_lengths(engine, index, docs, shards)
     proxy = None
     try:
+        try:
+            index_with_lengths(engine, index, docs, shards)
+            probe = {"source": f"termFreq('{FIELD}', 'a') + doc['{FIELD}.len'].value"}
+            engine.ok(
+                "POST",
+                f"/{index}/_search",
+                {"size": 1, "query": {"script_score": {"query": {"match_all": {}}, "script": probe}}},
+            )
+        except RuntimeError as exc:  # Http.ok's refusal
+            raise Unsupported(str(exc)) from None
         stats = asyncio.run(exact_stats(upstream, index, FIELD))
         asked = []
         for q in queries:
@@ -233,11 +248,9 @@ def run(
         if clients > 1:  # a closed loop of `clients` connections straight to the engine, each way alone
             for way, make in (
                 ("rescore N", lambda q, _: rescore(q, window)),
-                ("painless BMX rescore N", None),
+                ("painless BMX rescore N", lambda q, p: painless(q, window, p)),
             ):
-                bodies = [
-                    json.dumps(make(q, p) if make else painless(q, window, p)).encode() for q, p in asked
-                ]
+                bodies = [json.dumps(make(q, p)).encode() for q, p in asked]
                 loop = closed_loop(upstream, f"/{index}/_search", bodies, clients, seconds)
                 throughput[way] = asyncio.run(loop)["rps"]
         p50 = {way: statistics.median(t) for way, t in times.items()}
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         docs = beir_records(args.dataset, "corpus.jsonl", args.docs)
         result = run(args.upstream, queries, docs, args.window, args.shards, args.clients, args.duration)
-    except RuntimeError as exc:  # Http.ok's refusal: no `token_count` or no scripts on this cluster
+    except Unsupported as exc:
         print(f"needs OpenSearch with mapper-extras and lang-painless: {exc}", file=sys.stderr)
         return 2
     p50 = result["p50"]
