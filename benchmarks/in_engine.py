@@ -3,26 +3,27 @@ own `rescore`: issue 18's in-engine lever, measured.
 
 Indexes SciFact (or `--dataset`; `title + text` as `body`, standard analyzer) with a `token_count`
 sub-field `body.len`, so that a script reads each document's length from doc values, and builds the
-exact statistics of `body` with one sweep. Each query's tokens (the index's `_analyze`; those no document holds dropped, as
-BMX does) become the parameters of one Painless script: for each distinct term its IDF x (alpha + 1),
-its tokens' summed weight, entropy share and count, and alpha, avgdl, alpha x mean entropy, beta and m.
-The script reads tf with `termFreq`, which OpenSearch 2.10+ gives a `script_score`.
+exact statistics of `body` with one sweep. Each query's tokens (the index's `_analyze`; those no
+document holds dropped, as BMX does) become the parameters of one Painless script: for each distinct
+term its IDF x (alpha + 1), its tokens' summed weight, entropy share and count, and alpha, avgdl,
+alpha x mean entropy, beta and m. The script reads tf with `termFreq`, which OpenSearch 2.10+ gives a
+`script_score`.
 
 A `rescore` window is per shard: over several shards each reranks its own best N, up to N x shards
 hits, where the proxy reranks the best N of the index. So the script can also keep to the global
 window: a first search that reads no stored field gives the N-th best first-stage score, and the
 rescore, wrapping the caller's query, scores 0 for a hit below it. Hits tied at the cutoff all stay
-in, so the searches whose cutoff ties with the next hit are counted: a product would serve those its
-own way.
+in, so the searches whose cutoff ties with the next hit are counted apart: a product would serve
+those its own way.
 
-First every query's page is compared with the proxy's (exact BMX over the global window), each
-shard's window and the global one: the ids in order, and over the pages alike the largest relative gap
-between scores (the engine answers float32). Then one client asks, interleaved query by query: plain
-size-10, the engine's `rescore` (window N, a `match`), the Painless BMX rescore (window N), the same
-over the global window (both searches) and the proxy's first sight (window N, every cache off). p50 in
-ms. Then
-`--clients` connections in a closed loop for `--duration` seconds ask the engine's rescore, then the
-Painless one: requests a second, and the second's share of the first.
+First every query's page is compared with the proxy's (exact BMX over the global window), in both
+forms: pages unlike, pages alike but for the order of hits of equal score (the engine breaks a tie by
+shard and document, the proxy by the first stage's order), and over the pages alike the largest
+relative gap between scores (the engine answers float32). Then one client asks, interleaved query by
+query: plain size-10, the engine's `rescore` (window N, a `match`), the Painless BMX rescore (window
+N), the same over the global window (both searches) and the proxy's first sight (window N, every
+cache off); p50 in ms. Last, `--clients` connections in a closed loop for `--duration` seconds ask
+the engine's rescore, then the Painless one: requests a second, and the second's share of the first.
 
 Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).

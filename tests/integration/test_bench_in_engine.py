@@ -1,6 +1,6 @@
 """A few-seconds version of benchmarks/in_engine.py (the full run and its figures are in
-benchmarks/RESULTS.md): BMX as a Painless rescore gives the proxy's page on one shard, and every way
-of asking is timed."""
+benchmarks/RESULTS.md): BMX as a Painless rescore gives the proxy's page on one shard, and over three
+shards when kept to the global window; every way of asking is timed."""
 
 from __future__ import annotations
 
