@@ -73,10 +73,12 @@ WindowKey = tuple[str, str]  # (caller, window digest): never the length of a `C
 # beyond the arrays' data (tracemalloc: 2,730 bytes a window of 100 hits, one field, 3 tokens)
 WINDOW_OVERHEAD, FEATURE_OVERHEAD = 800, 350
 # A kept window's scores beyond their arrays: the scores' own objects and weak references, each node
-# of the folded tree, each leaf's scores and each of its token labels (tracemalloc, 100 hits and 3
-# tokens: one leaf 6,081-6,576 bytes, counted 7,250; a `dis_max` of two 12,434, counted 15,300; a
-# root alone 2,189, counted 2,200)
-KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 700, 600, 1400, 150
+# of the folded tree, each leaf's scores and each of its token labels. Tracemalloc, each object made
+# alone between two full collections (they empty the free lists, whose reuse it would miss), after 20
+# made and dropped (numpy's cache of small blocks full); medians, 100 hits and 3 tokens: one leaf 5,377
+# bytes, counted 5,770; a `dis_max` of two 11,639, counted 12,440; a root alone 1,536, counted 1,700;
+# beyond its arrays a leaf holds 324 + 132 a token, counted 450 + 140.
+KEPT_BYTES, FOLDED_NODE_BYTES, LEAF_BYTES, LABEL_BYTES = 400, 400, 450, 140
 # Windows seen once get 1/32 of the bound beside it (8 MiB beside the default 256: 1,000-1,700 windows
 # of 100 hits with their scores for queries of 12 to 3 tokens, 130-220 of 1,000; at 1/128 a window of
 # 1,000 was gone before its repeat among 60 other queries): a repeat or the next page soon after finds
