@@ -68,6 +68,14 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.in_engine = Counter(
+            "bmx_in_engine",
+            "Searches under --in-engine: scored by the engine (scored), else why the sidecar scored them "
+            "(shape, scoring, options, augment, request, indices, shards, no_length_field, "
+            "length_field_differs, no_length, refused, no_match)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.page_ahead = Counter(
             "bmx_page_ahead",
             "Lean windows' pages by how the fetch of their likely documents while scoring served them "

@@ -233,6 +233,14 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: str | None) 
 )
 @click.option("--no-tf-probes", is_flag=True, default=False, help="Same as --tf-probes off.")
 @click.option(
+    "--in-engine",
+    is_flag=True,
+    default=False,
+    help="Score a window inside the cluster where that is exact: OpenSearch 2.10+ with painless, an index "
+    "of one shard whose field has a <field>.len token_count sub-field (bmx-rerank lengths add), one "
+    "text scored with BMX. Every other search, and any the engine refuses, is reranked by the sidecar.",
+)
+@click.option(
     "--workers",
     default=1,
     type=click.IntRange(1, 64),
@@ -355,6 +363,7 @@ def command(
     lengths_dir: str | None,
     tf_probes: str,
     no_tf_probes: bool,
+    in_engine: bool,
     workers: int,
     loop: str,
     max_body: int,
@@ -425,6 +434,7 @@ def command(
         on_overload=on_overload,
         identity_headers=identity,
         tf_probes="off" if no_tf_probes else tf_probes,
+        in_engine=in_engine,
     )
     serve_logs(log_level, sys.stderr)
     stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity, lengths_dir)

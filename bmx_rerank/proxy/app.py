@@ -122,6 +122,7 @@ class ProxyApp:
             probes=str(config.tf_probes),
             identity_headers=config.identity_headers,
             pages=PageCache(config.page_cache_bytes),
+            scored_in_engine=config.in_engine,
         )
         state.admission.applied = AppliedConfigs(
             sidecar,  # type: ignore[arg-type]

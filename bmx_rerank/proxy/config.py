@@ -39,6 +39,8 @@ class ProxyConfig:
     # Term frequencies from the first stage (rerank/probing): "auto" probes new windows only, "on"
     # every search that can, "off" none; True/False mean "on"/"off".
     tf_probes: str | bool = defaults.TF_PROBES
+    # Windows the engine can score exactly are scored there by a Painless rescore (rerank/in_engine.py)
+    in_engine: bool = False
     upstream_ca: str | None = None  # PEM bundle the nodes' certificates are checked against
     upstream_cert: str | None = None  # client certificate (PEM) for https nodes
     upstream_key: str | None = None

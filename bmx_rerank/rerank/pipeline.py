@@ -31,22 +31,22 @@ from urllib.parse import quote
 
 import numpy as np
 import orjson
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from bmx_rerank import deadline as deadlines
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import filter_path, lean, shards, tf_probe
+from bmx_rerank.rerank import filter_path, in_engine, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies, probed_bytes
 from bmx_rerank.rerank.hits import HitColumns
-from bmx_rerank.rerank.pack import fallback, pack, wants_version
+from bmx_rerank.rerank.pack import SEQ_FIELDS, fallback, pack, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
-from bmx_rerank.rerank.query import fields
+from bmx_rerank.rerank.query import Text, fields
 from bmx_rerank.rerank.rescore import features_of, remembered, score_tree
 from bmx_rerank.rerank.term_vector_cache import (
     Features,
@@ -76,6 +76,10 @@ T = TypeVar("T")
 # for its share next time (`shards.shard_sizes`): a few ints each
 SPLITS = 10_000
 UNEVEN, UNEVEN_TTL = 1024, 600.0  # index expressions, seconds (`Reranker.uneven`)
+# What each caller's index lets the engine score (`in_engine.Layout`), learned from its mapping and
+# settings, or that the engine refused its script lately: a mapping changed (a length sub-field
+# added, its documents filled) is seen within the minute
+LAYOUTS, LAYOUT_TTL = 4096, 60.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,7 @@ class Reranker:
         probes: str = "off",
         identity_headers: Sequence[str] = IDENTITY_HEADERS,
         pages: lean.PageCache | None = None,
+        scored_in_engine: bool = False,
     ) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
@@ -197,6 +202,9 @@ class Reranker:
         # index expressions whose first sights' even shares fell short often lately: their first
         # sights ask every shard for the whole window (an index routed unevenly would send each twice)
         self.uneven = shards.ShortShares(UNEVEN, UNEVEN_TTL)
+        # `in_engine`: windows the engine can score exactly are scored there (opt-in)
+        self.scored_in_engine = scored_in_engine
+        self.layouts: TTLCache[tuple[str, str, str], in_engine.Layout] = TTLCache(LAYOUTS, LAYOUT_TTL)
 
     def _kept(self, key: tuple[str, str]) -> bool:
         return self.frequencies.cache.holds_window(key)
@@ -221,6 +229,11 @@ class Reranker:
         try:
             async with _until(deadline):
                 plan = await self.augment(plan)
+                if self.scored_in_engine:
+                    scored = await self._in_engine(index_expr, plan, headers, who, first_stage)
+                    if scored is not None:
+                        self.metrics.rerank_seconds.observe(time.perf_counter() - start)
+                        return scored
                 for may_be_lean in (True, False):  # a lean window that misses goes again, full
                     if window is not None:
                         window.close()
@@ -271,6 +284,85 @@ class Reranker:
         finally:
             if window is not None:
                 window.close()
+
+    async def _in_engine(
+        self, index_expr: str, plan: Plan, headers: Mapping[str, str], who: str, first_stage: FirstStage
+    ) -> Outcome | None:
+        """The window scored by the engine (`in_engine`), or None: the sidecar's own rerank answers it
+        (the search's shape or the index's layout does not allow it, or the engine refused the script:
+        then its index is not tried again for `LAYOUT_TTL`)."""
+        leaf, spec = plan.scored, plan.spec
+        assert spec is not None
+        why = in_engine.declined(plan) if known_index(index_expr) else "indices"
+        if why is None:
+            assert isinstance(leaf, Text)
+            key = (who, index_expr, leaf.field)
+            if (layout := self.layouts.get(key)) is None:
+                layout = self.layouts[key] = await self._layout(index_expr, leaf.field, headers)
+            why = layout.reason
+        if why is not None:
+            self.metrics.in_engine.labels(why).inc()
+            return None
+        assert isinstance(leaf, Text)
+        stats = self._statistics(index_expr, leaf.field, headers)
+        try:
+            tokens = (await self.analysis.tokens(index_expr, plan, headers))[(leaf.field, leaf.text)]
+            view = await self._complete(stats, tokens)
+        finally:
+            if not stats.done():
+                stats.cancel()
+        params = in_engine.script_params(view.corpus, tokens, spec.scoring_request(), leaf.field, leaf.boost)
+        if params is None:  # no document holds a token: the sidecar's rerank declines it
+            self.metrics.in_engine.labels("no_match").inc()
+            return None
+        _, search_params = window_request(index_expr, plan)
+        answer = await first_stage(in_engine.rescored(plan, params), search_params)
+        if answer.status >= 300 or answer.data is None:
+            why = "no_length" if in_engine.no_length(answer.raw) else "refused"
+            self.layouts[who, index_expr, leaf.field] = in_engine.Layout(why)
+            self.metrics.in_engine.labels(why).inc()
+            return None
+        hits_obj = dict(answer.data.get("hits", {}))
+        hits = hits_obj.get("hits", [])
+        if hits and not any(h.get("_score") for h in hits) and plan.from_ == 0:
+            self.metrics.in_engine.labels("no_match").inc()  # nothing matched: declined, as the sidecar does
+            return None
+        if not plan.wants_seq_no:
+            hits_obj["hits"] = [{k: v for k, v in h.items() if k not in SEQ_FIELDS} for h in hits]
+        marker = {
+            "reranked": True,
+            **spec.marker(),
+            "fields": [leaf.field],
+            "combine": "replace",
+            "tf": "engine",  # scored by the engine: no hit's frequencies or length came to the sidecar
+            "estimated": view.estimated,
+            "estimated_fields": [leaf.field] if view.estimated else [],
+            "stale": view.stale,
+            "built_at": view.built_at,
+        }
+        body = {**answer.data, "hits": hits_obj, "_bmx": marker}
+        self.metrics.in_engine.labels("scored").inc()
+        self.metrics.reranks.labels("reranked").inc()
+        return Outcome(answer, filter_path.apply(body, plan.filter_path), Marker(spec.mode))
+
+    async def _layout(self, index_expr: str, field: str, headers: Mapping[str, str]) -> in_engine.Layout:
+        """What `index_expr` lets the engine score on `field`, read with the caller's own rights (an
+        index they may not read is scored by the sidecar, which answers as the cluster does)."""
+        index = quote(index_expr, safe="")
+        try:
+            mapping, settings = await asyncio.gather(
+                self.cluster.request(
+                    "GET",
+                    f"/{index}/_mapping/field/{quote(field)},{quote(field)}.{in_engine.SUFFIX}",
+                    None,
+                    headers,
+                    retried=True,
+                ),
+                self.cluster.request("GET", f"/{index}/_settings", None, headers, retried=True),
+            )
+        except UpstreamError:
+            return in_engine.Layout("refused")
+        return in_engine.layout(field, mapping or {}, settings or {})
 
     async def _search(
         self,

@@ -1,0 +1,175 @@
+"""`serve --in-engine` (rerank/in_engine.py) on real engines: where the engine scores a window, its
+page is the sidecar's own to float32 (the same hits, in the same order, scores to 1e-6 relative);
+where it cannot (several shards, no length sub-field, a document without a length, Elasticsearch), the
+sidecar's rerank answers as it always did."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bmx_rerank.rerank import in_engine
+from bmx_rerank.stats.source import FixedStats
+from tests.support.corpora import bulk, exact_stats
+from tests.support.data import scifact_records
+from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
+from tests.support.reranked import search
+
+pytestmark = pytest.mark.integration
+
+DOCS, QUERIES = 600, 20
+LENGTH = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
+WITH_LENGTH = {"properties": {"body": {"type": "text", "analyzer": "standard", "fields": {"len": LENGTH}}}}
+WITHOUT = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+
+
+def _index(engine: EngineClient, mappings: dict, shards: int = 1, docs: int = DOCS) -> str:
+    index = f"bmxtest-inengine-{uuid.uuid4().hex[:10]}"
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
+    records = scifact_records("corpus.jsonl", docs)
+    bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records})
+    return index
+
+
+@pytest.fixture
+def proxies(engine: EngineClient) -> Iterator[tuple[FixedStats, ProxyThread, ProxyThread]]:
+    """The same statistics behind a proxy that scores in the engine where it can and one that never does."""
+    stats = FixedStats({})
+    scored, reference = ProxyThread(engine.url, stats, in_engine=True), ProxyThread(engine.url, stats)
+    try:
+        yield stats, scored, reference
+    finally:
+        scored.close()
+        reference.close()
+
+
+def _queries() -> list[str]:
+    return [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
+
+
+def _same_page(a: dict, b: dict) -> None:
+    """The same hits in the same order, scores equal to 1e-6 relative (the engine scores in float32)."""
+    ids = [h["_id"] for h in a["hits"]["hits"]]
+    assert ids == [h["_id"] for h in b["hits"]["hits"]], (ids, b["hits"]["hits"])
+    for x, y in zip(a["hits"]["hits"], b["hits"]["hits"], strict=True):
+        assert abs(x["_score"] - y["_score"]) <= 1e-6 * max(1.0, abs(y["_score"])), (x, y)
+    assert a["hits"]["total"] == b["hits"]["total"]
+    assert set(a["hits"]["hits"][0]) == set(b["hits"]["hits"][0]) if ids else True, "the same hit fields"
+
+
+def _outcomes(proxy: ProxyThread) -> dict[str, float]:
+    counter = proxy.app.state.metrics.in_engine
+    return {
+        s.labels["outcome"]: s.value
+        for m in counter.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+
+
+def _stats(proxy: ProxyThread, engine: EngineClient, stats: FixedStats, index: str) -> None:
+    stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
+
+
+def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient, proxies) -> None:
+    """OpenSearch with a length sub-field on one shard: every page (0-10 and 10-20 of a window of 40,
+    a `match` and a `bool` with a filter) scored in the engine, and the sidecar's own to float32. On
+    Elasticsearch, which has no `termFreq` (and whose integ-test build has no `token_count`), every
+    search is the sidecar's."""
+    stats, scored, reference = proxies
+    mappings = WITH_LENGTH if engine.kind == "opensearch" else WITHOUT
+    index = _index(engine, mappings)
+    try:
+        _stats(scored, engine, stats, index)
+        for text in _queries():
+            for extra in (
+                {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}},
+                {"from": 10, "size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}},
+                {
+                    "query": {
+                        "bool": {
+                            "must": [{"match": {"body": text}}],
+                            "filter": [{"exists": {"field": "body"}}],
+                        }
+                    },
+                    "size": 10,
+                    "aggs": {"n": {"value_count": {"field": "_seq_no"}}},
+                    "ext": {"bmx": {"field": "body", "window_size": 40}},
+                },
+            ):
+                a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+                _same_page(a, b)
+                assert a.get("aggregations") == b.get("aggregations")
+                assert a["_bmx"]["tf"] == ("engine" if engine.kind == "opensearch" else b["_bmx"]["tf"])
+                assert b["_bmx"]["tf"] != "engine"
+                assert a["_bmx"]["mode"] == "bmx" and a["_bmx"]["reranked"] is True
+                assert "_seq_no" not in a["hits"]["hits"][0], "the sidecar's own fields never show"
+        outcomes = _outcomes(scored)
+        if engine.kind == "opensearch":
+            assert outcomes == {"scored": 3 * QUERIES}, outcomes
+            return
+        assert outcomes == {"no_length_field": 3 * QUERIES}, outcomes
+        # told the index could be scored there, Elasticsearch refuses the script: the sidecar answers
+        layouts = scored.app.state.rerank.layouts
+        (key,) = layouts
+        layouts[key] = in_engine.Layout(None)
+        text, extra = _queries()[0], {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+        a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+        _same_page(a, b)
+        assert _outcomes(scored)["refused"] == 1 and layouts[key].reason == "refused"
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_what_the_engine_cannot_score_exactly_the_sidecar_does(engine: EngineClient, proxies) -> None:
+    """Several shards (a `rescore` window is each shard's), and a length sub-field added after the
+    documents (those indexed before have no length: the script throws, the sidecar answers, and the
+    index is not tried again for a while): every page the sidecar's."""
+    stats, scored, reference = proxies
+    opensearch = engine.kind == "opensearch"  # Elasticsearch's integ-test build has no `token_count`
+    sharded = _index(engine, WITH_LENGTH if opensearch else WITHOUT, shards=2, docs=300)
+    added = _index(engine, WITHOUT, docs=300)
+    if opensearch:
+        engine.ok("PUT", f"/{added}/_mapping", WITH_LENGTH)
+        engine.ok("POST", f"/{added}/_doc/new?refresh=true", {"body": "cancer cells grow in the lung"})
+    try:
+        for index in (sharded, added):
+            _stats(scored, engine, stats, index)
+            for text in _queries()[:5]:
+                extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+                a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+                _same_page(a, b)
+                assert a["_bmx"]["tf"] != "engine", a["_bmx"]
+        outcomes = _outcomes(scored)
+        assert outcomes == {"shards": 5, "no_length" if opensearch else "no_length_field": 5}, outcomes
+    finally:
+        engine.call("DELETE", f"/{sharded}")
+        engine.call("DELETE", f"/{added}")
+
+
+def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, proxies) -> None:
+    """BM25, a `combine`, an explanation and augmented queries are the sidecar's, counted by reason,
+    read before any call to the engine."""
+    stats, scored, reference = proxies
+    index = _index(engine, WITH_LENGTH if engine.kind == "opensearch" else WITHOUT, docs=200)
+    try:
+        _stats(scored, engine, stats, index)
+        text = _queries()[0]
+        asks: list[dict[str, Any]] = [
+            {"ext": {"bmx": {"field": "body", "mode": "bm25"}}},
+            {"ext": {"bmx": {"field": "body", "combine": "linear"}}},
+            {"ext": {"bmx": {"field": "body", "explain": True}}},
+            {"ext": {"bmx": {"field": "body", "augment": {"queries": ["lung"]}}}},
+        ]
+        for extra in asks:
+            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+            assert a["_bmx"]["tf"] != "engine"
+            _same_page(a, b)
+        assert _outcomes(scored) == {"scoring": 1, "options": 2, "augment": 1}, _outcomes(scored)
+    finally:
+        engine.call("DELETE", f"/{index}")

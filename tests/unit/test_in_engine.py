@@ -1,0 +1,123 @@
+"""The in-engine rerank's pure pieces (rerank/in_engine.py): the script's parameters give the scoring
+core's BMX, what an index's mapping and settings allow, and which searches are the sidecar's; its answers
+on real engines are tests/integration/test_in_engine.py's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bmx_rerank.rerank import in_engine
+from bmx_rerank.rerank.augment import Augment
+from bmx_rerank.rerank.plan import Plan
+from bmx_rerank.rerank.query import Combine, Text
+from bmx_rerank.rerank.rescore import score_tree
+from bmx_rerank.rerank.spec import RerankSpec
+from bmx_rerank.scoring import Candidates, Request
+from bmx_rerank.stats.corpus import CorpusStats
+
+
+def _script(params: dict, tf: dict[str, np.ndarray], length: np.ndarray) -> np.ndarray:
+    """What `in_engine.SCRIPT` computes for each document, line by line, in float64."""
+    lnorm = params["alpha"] * length / params["avgdl"] + params["alpha_ebar"]
+    tf_part, entropy, matched = np.zeros(len(length)), np.zeros(len(length)), np.zeros(len(length))
+    for i, term in enumerate(params["terms"]):
+        t = tf[term]
+        hit = t > 0
+        tf_part += np.where(hit, params["count"][i] * params["idf1"][i] * t / (t + lnorm), 0.0)
+        entropy += np.where(hit, params["weighted_entropy"][i], 0.0)
+        matched += np.where(hit, params["count"][i], 0.0)
+    return params["boost"] * (tf_part + params["beta"] * (matched / params["m"]) * entropy)
+
+
+@pytest.mark.parametrize("request_", [Request(), Request(alpha=0.8, beta=0.3)], ids=["defaults", "given"])
+def test_the_scripts_parameters_give_the_cores_bmx(request_: Request) -> None:
+    """Tokens repeated and one no document holds, a boost: the script's score is `score_tree`'s."""
+    terms = np.array(["a", "b", "c", "d"])
+    corpus = CorpusStats(500, 40_000, terms, np.array([10, 200, 3, 50]), np.array([4.0, 90.0, 1.5, 20.0]))
+    rng = np.random.default_rng(7)
+    n = 60
+    tf = {t: rng.integers(0, 4, n).astype(float) for t in ("a", "b", "c", "d", "zz")}
+    tf["zz"][:] = 0
+    length = rng.integers(5, 200, n).astype(float)
+    tokens = ["b", "a", "zz", "b", "c"]
+    leaf = Text("body", "b a zz b c", boost=1.7)
+    features = lambda f, vocabulary: Candidates(np.column_stack([tf[v] for v in vocabulary]), length)  # noqa: E731
+    core = score_tree(leaf, {"body": corpus}, features, n, {("body", leaf.text): tokens}, [], [1.0], request_)
+    params = in_engine.script_params(corpus, tokens, request_, "body", leaf.boost)
+    assert params is not None and params["terms"] == ["a", "b", "c"] and params["count"] == [1.0, 2.0, 1.0]
+    np.testing.assert_allclose(_script(params, tf, length), core.scores, rtol=1e-12)
+    assert in_engine.script_params(corpus, ["zz", "yy"], request_, "body", 1.0) is None, "nothing to score"
+
+
+def _mapping(length: dict | None, analyzer: str | None = "standard") -> dict:
+    body = {"type": "text", **({"analyzer": analyzer} if analyzer else {})}
+    fields = {"body": {"full_name": "body", "mapping": {"body": body}}}
+    if length is not None:
+        fields["body.len"] = {"full_name": "body.len", "mapping": {"len": length}}
+    return {"i": {"mappings": fields}}
+
+
+def _settings(shards: int = 1, analysis: dict | None = None) -> dict:
+    return {
+        "i": {
+            "settings": {
+                "index": {"number_of_shards": str(shards), **({"analysis": analysis} if analysis else {})}
+            }
+        }
+    }
+
+
+COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
+
+
+@pytest.mark.parametrize(
+    ("mapping", "settings", "reason"),
+    [
+        (_mapping(COUNTS), _settings(), None),
+        (_mapping(COUNTS, analyzer=None), _settings(), None),  # the field's analyzer is the default
+        (_mapping(COUNTS), _settings(3), "shards"),
+        ({**_mapping(COUNTS), "j": _mapping(COUNTS)["i"]}, _settings(), "indices"),
+        (_mapping(None), _settings(), "no_length_field"),
+        (_mapping({**COUNTS, "type": "integer"}), _settings(), "no_length_field"),
+        (_mapping({**COUNTS, "analyzer": "english"}), _settings(), "length_field_differs"),
+        (
+            _mapping({k: v for k, v in COUNTS.items() if k != "enable_position_increments"}),
+            _settings(),
+            "length_field_differs",
+        ),  # a removed stop word would count as a hole
+        # the index's own default analyzer analyses a field that names none
+        (
+            _mapping(COUNTS, analyzer=None),
+            _settings(analysis={"analyzer": {"default": {"type": "simple"}}}),
+            "length_field_differs",
+        ),
+    ],
+)
+def test_what_an_index_lets_the_engine_score(mapping: dict, settings: dict, reason: str | None) -> None:
+    assert in_engine.layout("body", mapping, settings).reason == reason
+
+
+def _plan(tree: Text | Combine | None = None, **spec: Any) -> Plan:
+    body = {"query": {"match": {"body": "lung cancer"}}, "size": 100}
+    scored = tree or Text("body", "lung cancer")
+    return Plan(body, {}, RerankSpec("body", **spec), "lung cancer", 0, 10, scoring=scored)
+
+
+def test_which_searches_the_engine_may_score() -> None:
+    """One unquoted text, BMX replaced, nothing the script does not compute, a page within the window."""
+    assert in_engine.declined(_plan()) is None
+    assert in_engine.declined(_plan(Text("body", "lung cancer", quoted=True))) == "shape"
+    assert in_engine.declined(_plan(Combine("sum", (Text("a", "x"), Text("b", "x"))))) == "shape"
+    assert in_engine.declined(_plan(combine="rrf")) == "options"
+    assert in_engine.declined(_plan(explain=True)) == "options"
+    assert in_engine.declined(_plan(min_score=1.0)) == "options"
+    assert in_engine.declined(_plan(scoring=Request(mode="bm25"))) == "scoring"
+    assert in_engine.declined(_plan(scoring=Request(normalize="paper"))) == "scoring"
+    assert in_engine.declined(_plan(augment=Augment(queries=("lung",), weights=(0.5,)))) == "augment"
+    assert in_engine.declined(_plan(augment=Augment(provider="prf"))) == "augment"
+    assert in_engine.declined(replace(_plan(), from_=95)) == "request", "a page past the window"
+    assert in_engine.declined(replace(_plan(), body={"rescore": {}})) == "request", "the caller's own"
