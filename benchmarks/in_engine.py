@@ -180,7 +180,7 @@ def run(
     """Index `docs`, compare every query's pages with the proxy's, then time each way of asking."""
     engine = Http(upstream)
     index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
-    proxy = None
+    proxies: list[Proxy] = []
     try:
         try:
             index_with_lengths(engine, index, docs, shards)
@@ -203,11 +203,23 @@ def run(
             if params is not None:
                 asked.append((q, params))
         proxy = Proxy(upstream, index, caches=False, workers=1, loop="uvloop")
-        through = Http(proxy.url)
+        proxies.append(proxy)
+        scoring = Proxy(upstream, index, caches=False, workers=1, loop="uvloop", in_engine=True)
+        proxies.append(scoring)
+        warm = Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True)
+        proxies.append(warm)
+        through, scored, warmed = Http(proxy.url), Http(scoring.url), Http(warm.url)
+        served_unlike = 0  # pages `serve --in-engine` answers unlike the proxy's own rerank
         differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
         reordered = dict.fromkeys(differ, 0)
         for q, params in asked:
             page = through.ok("POST", f"/{index}/_search", rerank(q, window))["hits"]["hits"]
+            served = scored.ok("POST", f"/{index}/_search", rerank(q, window))
+            alike, gap = compare(page, served["hits"]["hits"])
+            # over several shards the sidecar answers: what the engine would score is each shard's window
+            from_engine = served["_bmx"]["tf"] == "engine"
+            served_unlike += alike == "unlike" or from_engine != (shards == 1)
+            worst = max(worst, gap)
             kept, at_edge = in_window(engine, index, q, window, params)
             tied += at_edge
             for kind, answer in (
@@ -226,7 +238,15 @@ def run(
             ),
             "the same, global window": lambda q, p: in_window(engine, index, q, window, p),
             "proxy first sight N": lambda q, _: through.ok("POST", f"/{index}/_search", rerank(q, window)),
+            "proxy --in-engine first sight N": lambda q, _: scored.ok(
+                "POST", f"/{index}/_search", rerank(q, window)
+            ),
+            "proxy --in-engine warm N": lambda q, _: warmed.ok(
+                "POST", f"/{index}/_search", rerank(q, window)
+            ),
         }
+        for q, _ in asked:  # the warm proxy has seen every query (its analysis cached)
+            warmed.ok("POST", f"/{index}/_search", rerank(q, window))
         times: dict[str, list[float]] = {way: [] for way in ways}
         for i, (q, params) in enumerate(asked):
             for way, ask in ways.items():
@@ -250,12 +270,13 @@ def run(
             "reordered": reordered,
             "tied": tied,
             "worst": worst,
+            "served_unlike": served_unlike,
             "p50": p50,
             "rps": throughput,
         }
     finally:
-        if proxy is not None:
-            proxy.stop()
+        for running in proxies:
+            running.stop()
         engine.call("DELETE", f"/{index}")
 
 
@@ -290,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         f"pages unlike the proxy's: {differ['per shard']} of {result['asked']} (each shard's window), "
         f"{differ['global']} of {result['asked'] - result['tied']} (the global window, its cutoff untied); "
         f"largest relative score gap {result['worst']:.1e}"
+    )
+    print(
+        f"pages `serve --in-engine` answers unlike the proxy's own rerank, or not from the engine: "
+        f"{result['served_unlike']} of {result['asked']}"
     )
     again = result["reordered"]
     print(

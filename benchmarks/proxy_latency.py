@@ -226,7 +226,9 @@ def _serve_worker(
 
     # with lengths: first sights without _mtermvectors
     stats = stats_source(index, corpus, lengths, routing, shard_count(upstream, index))
-    app = make_app(ProxyConfig(upstream=upstream, **cache_option(caches)), lambda session, base: stats)
+    in_engine = os.environ.get("BMX_RERANK_IN_ENGINE") == "1"  # as `serve` reads it
+    config = ProxyConfig(upstream=upstream, in_engine=in_engine, **cache_option(caches))
+    app = make_app(config, lambda session, base: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
     if loop == "uvloop":
@@ -646,7 +648,9 @@ class Proxy:
         loop: str,
         relay: bool | str = False,
         checkout: Path | None = None,
+        in_engine: bool = False,
     ) -> None:
+        """`in_engine`: the proxy scores in the engine where it can (`serve --in-engine`)."""
         self.port = free_port()
         if relay:
             kind = "aiohttp" if relay is True else relay
@@ -667,6 +671,7 @@ class Proxy:
             stdout=subprocess.PIPE,
             text=True,
             cwd=checkout or ROOT,
+            env={**os.environ, "BMX_RERANK_IN_ENGINE": "1" if in_engine else "0"},
         )
         assert self.child.stdout is not None and self.child.stdout.readline().strip() == "ready"
         self.url = f"http://127.0.0.1:{self.port}"

@@ -306,7 +306,10 @@ class Reranker:
         assert isinstance(leaf, Text)
         stats = self._statistics(index_expr, leaf.field, headers)
         try:
-            tokens = (await self.analysis.tokens(index_expr, plan, headers))[(leaf.field, leaf.text)]
+            # no `_analyze` where the field's analyzer is the standard one and every word is known
+            known = self.analysis.known(index_expr, plan)
+            analysed = known if known is not None else await self.analysis.tokens(index_expr, plan, headers)
+            tokens = analysed[(leaf.field, leaf.text)]
             view = await self._complete(stats, tokens)
         finally:
             if not stats.done():

@@ -31,6 +31,10 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
     assert found, run.stdout
     assert found.group(1) == found.group(3) == "0" and int(found.group(2)) >= WARMUP, run.stdout
     assert int(found.group(4)) > 0 and float(found.group(5)) < 1e-6, "float32's rounding, no other gap"
+    served = re.search(
+        r"answers unlike the proxy's own rerank, or not from the engine: (\d+) of (\d+)", run.stdout
+    )
+    assert served and served.group(1) == "0" and int(served.group(2)) >= WARMUP, run.stdout
     reordered = re.search(
         r"pages alike but for the order of hits of equal score: (\d+) .*, (\d+) ", run.stdout
     )
@@ -42,6 +46,8 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         "painless BMX rescore N",
         "the same, global window",
         "proxy first sight N",
+        "proxy --in-engine first sight N",
+        "proxy --in-engine warm N",
     ):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
     loop = r"^2 clients: rescore N \d+ req/s, painless BMX rescore N \d+ req/s \(\d+ % of rescore\)$"
@@ -58,5 +64,7 @@ def test_small_in_engine_run_over_three_shards_keeps_to_the_global_window(opense
     assert "3 shard(s), window 10" in run.stdout
     found = re.search(PAGES, run.stdout)
     assert found and 0 < int(found.group(1)) <= int(found.group(2)), run.stdout
+    # `serve --in-engine` leaves an index of several shards to the sidecar: every page its own
+    assert "or not from the engine: 0 of" in run.stdout, run.stdout
     assert found.group(3) == "0" and int(found.group(4)) > 0 and float(found.group(5)) < 1e-6, run.stdout
     assert "clients:" not in run.stdout
