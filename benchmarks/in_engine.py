@@ -48,6 +48,7 @@ import numpy as np
 
 from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, plain, rerank, rescore
 from bmx_rerank import scoring
+from bmx_rerank.rerank import in_engine
 from bmx_rerank.stats.corpus import CorpusStats
 from tests.support.corpora import bulk, exact_stats
 from tests.support.data import beir_records
@@ -91,27 +92,9 @@ def index_with_lengths(engine: Http, index: str, docs: list[dict], shards: int) 
 
 
 def script_params(stats: CorpusStats, tokens: list[str]) -> dict[str, Any] | None:
-    """The script's parameters for a query's analyzed tokens (duplicates kept, each weighing 1); None
-    when no document holds any of them (every document scores 0)."""
-    df, raw = stats.lookup(tokens)
-    live = df > 0
-    if not live.any():
-        return None
-    df, raw = df[live], raw[live]
-    entropy = raw / raw.max() if raw.max() > 0 else np.zeros_like(raw)
-    terms, first, inverse = np.unique(np.array(tokens)[live], return_index=True, return_inverse=True)
-    alpha, beta = scoring.default_alpha(stats.avgdl), scoring.default_beta(stats.n_docs)
-    return {
-        "terms": terms.tolist(),
-        "idf1": (scoring.idf(stats.n_docs, df[first]) * (alpha + 1)).tolist(),
-        "count": np.bincount(inverse).astype(float).tolist(),  # also each term's tokens' summed weight
-        "weighted_entropy": np.bincount(inverse, weights=entropy).tolist(),
-        "alpha": alpha,
-        "avgdl": stats.avgdl,
-        "alpha_ebar": alpha * float(entropy.mean()),
-        "beta": beta,
-        "m": int(live.sum()),
-    }
+    """The script's parameters for a query's analyzed tokens, as `serve --in-engine` makes them (None:
+    no document holds any of them)."""
+    return in_engine.script_params(stats, tokens, scoring.Request(), FIELD, 1.0)
 
 
 def painless(q: str, window: int, params: dict[str, Any], cutoff: float | None = None) -> dict:
