@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from bmx_rerank.cli import applied, demo, engine, eval, serve, stats
+from bmx_rerank.cli import applied, demo, engine, eval, lengths, serve, stats
 
 
 @click.group()
@@ -13,5 +13,5 @@ def main() -> None:
     """Rerank Elasticsearch/OpenSearch results with BMX."""
 
 
-for _surface in (serve, stats, engine, demo, eval, applied):
+for _surface in (serve, stats, lengths, engine, demo, eval, applied):
     main.add_command(_surface.command)

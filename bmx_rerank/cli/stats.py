@@ -199,7 +199,7 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
         result = await sweep_index(cluster, index, fields[0], headers, sweep, part=(i, n))
         return sliced.partial(index, fields[0], (i, n), result)
 
-    found = _run(base, go)
+    found = run_with_cluster(base, go)
     Path(out).write_bytes(orjson.dumps(found.to_json()))
     click.echo(f"{index} [{fields[0]}] slice {i}/{n}: {found.exact.stats.n_docs} docs -> {out}")
 
@@ -235,7 +235,7 @@ def merge(
     async def go(cluster: Cluster) -> SnapshotInfo:
         return await stats_build.publish_sweep(cluster, headers, first.index, first.field, result, store)
 
-    info = _run(base, go)
+    info = run_with_cluster(base, go)
     click.echo(
         f"{info.index} [{info.field}]: {info.n_docs} docs from {len(files)} slices -> snapshot {info.snapshot}"
         + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
@@ -265,7 +265,7 @@ def _sweep(
                 cluster, index, field, headers, sweep, store=opts["store"], progress=bar, **extra
             )
 
-    return _run(base, go)
+    return run_with_cluster(base, go)
 
 
 @command.command()
@@ -294,7 +294,7 @@ def show(
             for f in _distinct(fields)
         ]
 
-    for field, report in zip(_distinct(fields), _run(base, go), strict=True):
+    for field, report in zip(_distinct(fields), run_with_cluster(base, go), strict=True):
         _print_report(index, field, report, as_json)
 
 
@@ -342,7 +342,11 @@ def connection(
     return str(url).rstrip("/"), headers
 
 
-def _run(base_url: str, func: Callable[[Cluster], Awaitable[T]]) -> T:
+def run_with_cluster(
+    base_url: str,
+    func: Callable[[Cluster], Awaitable[T]],
+    interrupted: str = "interrupted: the last good snapshot is unchanged",
+) -> T:
     async def main() -> T:
         async with aiohttp.ClientSession() as session:
             return await func(Cluster(session, base_url))
@@ -356,7 +360,7 @@ def _run(base_url: str, func: Callable[[Cluster], Awaitable[T]]) -> T:
             "[502] bmx_upstream_not_json_exception: the upstream answered something other than JSON; is it Elasticsearch or OpenSearch?"
         )
     except KeyboardInterrupt:
-        click.echo("interrupted: the last good snapshot is unchanged", err=True)
+        click.echo(interrupted, err=True)
         sys.exit(130)
 
 

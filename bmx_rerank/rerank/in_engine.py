@@ -132,11 +132,17 @@ def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any]) 
     length = fields.get(f"{field}.{SUFFIX}", {}).get("mapping", {}).get(SUFFIX, {})
     if text.get("type") != "text" or length.get("type") != "token_count":
         return Layout("no_length_field")
-    analysis = index_settings.get("settings", {}).get("index", {}).get("analysis", {})
-    analyzer = text.get("analyzer", "default" if "default" in analysis.get("analyzer", {}) else "standard")
+    analyzer = field_analyzer(text, index_settings.get("settings", {}).get("index", {}))
     if length.get("analyzer") != analyzer or length.get("enable_position_increments", True) is not False:
         return Layout("length_field_differs")
     return Layout(None)
+
+
+def field_analyzer(text: Mapping[str, Any], index_settings: Mapping[str, Any]) -> str:
+    """The analyzer a text field indexes with: its own, else the index's `default`, else `standard`."""
+    if "analyzer" in text:
+        return str(text["analyzer"])
+    return "default" if "default" in index_settings.get("analysis", {}).get("analyzer", {}) else "standard"
 
 
 def no_length(error: Any) -> bool:

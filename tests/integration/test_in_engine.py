@@ -5,14 +5,21 @@ sidecar's rerank answers as it always did."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
+from click.testing import CliRunner
 
+from bmx_rerank.cli import main as cli
 from bmx_rerank.rerank import in_engine
+from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
+from bmx_rerank.upstream import Cluster
 from tests.support.corpora import bulk, exact_stats
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
@@ -171,5 +178,95 @@ def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, 
             assert a["_bmx"]["tf"] != "engine"
             _same_page(a, b)
         assert _outcomes(scored) == {"scoring": 1, "options": 2, "augment": 1}, _outcomes(scored)
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def _sources(engine: EngineClient, index: str) -> dict[str, Any]:
+    hits = engine.ok("POST", f"/{index}/_search", {"size": 1000, "query": {"match_all": {}}})["hits"]["hits"]
+    return {h["_id"]: (h["_source"], h.get("_routing")) for h in hits}
+
+
+def test_lengths_add_gives_every_document_written_before_its_length(engine: EngineClient, proxies) -> None:
+    """`bmx-rerank lengths add` on an index written without the sub-field: mapped, every document
+    (one routed its own way, one without the field) written again unchanged, none left without a
+    length, and the engine then scores its windows. Run again, it has nothing to do. On Elasticsearch,
+    whose test build has no `token_count`, one line says so and the mapping is unchanged."""
+    stats, scored, reference = proxies
+    index = _index(engine, WITHOUT, docs=300)
+    engine.ok("PUT", f"/{index}/_doc/routed?routing=r7", {"body": "lung cancer screening trial"})
+    engine.ok("PUT", f"/{index}/_doc/untitled?refresh=true", {"title": "no body at all"})
+    before = _sources(engine, index)
+    args = [
+        "lengths",
+        "add",
+        index,
+        "--field",
+        "body",
+        "--upstream",
+        engine.url,
+        "--batch",
+        "64",
+        "--rate",
+        "0",
+    ]
+    try:
+        run = CliRunner().invoke(cli, [*args, "--no-progress"])
+        if engine.kind != "opensearch":
+            assert run.exit_code == 1, run.output
+            assert "token_count" in run.output and "Traceback" not in run.output, run.output
+            assert "len" not in json.dumps(engine.ok("GET", f"/{index}/_mapping")), "the mapping unchanged"
+            return
+        assert run.exit_code == 0, run.output
+        assert "body.len added; 301 documents written again, 0 changed" in run.output, run.output
+        assert run.output.rstrip().endswith("0 without a length"), run.output
+        assert _sources(engine, index) == before, "every document as it was, its routing too"
+        again = CliRunner().invoke(cli, [*args, "--no-progress"])
+        assert again.exit_code == 0 and "already mapped; 0 documents written again" in again.output, (
+            again.output
+        )
+        check = CliRunner().invoke(
+            cli, ["lengths", "check", index, "--field", "body", "--upstream", engine.url]
+        )
+        assert check.exit_code == 0 and f"{index}: 0 documents without a length" in check.output
+        _stats(scored, engine, stats, index)
+        for text in _queries()[:5]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+            _same_page(a, b)
+            assert a["_bmx"]["tf"] == "engine"
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_a_fill_leaves_what_was_written_or_deleted_meanwhile(engine: EngineClient) -> None:
+    """Documents rewritten and deleted while a fill runs (after its first batch): the new versions
+    stay, the deleted stay deleted, and each the fill had read before is counted as changed."""
+    index = _index(engine, WITHOUT, docs=120)
+    ids = sorted(_sources(engine, index))
+    rewritten, deleted = ids[::24], ids[5::24]
+    meddled: list[int] = []
+
+    def meanwhile(done: int, total: int) -> None:
+        if not meddled:
+            meddled.append(done)
+            for doc in rewritten:
+                engine.ok("PUT", f"/{index}/_doc/{doc}", {"body": f"rewritten {doc}"})
+            for doc in deleted:
+                engine.ok("DELETE", f"/{index}/_doc/{doc}")
+
+    async def go() -> length_field.Filled:
+        async with aiohttp.ClientSession() as session:
+            return await length_field.fill(
+                Cluster(session, engine.url), index, "body", {}, batch=20, progress=meanwhile
+            )
+
+    try:
+        filled = asyncio.run(go())
+        after = _sources(engine, index)
+        assert meddled == [20] and filled.failed == 0
+        assert filled.written + filled.changed == 120 and filled.changed >= 1, filled
+        assert all(after[doc][0] == {"body": f"rewritten {doc}"} for doc in rewritten), "never put back"
+        assert not set(deleted) & set(after), "never brought back"
     finally:
         engine.call("DELETE", f"/{index}")
