@@ -57,8 +57,10 @@ class _Wrapper:
         cache_bytes: int = defaults.CACHE_BYTES,
         tf_probes: str = defaults.TF_PROBES,
         bounds: Bounds | None = None,
+        in_engine: bool = False,
         _core: Core | None = None,
     ) -> None:
+        """`in_engine`: as `serve --in-engine`, a window OpenSearch can score exactly is scored there."""
         self.client = client
         self._core = _core or Core(
             sidecar_of(client, url),
@@ -69,6 +71,7 @@ class _Wrapper:
             cache_bytes,
             tf_probes,
             bounds or Bounds(),
+            in_engine=in_engine,
         )
 
     @property

@@ -47,6 +47,8 @@ class Core:
         cache_bytes: int,
         tf_probes: str,
         bounds: Bounds,
+        *,
+        in_engine: bool = False,
     ) -> None:
         self.sidecar = sidecar
         self.policies = list(policies)
@@ -55,6 +57,7 @@ class Core:
         self.timeout = timeout
         self.cache_bytes = cache_bytes
         self.tf_probes = tf_probes
+        self.in_engine = in_engine
         self.metrics = Metrics()  # the proxy's metrics, for this wrapper's reranks
         self.bounds = bounds
         self.session: aiohttp.ClientSession | None = None
@@ -119,6 +122,7 @@ class Core:
                 cache=TermVectorCache(self.cache_bytes),
                 on_error=self.on_rerank_error,
                 probes=self.tf_probes,
+                scored_in_engine=self.in_engine,
             )
             self.applied = AppliedConfigs(self.session, self.sidecar.url, timeout=self.timeout)
         return self.reranker

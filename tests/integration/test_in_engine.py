@@ -16,10 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from bmx_rerank.cli import main as cli
+from bmx_rerank.client import BMXClient
 from bmx_rerank.rerank import in_engine
 from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
+from tests.integration.test_proxy_clients import official_client
 from tests.support.corpora import bulk, exact_stats
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
@@ -269,4 +271,25 @@ def test_a_fill_leaves_what_was_written_or_deleted_meanwhile(engine: EngineClien
         assert all(after[doc][0] == {"body": f"rewritten {doc}"} for doc in rewritten), "never put back"
         assert not set(deleted) & set(after), "never brought back"
     finally:
+        engine.call("DELETE", f"/{index}")
+
+
+def test_the_client_wrapper_scores_in_the_engine_too(engine: EngineClient, proxies) -> None:
+    """`BMXClient(..., in_engine=True)` around the official client: on OpenSearch its windows are scored
+    by the engine, on Elasticsearch by the sidecar, and every page is the sidecar's own."""
+    stats, _, reference = proxies
+    opensearch = engine.kind == "opensearch"
+    index = _index(engine, WITH_LENGTH if opensearch else WITHOUT, docs=300)
+    client = BMXClient(official_client(engine.kind, engine.url), in_engine=True, stats=lambda s, b: stats)
+    try:
+        _stats(reference, engine, stats, index)
+        for text in _queries()[:5]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            body = {"query": {"match": {"body": text}}, **extra}
+            answer = client.search(index=index, body=body)
+            a = answer.body if hasattr(answer, "body") else answer
+            _same_page(a, search(reference.url, index, text, extra))
+            assert (a["_bmx"]["tf"] == "engine") == opensearch, a["_bmx"]
+    finally:
+        client.close()
         engine.call("DELETE", f"/{index}")
