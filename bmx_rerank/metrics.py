@@ -72,7 +72,7 @@ class Metrics:
             "bmx_in_engine",
             "Searches under --in-engine: scored by the engine (scored), else why the sidecar scored them "
             "(shape, scoring, options, augment, request, indices, shards, no_length_field, "
-            "length_field_differs, no_length, refused, no_match)",
+            "length_field_differs, unread: the query's analysis or statistics failed, no_length, refused, no_match)",
             ["outcome"],
             registry=self.registry,
         )

@@ -311,6 +311,9 @@ class Reranker:
             analysed = known if known is not None else await self.analysis.tokens(index_expr, plan, headers)
             tokens = analysed[(leaf.field, leaf.text)]
             view = await self._complete(stats, tokens)
+        except (AnalysisDeclined, SearchError):  # the sidecar's rerank declines, falls back or fails
+            self.metrics.in_engine.labels("unread").inc()
+            return None
         finally:
             if not stats.done():
                 stats.cancel()
@@ -327,7 +330,8 @@ class Reranker:
             return None
         hits_obj = dict(answer.data.get("hits", {}))
         hits = hits_obj.get("hits", [])
-        if hits and not any(h.get("_score") for h in hits) and plan.from_ == 0:
+        best = hits_obj.get("max_score")  # the rescored window's best (OpenSearch sets it after a rescore)
+        if hits and not (best if best is not None else any(h.get("_score") for h in hits)):
             self.metrics.in_engine.labels("no_match").inc()  # nothing matched: declined, as the sidecar does
             return None
         if not plan.wants_seq_no:
@@ -342,6 +346,9 @@ class Reranker:
             "estimated_fields": [leaf.field] if view.estimated else [],
             "stale": view.stale,
             "built_at": view.built_at,
+            "candidates": _window_hits(hits_obj.get("total"), spec.window_size),
+            "dropped": 0,
+            "fetch": "page",  # stored fields read for the page's hits alone
         }
         body = {**answer.data, "hits": hits_obj, "_bmx": marker}
         self.metrics.in_engine.labels("scored").inc()
@@ -946,6 +953,15 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+def _window_hits(total: Any, window_size: int) -> int | None:
+    """How many hits a window held, from the answer's total (None: not counted, `track_total_hits: false`)."""
+    if isinstance(total, int):  # `rest_total_hits_as_int`
+        return min(total, window_size)
+    if not isinstance(total, dict) or not isinstance(total.get("value"), int):
+        return None
+    return min(total["value"], window_size)  # a lower bound ("gte") counts at least this many
 
 
 def _in_hand(stats: asyncio.Future[StatsView]) -> bool:

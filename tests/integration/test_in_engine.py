@@ -117,6 +117,7 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient
                 assert a["_bmx"]["tf"] == ("engine" if engine.kind == "opensearch" else b["_bmx"]["tf"])
                 assert b["_bmx"]["tf"] != "engine"
                 assert a["_bmx"]["mode"] == "bmx" and a["_bmx"]["reranked"] is True
+                assert a["_bmx"]["candidates"] == b["_bmx"]["candidates"] == 40
                 assert "_seq_no" not in a["hits"]["hits"][0], "the sidecar's own fields never show"
         outcomes = _outcomes(scored)
         if engine.kind == "opensearch":
@@ -180,6 +181,14 @@ def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, 
             assert a["_bmx"]["tf"] != "engine"
             _same_page(a, b)
         assert _outcomes(scored) == {"scoring": 1, "options": 2, "augment": 1}, _outcomes(scored)
+        # no statistics for the index: the sidecar's rerank says what it says when it has none
+        del stats.table[(index, "body")]
+        extra = {"size": 10, "ext": {"bmx": {"field": "body"}}}
+        a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+        _same_page(a, b)
+        assert a["_bmx"] == b["_bmx"], (a["_bmx"], b["_bmx"])
+        reason = "unread" if engine.kind == "opensearch" else "no_length_field"
+        assert _outcomes(scored)[reason] == 1, _outcomes(scored)
     finally:
         engine.call("DELETE", f"/{index}")
 
