@@ -51,6 +51,10 @@ def test_the_scripts_parameters_give_the_cores_bmx(request_: Request) -> None:
     assert params is not None and params["terms"] == ["a", "b", "c"] and params["count"] == [1.0, 2.0, 1.0]
     np.testing.assert_allclose(_script(params, tf, length), core.scores, rtol=1e-12)
     assert in_engine.script_params(corpus, ["zz", "yy"], request_, "body", 1.0) is None, "nothing to score"
+    assert f"'{in_engine.NO_LENGTH}'" in in_engine.SCRIPT, (
+        "what the script throws is what a refusal is read by"
+    )
+    assert in_engine.no_length((None, b'{"error":{"reason":"bmx: a document has no length"}}'))
 
 
 def _mapping(length: dict | None, analyzer: str | None = "standard") -> dict:
