@@ -119,11 +119,18 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient
                 assert a["_bmx"]["mode"] == "bmx" and a["_bmx"]["reranked"] is True
                 assert a["_bmx"]["candidates"] == b["_bmx"]["candidates"] == 40
                 assert "_seq_no" not in a["hits"]["hits"][0], "the sidecar's own fields never show"
+        # the caller's filter_path applies to the engine's answer as to the sidecar's
+        text, extra = _queries()[0], {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+        body = {"query": {"match": {"body": text}}, **extra}
+        path = f"/{index}/_search?filter_path=hits.hits._id,hits.hits._score"
+        a, b = (EngineClient(engine.kind, proxy.url).ok("POST", path, body) for proxy in (scored, reference))
+        assert list(a) == ["hits"] and list(a["hits"]["hits"][0]) == ["_id", "_score"], a
+        assert [h["_id"] for h in a["hits"]["hits"]] == [h["_id"] for h in b["hits"]["hits"]]
         outcomes = _outcomes(scored)
         if engine.kind == "opensearch":
-            assert outcomes == {"scored": 3 * QUERIES}, outcomes
+            assert outcomes == {"scored": 3 * QUERIES + 1}, outcomes
             return
-        assert outcomes == {"no_length_field": 3 * QUERIES}, outcomes
+        assert outcomes == {"no_length_field": 3 * QUERIES + 1}, outcomes
         # told the index could be scored there, Elasticsearch refuses the script: the sidecar answers
         layouts = scored.app.state.rerank.layouts
         (key,) = layouts
