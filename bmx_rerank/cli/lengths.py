@@ -10,23 +10,18 @@ from typing import Any
 
 import click
 
+from bmx_rerank.cli.options import upstream_options
 from bmx_rerank.cli.stats import _bar, connection, run_with_cluster
 from bmx_rerank.stats import length_field
 from bmx_rerank.upstream import Cluster
 
 
 def _options(func: Any) -> Any:
-    opts = [
-        click.argument("index"),
-        click.option("--field", required=True, help="The analyzed text field whose length is counted."),
-        click.option("--upstream", envvar="BMX_UPSTREAM", default="http://127.0.0.1:9200", show_default=True),
-        click.option("--user", envvar="BMX_UPSTREAM_USER"),
-        click.option("--password", envvar="BMX_UPSTREAM_PASSWORD"),
-        click.option("--header", "header", multiple=True, envvar="BMX_UPSTREAM_HEADER"),
-    ]
-    for opt in reversed(opts):
-        func = opt(func)
-    return func
+    func = upstream_options(func)
+    func = click.option("--field", required=True, help="The analyzed text field whose length is counted.")(
+        func
+    )
+    return click.argument("index")(func)
 
 
 @click.group(name="lengths")

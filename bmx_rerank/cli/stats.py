@@ -17,7 +17,7 @@ import click
 import orjson
 from yarl import URL
 
-from bmx_rerank.cli.options import parse_headers
+from bmx_rerank.cli.options import UPSTREAM_OPTIONS, parse_headers, upstream_options
 from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import basic_auth
 from bmx_rerank.stats import build as stats_build
@@ -42,26 +42,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             multiple=True,
             help="Analyzed text field the statistics describe; repeat it for several (one snapshot each).",
         ),
-        click.option(
-            "--upstream",
-            envvar="BMX_UPSTREAM",
-            default="http://127.0.0.1:9200",
-            show_default=True,
-            help="Cluster base URL (env BMX_UPSTREAM).",
-        ),
-        click.option("--user", envvar="BMX_UPSTREAM_USER", help="Basic-auth user (env BMX_UPSTREAM_USER)."),
-        click.option(
-            "--password",
-            envvar="BMX_UPSTREAM_PASSWORD",
-            help="Basic-auth password (env BMX_UPSTREAM_PASSWORD).",
-        ),
-        click.option(
-            "--header",
-            "header",
-            multiple=True,
-            envvar="BMX_UPSTREAM_HEADER",
-            help="Extra header 'Name: value', e.g. 'Authorization: ApiKey ...' (env BMX_UPSTREAM_HEADER).",
-        ),
+        *UPSTREAM_OPTIONS,
         click.option(
             "--store",
             default=stats_store.DEFAULT_STORE,
@@ -206,10 +187,7 @@ def partial(index: str, fields: tuple[str, ...], part: str, out: str, **opts: An
 
 @command.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--upstream", envvar="BMX_UPSTREAM", default="http://127.0.0.1:9200", show_default=True)
-@click.option("--user", envvar="BMX_UPSTREAM_USER")
-@click.option("--password", envvar="BMX_UPSTREAM_PASSWORD")
-@click.option("--header", "header", multiple=True, envvar="BMX_UPSTREAM_HEADER")
+@upstream_options
 @click.option("--store", envvar="BMX_STATS_INDEX", default=stats_store.DEFAULT_STORE, show_default=True)
 @_length_options
 def merge(
