@@ -132,10 +132,15 @@ def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any]) 
     length = fields.get(f"{field}.{SUFFIX}", {}).get("mapping", {}).get(SUFFIX, {})
     if text.get("type") != "text" or length.get("type") != "token_count":
         return Layout("no_length_field")
-    analyzer = field_analyzer(text, index_settings.get("settings", {}).get("index", {}))
-    if length.get("analyzer") != analyzer or length.get("enable_position_increments", True) is not False:
+    if length != length_mapping(field_analyzer(text, index_settings.get("settings", {}).get("index", {}))):
         return Layout("length_field_differs")
     return Layout(None)
+
+
+def length_mapping(analyzer: str) -> dict[str, Any]:
+    """The length sub-field's mapping: the field's analyzer, every token counted (a removed stop word
+    leaves no hole in the count, as the sidecar counts)."""
+    return {"type": "token_count", "analyzer": analyzer, "enable_position_increments": False}
 
 
 def field_analyzer(text: Mapping[str, Any], index_settings: Mapping[str, Any]) -> str:

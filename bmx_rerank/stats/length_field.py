@@ -39,10 +39,6 @@ class Filled:
     first_failure: str | None = None
 
 
-def length_mapping(analyzer: str) -> dict[str, Any]:
-    return {"type": "token_count", "analyzer": analyzer, "enable_position_increments": False}
-
-
 async def add(cluster: Cluster, index: str, field: str, headers: Mapping[str, str]) -> bool:
     """Put `<field>.len` in the mapping of `index` (one index, its documents written again from
     `_source` by `fill`): True when added, False when it was there already. Refuses, with a 400, what
@@ -76,13 +72,13 @@ async def add(cluster: Cluster, index: str, field: str, headers: Mapping[str, st
     analyzer = in_engine.field_analyzer(text, index_settings)
     have = text.get("fields", {}).get(in_engine.SUFFIX)
     if have is not None:
-        if have == length_mapping(analyzer):
+        if have == in_engine.length_mapping(analyzer):
             return False
         raise bad_request(
             f"[bmx] [{name}] has a sub-field [{field}.{in_engine.SUFFIX}] that is not its length: "
             f"{orjson.dumps(have).decode()}"
         )
-    fields = {**text.get("fields", {}), in_engine.SUFFIX: length_mapping(analyzer)}
+    fields = {**text.get("fields", {}), in_engine.SUFFIX: in_engine.length_mapping(analyzer)}
     body: dict[str, Any] = {**text, "fields": fields}
     for part in reversed(field.split(".")):
         body = {"properties": {part: body}}

@@ -88,6 +88,7 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
         (_mapping(None), _settings(), "no_length_field"),
         (_mapping({**COUNTS, "type": "integer"}), _settings(), "no_length_field"),
         (_mapping({**COUNTS, "analyzer": "english"}), _settings(), "length_field_differs"),
+        (_mapping({**COUNTS, "doc_values": False}), _settings(), "length_field_differs"),  # no other mapping
         (
             _mapping({k: v for k, v in COUNTS.items() if k != "enable_position_increments"}),
             _settings(),
