@@ -55,24 +55,11 @@ from tests.support.data import beir_records
 from tests.support.engine_client import EngineClient
 
 FIELD = "body"
-# BMX's score of one document, from the parameters `script_params` makes; lengths from `body.len`.
-# A document whose first-stage score (`_score`: the rescore query wraps the caller's) is below the
+# BMX's score of one document: `serve --in-engine`'s script, which reads the parameters `script_params`
+# makes. A document whose first-stage score (`_score`: the rescore query wraps the caller's) is below the
 # cutoff lies outside the global window and scores 0. Compared as float32, as the engine scores: the
 # cutoff comes back from JSON as the shortest decimal of a float32, which as a double may lie above it.
-SCRIPT = """
-if ((float) _score < (float) params.cutoff) { return 0; }
-double lnorm = params.alpha * doc['body.len'].value / params.avgdl + params.alpha_ebar;
-double tf_part = 0; double entropy = 0; double matched = 0;
-for (int i = 0; i < params.terms.length; ++i) {
-  double tf = termFreq('body', params.terms[i]);
-  if (tf > 0) {
-    tf_part += params.count[i] * params.idf1[i] * tf / (tf + lnorm);
-    entropy += params.weighted_entropy[i];
-    matched += params.count[i];
-  }
-}
-return tf_part + params.beta * (matched / params.m) * entropy;
-"""
+SCRIPT = "if ((float) _score < (float) params.cutoff) { return 0; }" + in_engine.SCRIPT
 
 
 class Unsupported(Exception):
@@ -187,11 +174,11 @@ def run(
                 asked.append((q, params))
         proxy = Proxy(upstream, index, caches=False, workers=1, loop="uvloop")
         proxies.append(proxy)
-        scoring = Proxy(upstream, index, caches=False, workers=1, loop="uvloop", in_engine=True)
-        proxies.append(scoring)
+        first_sight = Proxy(upstream, index, caches=False, workers=1, loop="uvloop", in_engine=True)
+        proxies.append(first_sight)
         warm = Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True)
         proxies.append(warm)
-        through, scored, warmed = Http(proxy.url), Http(scoring.url), Http(warm.url)
+        through, scored, warmed = Http(proxy.url), Http(first_sight.url), Http(warm.url)
         served_unlike = 0  # pages `serve --in-engine` answers unlike the proxy's own rerank
         differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
         reordered = dict.fromkeys(differ, 0)
