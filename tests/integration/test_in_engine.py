@@ -22,7 +22,7 @@ from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
 from tests.integration.test_proxy_clients import official_client
-from tests.support.corpora import bulk, exact_stats
+from tests.support.corpora import SCIFACT_MAPPINGS, exact_stats, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -33,15 +33,12 @@ pytestmark = pytest.mark.integration
 DOCS, QUERIES = 600, 20
 LENGTH = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
 WITH_LENGTH = {"properties": {"body": {"type": "text", "analyzer": "standard", "fields": {"len": LENGTH}}}}
-WITHOUT = {"properties": {"body": {"type": "text", "analyzer": "standard"}}}
+WITHOUT = SCIFACT_MAPPINGS  # `body` with no length sub-field
 
 
 def _index(engine: EngineClient, mappings: dict, shards: int = 1, docs: int = DOCS) -> str:
     index = f"bmxtest-inengine-{uuid.uuid4().hex[:10]}"
-    settings = {"number_of_shards": shards, "number_of_replicas": 0}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
-    records = scifact_records("corpus.jsonl", docs)
-    bulk(engine, index, {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records})
+    index_scifact(engine, index, scifact_records("corpus.jsonl", docs), shards, mappings=mappings)
     return index
 
 

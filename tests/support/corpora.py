@@ -37,12 +37,18 @@ SCIFACT_MAPPINGS = {"properties": {"body": {"type": "text", "analyzer": "standar
 
 
 def index_scifact(
-    engine: EngineClient, index: str, records: list[dict[str, Any]], shards: int = 1, chunk: int = 0
+    engine: EngineClient,
+    index: str,
+    records: list[dict[str, Any]],
+    shards: int = 1,
+    chunk: int = 0,
+    mappings: dict[str, Any] = SCIFACT_MAPPINGS,
 ) -> None:
-    """Create `index` (`body` with the standard analyzer, `shards` shards, no replica) and load SciFact
-    `records` (`tests.support.data.scifact_records`) into it, `title + " " + text` as `body`."""
+    """Create `index` (`mappings`: by default `body` with the standard analyzer; `shards` shards, no
+    replica) and load SciFact `records` (`tests.support.data.scifact_records`) into it, `title + " " +
+    text` as `body`."""
     settings = {"number_of_shards": shards, "number_of_replicas": 0}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": SCIFACT_MAPPINGS})
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
     docs = {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records}
     bulk(engine, index, docs, chunk=chunk)
 
