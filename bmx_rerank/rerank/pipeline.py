@@ -58,6 +58,7 @@ from bmx_rerank.rerank.term_vector_cache import (
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
+from bmx_rerank.stats.scan import index_path
 from bmx_rerank.stats.source import StatsSource
 from bmx_rerank.upstream import Cluster
 
@@ -358,7 +359,7 @@ class Reranker:
     async def _layout(self, index_expr: str, field: str, headers: Mapping[str, str]) -> in_engine.Layout:
         """What `index_expr` lets the engine score on `field`, read with the caller's own rights (an
         index they may not read is scored by the sidecar, which answers as the cluster does)."""
-        index = quote(index_expr, safe="")
+        index = index_path(index_expr)
         try:
             mapping, settings = await asyncio.gather(
                 self.cluster.request(

@@ -11,17 +11,16 @@ wins, at a bounded rate, with progress. `missing` counts those still without one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
-from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.errors import bad_request
 from bmx_rerank.rerank import in_engine
+from bmx_rerank.stats.scan import close_scroll, index_path
 from bmx_rerank.upstream import Cluster
 
 SCROLL = "2m"  # one batch's write fits in it: a scroll context lives this long between batches
@@ -43,7 +42,7 @@ async def add(cluster: Cluster, index: str, field: str, headers: Mapping[str, st
     """Put `<field>.len` in the mapping of `index` (one index, its documents written again from
     `_source` by `fill`): True when added, False when it was there already. Refuses, with a 400, what
     `fill` could not write back unchanged."""
-    path = f"/{quote(index, safe='')}"
+    path = f"/{index_path(index)}"
     mappings, settings = await asyncio.gather(
         cluster.request("GET", f"{path}/_mapping", None, headers, retried=True),
         cluster.request("GET", f"{path}/_settings", None, headers, retried=True),
@@ -104,7 +103,7 @@ def _lacking(field: str) -> dict[str, Any]:
 
 async def missing(cluster: Cluster, index: str, field: str, headers: Mapping[str, str]) -> int:
     """How many documents of `index` hold `field` but no length (as of the last refresh)."""
-    path = f"/{quote(index, safe='')}/_count"
+    path = f"/{index_path(index)}/_count"
     answer = await cluster.request("POST", path, {"query": _lacking(field)}, headers, retried=True)
     return int(answer["count"])
 
@@ -124,7 +123,7 @@ async def fill(
     end, so `missing` then counts what is left."""
     if not 1 <= batch <= MAX_BATCH:
         raise bad_request(f"[bmx] batch must lie in [1, {MAX_BATCH}], got [{batch}]")
-    path = f"/{quote(index, safe='')}"
+    path = f"/{index_path(index)}"
     total = await missing(cluster, index, field, headers)
     body = {"size": batch, "sort": ["_doc"], "seq_no_primary_term": True, "query": _lacking(field)}
     page = await cluster.request("POST", f"{path}/_search?scroll={SCROLL}", body, headers)
@@ -154,9 +153,7 @@ async def fill(
             )
             scroll_id = page.get("_scroll_id", scroll_id)
     finally:
-        if scroll_id:  # its context freed now, not when it times out
-            with contextlib.suppress(SearchError):
-                await cluster.request("DELETE", "/_search/scroll", {"scroll_id": [scroll_id]}, headers)
+        await close_scroll(cluster, scroll_id, headers)
     await cluster.request("POST", f"{path}/_refresh", None, headers)
     return Filled(written, changed, failed, first_failure)
 

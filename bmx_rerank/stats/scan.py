@@ -225,7 +225,7 @@ async def _scan_scrolls(
             for shard, answer in answers:
                 hits = answer["hits"]["hits"]
                 if not hits:
-                    await _close_scroll(cluster, scrolls.pop(shard), headers)
+                    await close_scroll(cluster, scrolls.pop(shard), headers)
                     continue
                 yield [swept_ref(h, shard) for h in hits] if versions else [_ref(h) for h in hits]
                 answer = await cluster.request(
@@ -239,10 +239,11 @@ async def _scan_scrolls(
             answers = following
     finally:
         for scroll_id in scrolls.values():
-            await _close_scroll(cluster, scroll_id, headers)
+            await close_scroll(cluster, scroll_id, headers)
 
 
-async def _close_scroll(cluster: Cluster, scroll_id: str | None, headers: Mapping[str, str]) -> None:
+async def close_scroll(cluster: Cluster, scroll_id: str | None, headers: Mapping[str, str]) -> None:
+    """Free a scroll's context now, not when it times out; best effort (`_quietly`)."""
     if scroll_id:
         await _quietly(cluster.request("DELETE", "/_search/scroll", {"scroll_id": scroll_id}, headers))
 
