@@ -1,6 +1,7 @@
 """A few-seconds version of benchmarks/in_engine.py (the full run and its figures are in
 benchmarks/RESULTS.md): BMX as a Painless rescore gives the proxy's page on one shard, and over three
-shards when kept to the global window; every way of asking is timed."""
+shards when kept to the global window; `serve --in-engine`'s warm pages come from windows the sidecar
+kept; every way of asking is timed."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         r"answers unlike the proxy's own rerank, or not from the engine: (\d+) of (\d+)", run.stdout
     )
     assert served and served.group(1) == "0" and int(served.group(2)) >= WARMUP, run.stdout
+    warm = re.search(r"or not from a window the sidecar kept: (\d+) of (\d+)", run.stdout)
+    assert warm and warm.group(1) == "0" and warm.group(2) == served.group(2), run.stdout
     reordered = re.search(
         r"pages alike but for the order of hits of equal score: (\d+) .*, (\d+) ", run.stdout
     )
@@ -47,6 +50,7 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         "the same, global window",
         "proxy first sight N",
         "proxy --in-engine first sight N",
+        "proxy --in-engine second sight N",
         "proxy --in-engine warm N",
     ):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)

@@ -84,38 +84,47 @@ def _stats(proxy: ProxyThread, engine: EngineClient, stats: FixedStats, index: s
 
 def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient, proxies) -> None:
     """OpenSearch with a length sub-field on one shard: every page (0-10 and 10-20 of a window of 40,
-    a `match` and a `bool` with a filter) scored in the engine, and the sidecar's own to float32. On
-    Elasticsearch, which has no `termFreq` (and whose integ-test build has no `token_count`), every
-    search is the sidecar's."""
-    stats, scored, reference = proxies
+    a `match` and a `bool` with a filter) scored in the engine, and the sidecar's own to float32. With
+    the term-vector cache on (as served by default), a window asked for again (the next page, or the
+    same) goes the sidecar's way once, which keeps it, and is its warm rerank from then on: the pages
+    still the sidecar's own. On Elasticsearch, which has no `termFreq` (and whose integ-test build has
+    no `token_count`), every search is the sidecar's."""
+    stats, kept, reference = proxies
+    scored = ProxyThread(engine.url, stats, in_engine=True, cache_bytes=0)  # every window the engine's
     mappings = WITH_LENGTH if engine.kind == "opensearch" else WITHOUT
     index = _index(engine, mappings)
+    opensearch = engine.kind == "opensearch"
     try:
         _stats(scored, engine, stats, index)
         for text in _queries():
-            for extra in (
-                {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}},
-                {"from": 10, "size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}},
-                {
-                    "query": {
-                        "bool": {
-                            "must": [{"match": {"body": text}}],
-                            "filter": [{"exists": {"field": "body"}}],
-                        }
+            for extra, again in (
+                ({"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}, False),
+                ({"from": 10, "size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}, True),
+                (
+                    {
+                        "query": {
+                            "bool": {
+                                "must": [{"match": {"body": text}}],
+                                "filter": [{"exists": {"field": "body"}}],
+                            }
+                        },
+                        "size": 10,
+                        "aggs": {"n": {"value_count": {"field": "_seq_no"}}},
+                        "ext": {"bmx": {"field": "body", "window_size": 40}},
                     },
-                    "size": 10,
-                    "aggs": {"n": {"value_count": {"field": "_seq_no"}}},
-                    "ext": {"bmx": {"field": "body", "window_size": 40}},
-                },
+                    False,
+                ),
             ):
-                a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
-                _same_page(a, b)
-                assert a.get("aggregations") == b.get("aggregations")
-                assert a["_bmx"]["tf"] == ("engine" if engine.kind == "opensearch" else b["_bmx"]["tf"])
+                b = search(reference.url, index, text, extra)
                 assert b["_bmx"]["tf"] != "engine"
-                assert a["_bmx"]["mode"] == "bmx" and a["_bmx"]["reranked"] is True
-                assert a["_bmx"]["candidates"] == b["_bmx"]["candidates"] == 40
-                assert "_seq_no" not in a["hits"]["hits"][0], "the sidecar's own fields never show"
+                for proxy, engines in ((scored, opensearch), (kept, opensearch and not again)):
+                    a = search(proxy.url, index, text, extra)
+                    _same_page(a, b)
+                    assert a.get("aggregations") == b.get("aggregations")
+                    assert (a["_bmx"]["tf"] == "engine") == engines, (a["_bmx"], again)
+                    assert a["_bmx"]["mode"] == "bmx" and a["_bmx"]["reranked"] is True
+                    assert a["_bmx"]["candidates"] == b["_bmx"]["candidates"] == 40
+                    assert "_seq_no" not in a["hits"]["hits"][0], "the sidecar's own fields never show"
         # the caller's filter_path applies to the engine's answer as to the sidecar's
         text, extra = _queries()[0], {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
         body = {"query": {"match": {"body": text}}, **extra}
@@ -123,20 +132,24 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient
         a, b = (EngineClient(engine.kind, proxy.url).ok("POST", path, body) for proxy in (scored, reference))
         assert list(a) == ["hits"] and list(a["hits"]["hits"][0]) == ["_id", "_score"], a
         assert [h["_id"] for h in a["hits"]["hits"]] == [h["_id"] for h in b["hits"]["hits"]]
-        outcomes = _outcomes(scored)
-        if engine.kind == "opensearch":
-            assert outcomes == {"scored": 3 * QUERIES + 1}, outcomes
+        # a window the sidecar keeps is its warm rerank: no hit's frequencies asked for again
+        a = search(kept.url, index, text, extra)
+        _same_page(a, search(reference.url, index, text, extra))
+        if opensearch:
+            assert a["_bmx"]["tf"] == "window", a["_bmx"]
+            assert _outcomes(scored) == {"scored": 3 * QUERIES + 1}, _outcomes(scored)
+            assert _outcomes(kept) == {"scored": 2 * QUERIES, "repeated": QUERIES, "kept": 1}, _outcomes(kept)
             return
-        assert outcomes == {"no_length_field": 3 * QUERIES + 1}, outcomes
+        assert _outcomes(scored) == {"no_length_field": 3 * QUERIES + 1}, _outcomes(scored)
         # told the index could be scored there, Elasticsearch refuses the script: the sidecar answers
         layouts = scored.app.state.rerank.layouts
         (key,) = layouts
         layouts[key] = in_engine.Layout(None)
-        text, extra = _queries()[0], {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
         a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
         _same_page(a, b)
         assert _outcomes(scored)["refused"] == 1 and layouts[key].reason == "refused"
     finally:
+        scored.close()
         engine.call("DELETE", f"/{index}")
 
 
@@ -185,9 +198,10 @@ def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, 
             assert a["_bmx"]["tf"] != "engine"
             _same_page(a, b)
         assert _outcomes(scored) == {"scoring": 1, "options": 2, "augment": 1}, _outcomes(scored)
-        # no statistics for the index: the sidecar's rerank says what it says when it has none
+        # no statistics for the index: the sidecar's rerank says what it says when it has none (another
+        # query: the sidecar keeps the windows of those above, whatever their scoring, and would answer)
         del stats.table[(index, "body")]
-        extra = {"size": 10, "ext": {"bmx": {"field": "body"}}}
+        text, extra = _queries()[1], {"size": 10, "ext": {"bmx": {"field": "body"}}}
         a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
         _same_page(a, b)
         assert a["_bmx"] == b["_bmx"], (a["_bmx"], b["_bmx"])
