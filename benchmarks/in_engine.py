@@ -21,11 +21,13 @@ forms: pages unlike, pages alike but for the order of hits of equal score (the e
 shard and document, the proxy by the first stage's order), and over the pages alike the largest
 relative gap between scores (the engine answers float32). Then one client asks, interleaved query by
 query: plain size-10, the engine's `rescore` (window N, a `match`), the Painless BMX rescore (window
-N), the same over the global window (both searches), the proxy's first sight (window N, every
-cache off) and three `serve --in-engine` proxies: every cache off (first sight), caches on and each
-query seen once (its second sight: the sidecar's rerank, which keeps the window), caches on and each
-query seen twice (warm: the window the sidecar kept; those pages are checked too); p50 in ms. Last, `--clients` connections in a closed loop for `--duration` seconds ask
-the engine's rescore, then the Painless one: requests a second, and the second's share of the first.
+N), the same over the global window (both searches), the proxy's first sight (window N, every cache
+off) and warm (caches on, each query seen before), and three `serve --in-engine` proxies: every cache
+off (first sight); caches on and each query seen once (its second sight: the sidecar's rerank, which
+keeps the window); caches on and each query seen twice (warm: the window the sidecar kept; those
+pages are checked too). p50 in ms. Last, `--clients` connections in a closed loop for `--duration`
+seconds ask the engine's rescore, then the Painless one: requests a second, and the second's share of
+the first.
 
 Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
@@ -184,6 +186,9 @@ def run(
         proxies.append(second)
         through, scored, warmed = Http(proxy.url), Http(first_sight.url), Http(warm.url)
         again = Http(second.url)
+        sidecar = Proxy(upstream, index, caches=True, workers=1, loop="uvloop")  # its own warm rerank
+        proxies.append(sidecar)
+        rewarmed = Http(sidecar.url)
         served_unlike = 0  # pages `serve --in-engine` answers unlike the proxy's own rerank
         differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
         reordered = dict.fromkeys(differ, 0)
@@ -213,6 +218,7 @@ def run(
             ),
             "the same, global window": lambda q, p: in_window(engine, index, q, window, p),
             "proxy first sight N": lambda q, _: through.ok("POST", f"/{index}/_search", rerank(q, window)),
+            "proxy warm N": lambda q, _: rewarmed.ok("POST", f"/{index}/_search", rerank(q, window)),
             "proxy --in-engine first sight N": lambda q, _: scored.ok(
                 "POST", f"/{index}/_search", rerank(q, window)
             ),
@@ -228,7 +234,7 @@ def run(
         # twice (the engine, then the sidecar, which kept it): each of its pages is checked again.
         warm_unlike = 0
         for q, _ in asked:
-            for ask in (again, warmed):
+            for ask in (again, warmed, rewarmed):
                 ask.ok("POST", f"/{index}/_search", rerank(q, window))
             warmed.ok("POST", f"/{index}/_search", rerank(q, window))
             answer = warmed.ok("POST", f"/{index}/_search", rerank(q, window))

@@ -49,6 +49,7 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         "painless BMX rescore N",
         "the same, global window",
         "proxy first sight N",
+        "proxy warm N",
         "proxy --in-engine first sight N",
         "proxy --in-engine second sight N",
         "proxy --in-engine warm N",
