@@ -73,7 +73,7 @@ class Metrics:
             "Searches under --in-engine: scored by the engine (scored), else why the sidecar scored them "
             "(shape, scoring, options, augment, request, indices, shards, no_length_field, "
             "length_field_differs, unread: the query's analysis or statistics failed, no_length, refused, no_match, "
-            "kept: the sidecar kept the window whole, repeated: the engine scored it lately, so the sidecar keeps it)",
+            "kept: the sidecar kept the window whole, repeated: the engine scored it often lately, so the sidecar keeps it)",
             ["outcome"],
             registry=self.registry,
         )

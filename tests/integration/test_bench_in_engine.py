@@ -51,7 +51,7 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         "proxy first sight N",
         "proxy warm N",
         "proxy --in-engine first sight N",
-        "proxy --in-engine second sight N",
+        "proxy --in-engine sight that keeps N",
         "proxy --in-engine warm N",
     ):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
