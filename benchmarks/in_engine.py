@@ -25,15 +25,17 @@ N), the same over the global window (both searches), the proxy's first sight (wi
 off) and warm (caches on, each query seen before), and three `serve --in-engine` proxies: every cache
 off (first sight); caches on and each query seen ENGINE_SIGHTS times (the sight after: the sidecar's
 rerank, which keeps the window); caches on and each query seen once more (warm: the window the
-sidecar kept; those pages are checked too). p50 in ms. Last, `--clients` connections in a closed loop for `--duration`
-seconds ask the engine's rescore, then the Painless one: requests a second, and the second's share of
-the first.
+sidecar kept; those pages are checked too). p50 in ms. Then a query log where queries repeat
+(`--log` searches, Zipf `--zipf`), one at a time to `rescore` and to three new proxies: the mean ms a
+search (`query_log`). Last, `--clients` connections in a closed loop for `--duration` seconds ask the
+engine's rescore, then the Painless one: requests a second, and the second's share of the first.
 
 Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
 
     .venv/bin/python -m benchmarks.in_engine [--upstream http://127.0.0.1:9201] [--queries 220]
         [--window 100] [--shards 1] [--docs 0] [--clients 8] [--duration 3] [--dataset scifact]
+        [--log 2000] [--zipf 1.0]
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ def run(
     shards: int,
     clients: int,
     seconds: float,
+    log: int = 0,
+    zipf: float = 1.0,
 ) -> dict[str, Any]:
     """Index `docs`, compare every query's pages with the proxy's, then time each way of asking."""
     engine = Http(upstream)
@@ -252,6 +256,7 @@ def run(
                 ask(q, params)
                 if i >= WARMUP:
                     times[way].append((time.perf_counter() - start) * 1000)
+        logged = query_log(upstream, index, asked, window, log, zipf) if log else {}
         throughput = {}
         if clients > 1:  # a closed loop of `clients` connections straight to the engine, each way alone
             for way, make in (
@@ -271,12 +276,53 @@ def run(
             "served_unlike": served_unlike,
             "warm_unlike": warm_unlike,
             "p50": p50,
+            "log": logged,
             "rps": throughput,
         }
     finally:
         for running in proxies:
             running.stop()
         engine.call("DELETE", f"/{index}")
+
+
+def query_log(
+    upstream: str, index: str, asked: list[tuple[str, dict[str, Any]]], window: int, length: int, zipf: float
+) -> dict[str, Any]:
+    """A query log where queries repeat: `length` searches drawn from `asked` with Zipf weights
+    (rank^-zipf, in a shuffled order), sent one at a time to the engine's `rescore` and to three new
+    proxies, each with its caches empty: the sidecar's rerank, `--in-engine` with its caches on (a
+    window kept by the sidecar after ENGINE_SIGHTS sights of the engine's) and with them off (every
+    window the engine's). The mean ms a search, each way (a log's cost is its sum, not its median)."""
+    rng = np.random.default_rng(18)
+    order = rng.permutation(len(asked))
+    weights = 1.0 / np.arange(1, len(asked) + 1) ** zipf
+    drawn = [asked[order[i]][0] for i in rng.choice(len(asked), size=length, p=weights / weights.sum())]
+    proxies = [
+        Proxy(upstream, index, caches=True, workers=1, loop="uvloop"),
+        Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True),
+        Proxy(upstream, index, caches=False, workers=1, loop="uvloop", in_engine=True),
+    ]
+    try:
+        ways = {
+            "rescore N": (Http(upstream), lambda q: rescore(q, window)),
+            "proxy": (Http(proxies[0].url), lambda q: rerank(q, window)),
+            "proxy --in-engine": (Http(proxies[1].url), lambda q: rerank(q, window)),
+            "proxy --in-engine, caches off": (Http(proxies[2].url), lambda q: rerank(q, window)),
+        }
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for q in drawn:
+            for way, (http, body) in ways.items():
+                start = time.perf_counter()
+                http.ok("POST", f"/{index}/_search", body(q))
+                times[way].append((time.perf_counter() - start) * 1000)
+    finally:
+        for running in proxies:
+            running.stop()
+    return {
+        "searches": length,
+        "queries": len(set(drawn)),
+        "mean": {way: statistics.fmean(t) for way, t in times.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,11 +339,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--clients", type=int, default=8, help="the closed loop's connections (1: none)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds of each closed loop")
+    parser.add_argument("--log", type=int, default=2000, help="searches in the query log (0: none)")
+    parser.add_argument("--zipf", type=float, default=1.0, help="the query log's Zipf exponent")
     args = parser.parse_args(argv)
     queries = [q["text"] for q in beir_records(args.dataset, "queries.jsonl", args.queries)]
     try:
         docs = beir_records(args.dataset, "corpus.jsonl", args.docs)
-        result = run(args.upstream, queries, docs, args.window, args.shards, args.clients, args.duration)
+        result = run(
+            args.upstream,
+            queries,
+            docs,
+            args.window,
+            args.shards,
+            args.clients,
+            args.duration,
+            args.log,
+            args.zipf,
+        )
     except Unsupported as exc:
         print(f"needs OpenSearch with mapper-extras and lang-painless: {exc}", file=sys.stderr)
         return 2
@@ -327,6 +385,15 @@ def main(argv: list[str] | None = None) -> int:
     print("| way of asking | p50 ms | / engine rescore |\n|---|---|---|")
     for way in p50:
         print(f"| {way} | {p50[way]:.2f} | {p50[way] / p50['rescore N']:.2f}x |")
+    if result["log"]:
+        logged, mean = result["log"], result["log"]["mean"]
+        print(
+            f"a query log of {logged['searches']} searches over {logged['queries']} queries "
+            f"(Zipf {args.zipf}), caches empty at its start:"
+        )
+        print("| way of asking | mean ms | / engine rescore |\n|---|---|---|")
+        for way in mean:
+            print(f"| {way} | {mean[way]:.2f} | {mean[way] / mean['rescore N']:.2f}x |")
     if result["rps"]:
         rps = result["rps"]
         print(

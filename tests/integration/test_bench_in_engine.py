@@ -20,7 +20,7 @@ PAGES = (
 def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient) -> None:
     """On each OpenSearch; the integ-test Elasticsearch has no `token_count`, and the run says so."""
     args = ["--upstream", engine.url, "--queries", str(WARMUP + 6), "--docs", "500", "--window", "40"]
-    args += ["--clients", "2", "--duration", "0.5"]
+    args += ["--clients", "2", "--duration", "0.5", "--log", "40"]
     run = run_benchmark("in_engine", *args)
     if engine.kind == "elasticsearch":
         assert run.returncode == 2, run.stderr[-2000:]
@@ -55,6 +55,10 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         "proxy --in-engine warm N",
     ):
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
+    log = r"a query log of 40 searches over (\d+) queries \(Zipf 1.0\), caches empty at its start:"
+    assert (logged := re.search(log, run.stdout)) and 1 < int(logged.group(1)) < 40, run.stdout
+    for way in ("proxy", "proxy --in-engine", "proxy --in-engine, caches off"):
+        assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
     loop = r"^2 clients: rescore N \d+ req/s, painless BMX rescore N \d+ req/s \(\d+ % of rescore\)$"
     assert re.search(loop, run.stdout, re.M), run.stdout
 
@@ -63,7 +67,7 @@ def test_small_in_engine_run_over_three_shards_keeps_to_the_global_window(opense
     """A `rescore` window is per shard: over 3 shards a window of 10 (the page) reranks up to 30 hits,
     so pages unlike the proxy's come out, and are counted; with the global window's cutoff, none."""
     args = ["--upstream", opensearch_url, "--queries", str(WARMUP + 3), "--docs", "500", "--window", "10"]
-    args += ["--clients", "1"]  # no closed loop
+    args += ["--clients", "1", "--log", "0"]  # no closed loop, no query log
     run = run_benchmark("in_engine", *args, "--shards", "3")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "3 shard(s), window 10" in run.stdout
