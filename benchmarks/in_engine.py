@@ -28,7 +28,8 @@ rerank, which keeps the window); caches on and each query seen once more (warm: 
 sidecar kept; those pages are checked too). p50 in ms. Then a query log where queries repeat
 (`--log` searches, Zipf `--zipf`), one at a time to `rescore` and to three new proxies: the mean ms a
 search (`query_log`). Last, `--clients` connections in a closed loop for `--duration` seconds ask the
-engine's rescore, then the Painless one: requests a second, and the second's share of the first.
+engine's rescore, the Painless one, and the sidecar's warm rerank and `--in-engine`'s first sights and
+warm reranks through their proxies: requests a second, and each one's share of the rescore's.
 
 Needs OpenSearch with lang-painless and mapper-extras, as `bmx-rerank engine start opensearch` installs
 them (the integ-test zip lacks both; Elasticsearch publishes neither to Maven Central).
@@ -258,13 +259,16 @@ def run(
                     times[way].append((time.perf_counter() - start) * 1000)
         logged = query_log(upstream, index, asked, window, log, zipf) if log else {}
         throughput = {}
-        if clients > 1:  # a closed loop of `clients` connections straight to the engine, each way alone
-            for way, make in (
-                ("rescore N", lambda q, _: rescore(q, window)),
-                ("painless BMX rescore N", lambda q, p: painless(q, window, p)),
+        if clients > 1:  # a closed loop of `clients` connections, each way alone
+            for way, url, make in (
+                ("rescore N", upstream, lambda q, _: rescore(q, window)),
+                ("painless BMX rescore N", upstream, lambda q, p: painless(q, window, p)),
+                ("proxy warm N", sidecar.url, lambda q, _: rerank(q, window)),
+                ("proxy --in-engine first sight N", first_sight.url, lambda q, _: rerank(q, window)),
+                ("proxy --in-engine warm N", warm.url, lambda q, _: rerank(q, window)),
             ):
                 bodies = [json.dumps(make(q, p)).encode() for q, p in asked]
-                loop = closed_loop(upstream, f"/{index}/_search", bodies, clients, seconds)
+                loop = closed_loop(url, f"/{index}/_search", bodies, clients, seconds)
                 throughput[way] = asyncio.run(loop)["rps"]
         p50 = {way: statistics.median(t) for way, t in times.items()}
         return {
@@ -401,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{rps['painless BMX rescore N']:.0f} req/s "
             f"({100 * rps['painless BMX rescore N'] / rps['rescore N']:.0f} % of rescore)"
         )
+        print(f"| {args.clients} clients, way of asking | req/s | / engine rescore |\n|---|---|---|")
+        for way, each in rps.items():
+            print(f"| {way} | {each:.0f} | {100 * each / rps['rescore N']:.0f} % |")
     return 0
 
 

@@ -61,6 +61,8 @@ def test_small_in_engine_run_matches_the_proxy_on_one_shard(engine: EngineClient
         assert re.search(rf"^\| {way} \| [\d.]+ \| [\d.]+x \|$", run.stdout, re.M), (way, run.stdout)
     loop = r"^2 clients: rescore N \d+ req/s, painless BMX rescore N \d+ req/s \(\d+ % of rescore\)$"
     assert re.search(loop, run.stdout, re.M), run.stdout
+    for way in ("proxy warm N", "proxy --in-engine first sight N", "proxy --in-engine warm N"):
+        assert re.search(rf"^\| {way} \| \d+ \| \d+ % \|$", run.stdout, re.M), (way, run.stdout)
 
 
 def test_small_in_engine_run_over_three_shards_keeps_to_the_global_window(opensearch_url: str) -> None:
