@@ -188,13 +188,13 @@ def run(
         proxies.append(first_sight)
         warm = Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True)
         proxies.append(warm)
-        second = Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True)
-        proxies.append(second)
+        keeping = Proxy(upstream, index, caches=True, workers=1, loop="uvloop", in_engine=True)
+        proxies.append(keeping)
         through, scored, warmed = Http(proxy.url), Http(first_sight.url), Http(warm.url)
-        again = Http(second.url)
-        sidecar = Proxy(upstream, index, caches=True, workers=1, loop="uvloop")  # its own warm rerank
-        proxies.append(sidecar)
-        rewarmed = Http(sidecar.url)
+        keeps = Http(keeping.url)
+        sidecar_warm = Proxy(upstream, index, caches=True, workers=1, loop="uvloop")  # its own warm rerank
+        proxies.append(sidecar_warm)
+        rewarmed = Http(sidecar_warm.url)
         served_unlike = 0  # pages `serve --in-engine` answers unlike the proxy's own rerank
         differ, worst, tied = {"per shard": 0, "global": 0}, 0.0, 0
         reordered = dict.fromkeys(differ, 0)
@@ -228,7 +228,7 @@ def run(
             "proxy --in-engine first sight N": lambda q, _: scored.ok(
                 "POST", f"/{index}/_search", rerank(q, window)
             ),
-            "proxy --in-engine sight that keeps N": lambda q, _: again.ok(
+            "proxy --in-engine sight that keeps N": lambda q, _: keeps.ok(
                 "POST", f"/{index}/_search", rerank(q, window)
             ),
             "proxy --in-engine warm N": lambda q, _: warmed.ok(
@@ -243,7 +243,7 @@ def run(
         for q, _ in asked:
             rewarmed.ok("POST", f"/{index}/_search", rerank(q, window))
             for _ in range(ENGINE_SIGHTS):
-                for ask in (again, warmed):
+                for ask in (keeps, warmed):
                     ask.ok("POST", f"/{index}/_search", rerank(q, window))
             warmed.ok("POST", f"/{index}/_search", rerank(q, window))
             answer = warmed.ok("POST", f"/{index}/_search", rerank(q, window))
@@ -263,7 +263,7 @@ def run(
             for way, url, make in (
                 ("rescore N", upstream, lambda q, _: rescore(q, window)),
                 ("painless BMX rescore N", upstream, lambda q, p: painless(q, window, p)),
-                ("proxy warm N", sidecar.url, lambda q, _: rerank(q, window)),
+                ("proxy warm N", sidecar_warm.url, lambda q, _: rerank(q, window)),
                 ("proxy --in-engine first sight N", first_sight.url, lambda q, _: rerank(q, window)),
                 ("proxy --in-engine warm N", warm.url, lambda q, _: rerank(q, window)),
             ):

@@ -55,6 +55,17 @@ def proxies(engine: EngineClient) -> Iterator[tuple[FixedStats, ProxyThread, Pro
         reference.close()
 
 
+@pytest.fixture
+def engine_only(engine: EngineClient, proxies) -> Iterator[ProxyThread]:
+    """A proxy under `--in-engine` with no term-vector cache: nothing kept, every window the engine's."""
+    stats, _, _ = proxies
+    proxy = ProxyThread(engine.url, stats, in_engine=True, cache_bytes=0)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
 def _queries() -> list[str]:
     return [q["text"] for q in scifact_records("queries.jsonl", QUERIES)]
 
@@ -83,7 +94,9 @@ def _stats(proxy: ProxyThread, engine: EngineClient, stats: FixedStats, index: s
     stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
 
 
-def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient, proxies) -> None:
+def test_a_window_scored_in_the_engine_is_the_sidecars_page(
+    engine: EngineClient, proxies, engine_only: ProxyThread
+) -> None:
     """OpenSearch with a length sub-field on one shard: every page (0-10 and 10-20 of a window of 40,
     a `match` and a `bool` with a filter) scored in the engine, and the sidecar's own to float32. With
     the term-vector cache on (as served by default), a window asked for more than ENGINE_SIGHTS times
@@ -91,7 +104,7 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient
     rerank from then on: the pages still the sidecar's own. On Elasticsearch, which has no `termFreq`
     (and whose integ-test build has no `token_count`), every search is the sidecar's."""
     stats, kept, reference = proxies
-    scored = ProxyThread(engine.url, stats, in_engine=True, cache_bytes=0)  # every window the engine's
+    scored = engine_only
     mappings = WITH_LENGTH if engine.kind == "opensearch" else WITHOUT
     index = _index(engine, mappings)
     opensearch = engine.kind == "opensearch"
@@ -153,7 +166,6 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(engine: EngineClient
         _same_page(a, b)
         assert _outcomes(scored)["refused"] == 1 and layouts[key].reason == "refused"
     finally:
-        scored.close()
         engine.call("DELETE", f"/{index}")
 
 
