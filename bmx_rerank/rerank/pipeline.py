@@ -310,9 +310,10 @@ class Reranker:
             if (layout := self.layouts.get(key)) is None:
                 layout = self.layouts[key] = await self._layout(index_expr, leaf.field, headers)
             why = layout.reason
-        seen = None  # with no term-vector cache (`remember_windows` off) nothing is kept: all the engine's
+        digest = seen = None  # with no term-vector cache (`remember_windows` off) nothing is kept
         if why is None and self.prober.remember_windows:
-            seen = (who, window_digest(index_expr, plan))
+            digest = window_digest(index_expr, plan)
+            seen = (who, digest)
             if self._kept(seen):
                 why = "kept"
             elif self.engine_scored.get(seen, 0) >= ENGINE_SIGHTS:
@@ -339,7 +340,7 @@ class Reranker:
         if params is None:  # no document holds a token: the sidecar's rerank declines it
             self.metrics.in_engine.labels("no_match").inc()
             return None
-        _, search_params = window_request(index_expr, plan)
+        _, search_params = window_request(index_expr, plan, digest)
         answer = await first_stage(in_engine.rescored(plan, params), search_params)
         if answer.status >= 300 or answer.data is None:
             why = "no_length" if in_engine.no_length(answer.raw) else "refused"
