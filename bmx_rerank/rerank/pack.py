@@ -106,7 +106,7 @@ def pack(
     page = []
     keep_version = wants_version(plan)
     for i in order[plan.from_ : plan.from_ + plan.size]:
-        hit = _strip(hits[i], plan.wants_seq_no, keep_version)
+        hit = strip(hits[i], plan.wants_seq_no, keep_version)
         hit["_score"] = float(final[i])
         if spec.explain:
             hit["_bmx_explanation"] = _combined_explanation(
@@ -126,7 +126,7 @@ def fallback(response: Mapping[str, Any], plan: Plan, marker: Mapping[str, Any])
     hits_obj = dict(out.get("hits", {}))
     hits = hits_obj.get("hits", [])
     hits_obj["hits"] = [
-        _strip(h, plan.wants_seq_no, wants_version(plan)) for h in hits[plan.from_ : plan.from_ + plan.size]
+        strip(h, plan.wants_seq_no, wants_version(plan)) for h in hits[plan.from_ : plan.from_ + plan.size]
     ]
     out["hits"] = hits_obj
     out["_bmx"] = dict(marker)
@@ -193,6 +193,7 @@ def wants_version(plan: Plan) -> bool:
     return (plan.body or {}).get("version") is True or (value is not None and value.lower() in ("", "true"))
 
 
-def _strip(hit: Mapping[str, Any], keep_seq: bool, keep_version: bool = True) -> dict[str, Any]:
+def strip(hit: Mapping[str, Any], keep_seq: bool, keep_version: bool = True) -> dict[str, Any]:
+    """A hit without the version fields the window asked for and the caller did not."""
     drop = (() if keep_seq else SEQ_FIELDS) + (() if keep_version else ("_version",))
     return {k: v for k, v in hit.items() if k not in drop}

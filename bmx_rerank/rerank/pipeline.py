@@ -43,7 +43,7 @@ from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies, probed_bytes
 from bmx_rerank.rerank.hits import HitColumns
-from bmx_rerank.rerank.pack import SEQ_FIELDS, fallback, pack, wants_version
+from bmx_rerank.rerank.pack import fallback, pack, strip, wants_version
 from bmx_rerank.rerank.plan import Plan
 from bmx_rerank.rerank.probing import Prober
 from bmx_rerank.rerank.query import Text, fields
@@ -354,7 +354,7 @@ class Reranker:
             self.metrics.in_engine.labels("no_match").inc()  # nothing matched: declined, as the sidecar does
             return None
         if not plan.wants_seq_no:
-            hits_obj["hits"] = [{k: v for k, v in h.items() if k not in SEQ_FIELDS} for h in hits]
+            hits_obj["hits"] = [strip(h, keep_seq=False) for h in hits]
         marker = {
             "reranked": True,
             **spec.marker(),
