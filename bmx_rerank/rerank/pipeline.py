@@ -361,10 +361,7 @@ class Reranker:
             "fields": [leaf.field],
             "combine": "replace",
             "tf": "engine",  # scored by the engine: no hit's frequencies or length came to the sidecar
-            "estimated": view.estimated,
-            "estimated_fields": [leaf.field] if view.estimated else [],
-            "stale": view.stale,
-            "built_at": view.built_at,
+            **_statistics_marker([leaf.field], [view]),
             "candidates": _window_hits(hits_obj.get("total"), spec.window_size),
             "dropped": 0,
             "fetch": "page",  # stored fields read for the page's hits alone
@@ -765,11 +762,7 @@ class Reranker:
             # where the frequencies came from, and why the first stage carried no probes (None: it did)
             "tf": source,
             "tf_probes": window.unprobed_because,
-            "estimated": any(v.estimated for v in views),
-            # which fields have no exact snapshot (a policy scores a query's other fields too)
-            "estimated_fields": [f for f, v in zip(names, views, strict=True) if v.estimated],
-            "stale": any(v.stale for v in views),
-            "built_at": min((v.built_at for v in views if v.built_at), default=None),
+            **_statistics_marker(names, views),
             "candidates": len(hits),
             "dropped": len(hits) - len(alive),
             # where the hits' stored fields were read: each hit of the window, or the page's alone
@@ -974,6 +967,17 @@ class Reranker:
         # The lookup's coroutine is made here, inside the task: a task cancelled before it ran then
         # leaves no coroutine that was never awaited.
         return await self.metrics.timed("stats", self.stats.get(index_expr, field, headers))
+
+
+def _statistics_marker(names: Sequence[str], views: Sequence[StatsView]) -> dict[str, Any]:
+    """What the marker says of the statistics a rerank scored `names` with (`views`, one a field)."""
+    return {
+        "estimated": any(v.estimated for v in views),
+        # which fields have no exact snapshot (a policy scores a query's other fields too)
+        "estimated_fields": [f for f, v in zip(names, views, strict=True) if v.estimated],
+        "stale": any(v.stale for v in views),
+        "built_at": min((v.built_at for v in views if v.built_at), default=None),
+    }
 
 
 def _window_hits(total: Any, window_size: int) -> int | None:
