@@ -48,18 +48,8 @@ def add(index: str, field: str, batch: int, rate: float, no_progress: bool, **op
     async def go(cluster: Cluster) -> tuple[bool, length_field.Filled, int]:
         added = await length_field.add(cluster, index, field, headers)
         with _bar(no_progress) as bar:
-            seen = 0
-
-            def progress(done: int, total: int) -> None:
-                nonlocal seen
-                if bar is not None:
-                    if bar.total != total:
-                        bar.total = total
-                    bar.update(done - seen)
-                seen = done
-
             filled = await length_field.fill(
-                cluster, index, field, headers, batch=batch, rate=rate, progress=progress
+                cluster, index, field, headers, batch=batch, rate=rate, progress=bar
             )
         return added, filled, await length_field.missing(cluster, index, field, headers)
 

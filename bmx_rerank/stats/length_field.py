@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import orjson
 from bmx_rerank.errors import bad_request
 from bmx_rerank.rerank import in_engine
 from bmx_rerank.stats.scan import close_scroll, index_path
+from bmx_rerank.stats.sweep import Progress
 from bmx_rerank.upstream import Cluster
 
 SCROLL = "2m"  # one batch's write fits in it: a scroll context lives this long between batches
@@ -116,11 +117,12 @@ async def fill(
     *,
     batch: int = 500,
     rate: float = 0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> Filled:
     """Write every document of `index` that lacks a length again, unchanged, `batch` at a time and at
-    most `rate` a second (0: unbounded); `progress(done, total)` after each batch. Refreshes at the
-    end, so `missing` then counts what is left."""
+    most `rate` a second (0: unbounded), reporting to `progress` (its total with the first batch, so a
+    bar opens only where there is something to fill). Refreshes at the end, so `missing` then counts
+    what is left."""
     if not 1 <= batch <= MAX_BATCH:
         raise bad_request(f"[bmx] batch must lie in [1, {MAX_BATCH}], got [{batch}]")
     path = f"/{index_path(index)}"
@@ -143,9 +145,11 @@ async def fill(
                 else:
                     failed += 1
                     first_failure = first_failure or orjson.dumps(result.get("error")).decode()[:300]
-            done += len(hits)
             if progress is not None:
-                progress(done, total)
+                if done == 0:
+                    progress.total = total
+                progress.update(len(hits))
+            done += len(hits)
             if rate > 0:  # no faster than `rate` documents a second, over the whole fill
                 await asyncio.sleep(max(0.0, done / rate - (time.monotonic() - start)))
             page = await cluster.request(

@@ -292,18 +292,23 @@ def test_a_fill_leaves_what_was_written_or_deleted_meanwhile(engine: EngineClien
     rewritten, deleted = ids[::24], ids[5::24]
     meddled: list[int] = []
 
-    def meanwhile(done: int, total: int) -> None:
-        if not meddled:
-            meddled.append(done)
-            for doc in rewritten:
-                engine.ok("PUT", f"/{index}/_doc/{doc}", {"body": f"rewritten {doc}"})
-            for doc in deleted:
-                engine.ok("DELETE", f"/{index}/_doc/{doc}")
+    class Meanwhile:
+        """The fill's progress: after its first batch, documents are rewritten and deleted."""
+
+        total: float | None = None
+
+        def update(self, n: float = 1) -> None:
+            if not meddled:
+                meddled.append(int(n))
+                for doc in rewritten:
+                    engine.ok("PUT", f"/{index}/_doc/{doc}", {"body": f"rewritten {doc}"})
+                for doc in deleted:
+                    engine.ok("DELETE", f"/{index}/_doc/{doc}")
 
     async def go() -> length_field.Filled:
         async with aiohttp.ClientSession() as session:
             return await length_field.fill(
-                Cluster(session, engine.url), index, "body", {}, batch=20, progress=meanwhile
+                Cluster(session, engine.url), index, "body", {}, batch=20, progress=Meanwhile()
             )
 
     try:
