@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from bmx_rerank.cli.options import upstream_options
-from bmx_rerank.cli.stats import _bar, connection, run_with_cluster
+from bmx_rerank.cli.stats import connection, progress_bar, run_with_cluster
 from bmx_rerank.stats import length_field
 from bmx_rerank.upstream import Cluster
 
@@ -47,7 +47,7 @@ def add(index: str, field: str, batch: int, rate: float, no_progress: bool, **op
 
     async def go(cluster: Cluster) -> tuple[bool, length_field.Filled, int]:
         added = await length_field.add(cluster, index, field, headers)
-        with _bar(no_progress) as bar:
+        with progress_bar(no_progress) as bar:
             filled = await length_field.fill(
                 cluster, index, field, headers, batch=batch, rate=rate, progress=bar
             )

@@ -238,7 +238,7 @@ def _sweep(
     base, headers = connection(opts["upstream"], opts["user"], opts["password"], opts["header"])
 
     async def go(cluster: Cluster) -> T:
-        with _bar(opts["no_progress"]) as bar:
+        with progress_bar(opts["no_progress"]) as bar:
             return await call(
                 cluster, index, field, headers, sweep, store=opts["store"], progress=bar, **extra
             )
@@ -382,7 +382,7 @@ class _LazyBar:
             self._bar = None
 
 
-class _bar:
+class progress_bar:
     """Context manager for an optional `_LazyBar`."""
 
     def __init__(self, disabled: bool) -> None:
