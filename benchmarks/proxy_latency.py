@@ -25,6 +25,13 @@ Ways of asking, per window N (10, 100, 1000):
   rerank first N  the same through the first-sight proxy
   rerank fresh N  the warm proxy's own first sight of the window, the one before "rerank warm" (one
                   client): a first sight with the caches on, as shipped, which also fills them
+  rerank first --in-engine N  through a `serve --in-engine` proxy, every cache off: the window scored
+                  by the engine's Painless rescore (each page's scores checked against the sidecar's)
+  rerank warm --in-engine N   through a `serve --in-engine` proxy with its caches, after the engine
+                  scored the window ENGINE_SIGHTS times and the sidecar kept it (checked: the same
+                  page as "rerank again")
+                  Both only on one shard, where the cluster has lang-painless and mapper-extras (the
+                  index then has `serve --in-engine`'s `body.len`; `--no-in-engine`: neither)
 
 One client (this process, one keep-alive connection): every query is sent every way in turn,
 interleaved, so drift hits all rows alike. 8 and 32 clients: a closed loop of that many connections
@@ -36,6 +43,7 @@ as JSON and a plot (p50 at one client vs window, one line per way of asking, one
 
     .venv/bin/python -m benchmarks.proxy_latency [--engines es,os] [--queries 120] [--windows 10,100,1000]
         [--clients 1,8,32] [--duration 4] [--workers 1,2] [--loop uvloop] [--plot benchmarks/latency.png]
+        [--no-in-engine]
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.support.corpora import index_scifact
+from tests.support.corpora import SCIFACT_MAPPINGS, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.net import free_port
@@ -101,10 +109,18 @@ class Http:
         return answer
 
 
-def index_corpus(engine: Http, index: str, docs: list[dict], shards: int = 1) -> None:
+def index_corpus(engine: Http, index: str, docs: list[dict], shards: int = 1, lengths: bool = False) -> None:
     """SciFact records into a fresh index (1 shard unless said), as every benchmark of the proxy's
-    latency uses it."""
-    index_scifact(EngineClient("?", engine.url), index, docs, shards=shards, chunk=1000)
+    latency uses it; `lengths`: with the `token_count` sub-field `serve --in-engine` reads (as `bmx-rerank
+    lengths add` makes it), refused where the cluster has no `token_count`."""
+    mappings = SCIFACT_MAPPINGS
+    if lengths:
+        from bmx_rerank.rerank import in_engine  # not in versions before `--in-engine` (ab_proxies' trees)
+
+        body = {**SCIFACT_MAPPINGS["properties"]["body"]}
+        body["fields"] = {in_engine.SUFFIX: in_engine.length_mapping(body["analyzer"])}
+        mappings = {"properties": {"body": body}}
+    index_scifact(EngineClient("?", engine.url), index, docs, shards=shards, chunk=1000, mappings=mappings)
 
 
 # ---- the proxy, in child processes ------------------------------------------------------------------
@@ -574,6 +590,7 @@ def client_relay_child(upstream: str, port: int, loop: str) -> None:
 # The direct size-10 search at several clients, its answers gzipped: what compression costs the engine
 GZIP = "plain size-10, gzip"
 RELAYS = {"bare relay": "aiohttp", "client relay": "client", "protocol relay": "protocol"}  # row: kind
+ENGINE_FIRST, ENGINE_WARM = IN_ENGINE = ("rerank first --in-engine", "rerank warm --in-engine")
 
 
 def ahead_served(proxy: Http) -> tuple[float, float]:
@@ -728,8 +745,13 @@ def sequential(
     index: str,
     queries: list[str],
     windows: list[int],
+    engine_scored: tuple[Http, Http] | None = None,
 ) -> dict[tuple[str, int], list[float]]:
-    """One client: every way of asking per query, interleaved."""
+    """One client: every way of asking per query, interleaved. `engine_scored`: two `serve --in-engine`
+    proxies, every cache off (each search a first sight, scored in the engine) and caches on (its warm
+    rerank: the window the sidecar kept after the engine scored it ENGINE_SIGHTS times)."""
+    if engine_scored is not None:
+        from bmx_rerank.rerank.pipeline import ENGINE_SIGHTS
     times: dict[tuple[str, int], list[float]] = {}
     path = f"/{index}/_search"
 
@@ -763,6 +785,23 @@ def sequential(
             assert scores(again) == scores(answer), (scores(again), scores(answer))
             answer = timed("rerank first", n, first, rerank(q, n))
             assert answer["_bmx"]["reranked"] is True, answer["_bmx"]
+            if engine_scored is not None:
+                scored, kept = engine_scored
+                # the engine's float32 scores against the sidecar's float64 (ties may swap hits, not
+                # scores)
+                inside = timed(ENGINE_FIRST, n, scored, rerank(q, n))
+                assert inside["_bmx"]["tf"] == "engine", inside["_bmx"]
+                ours, theirs = ([s for _, s in scores(a)] for a in (answer, inside))
+                assert len(ours) == len(theirs), (ours, theirs)
+                gap = max(
+                    (abs(a - b) / max(abs(a), 1e-9) for a, b in zip(ours, theirs, strict=True)), default=0.0
+                )
+                assert gap < 1e-6, (ours, theirs)
+                for _ in range(ENGINE_SIGHTS + 1):  # the engine's sights, then the one that keeps it
+                    kept.ok("POST", path, rerank(q, n))
+                repeat = timed(ENGINE_WARM, n, kept, rerank(q, n))
+                assert repeat["_bmx"]["tf"] == "window", repeat["_bmx"]
+                assert scores(repeat) == scores(again), (scores(repeat), scores(again))
     return times
 
 
@@ -800,10 +839,23 @@ async def closed_loop(
     return {**summary(latencies), "rps": len(latencies) / elapsed}
 
 
+def modules(engine: Http) -> set[str]:
+    """The modules and plugins every node of the cluster has."""
+    nodes = engine.ok("GET", "/_nodes/plugins")["nodes"].values()
+    return set.intersection(
+        *({m["name"] for m in n.get("modules", []) + n.get("plugins", [])} for n in nodes)
+    )
+
+
 def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) -> list[dict]:
     engine = Http(url)
     index = f"bmxtest-proxy-bench-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, docs, args.shards)
+    # `--in-engine` scores one shard's window in the engine, with the index's length sub-field
+    missing = {"mapper-extras", "lang-painless"} - modules(engine)
+    in_engine = args.in_engine and args.shards == 1 and not missing
+    if args.in_engine and missing:  # Elasticsearch's integ-test build: neither
+        print(f"{name}: no --in-engine rows: the cluster lacks {', '.join(sorted(missing))}")
+    index_corpus(engine, index, docs, args.shards, lengths=in_engine)
     windows = [int(w) for w in args.windows.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
@@ -811,6 +863,9 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
         ("warm", 1): Proxy(url, index, caches=True, workers=1, loop=args.loop),
         ("first", 1): Proxy(url, index, caches=False, workers=1, loop=args.loop),
     }
+    if in_engine:
+        proxies[ENGINE_FIRST, 1] = Proxy(url, index, caches=False, workers=1, loop=args.loop, in_engine=True)
+        proxies[ENGINE_WARM, 1] = Proxy(url, index, caches=True, workers=1, loop=args.loop, in_engine=True)
     for row, kind in RELAYS.items():
         proxies[row, 1] = Proxy(url, index, caches=False, workers=1, loop=args.loop, relay=kind)
     by_url = {p.url: p for p in proxies.values()}
@@ -818,13 +873,16 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
     try:
         warm, first = Http(proxies["warm", 1].url), Http(proxies["first", 1].url)
         relays = {row: Http(proxies[row, 1].url) for row in RELAYS}
+        scored = (
+            (Http(proxies[ENGINE_FIRST, 1].url), Http(proxies[ENGINE_WARM, 1].url)) if in_engine else None
+        )
         for q in queries[:WARMUP]:  # JIT, caches, connections; other queries than the measured ones
-            for conn in (engine, warm, first):
+            for conn in (engine, warm, first, *(scored or ())):
                 conn.ok("POST", f"/{index}/_search", rerank(q, 100) if conn is not engine else plain(q, 100))
         measured = queries[WARMUP:]
         start = time.perf_counter()
         served = ahead_served(first)
-        times = sequential(engine, warm, first, relays, index, measured, windows)
+        times = sequential(engine, warm, first, relays, index, measured, windows, scored)
         held, missed = (b - a for a, b in zip(served, ahead_served(first), strict=True))
         if held + missed:  # how often the first stage's top two pages held the reranked page
             print(f"{name}: the fetch ahead held {held:.0f} of {held + missed:.0f} first sights' pages whole")
@@ -864,6 +922,10 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
                 ]
                 if ("warm", 2) in proxies:
                     cells.append(("rerank warm", n, proxies["warm", 2].url, lambda q, n=n: rerank(q, n), 2))
+                if in_engine:  # its warm proxy kept every measured window in the one-client rows
+                    cells += [
+                        (row, n, proxies[row, 1].url, lambda q, n=n: rerank(q, n), 1) for row in IN_ENGINE
+                    ]
             for kind, window, target, make, nworkers in cells:
                 bodies = [json.dumps(make(q)).encode() for q in measured]
                 if kind == "rerank warm" and nworkers == 2:  # warm both workers' caches first
@@ -970,6 +1032,29 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
             f"{share(find(rows, engine, 'rerank warm', 100, 8), find(rows, engine, 'rescore N', 100, 8))}",
             ">= 90 %; >= 60 %",
         ),
+        *(
+            [
+                (
+                    "--in-engine: first sight / warm w100 / engine rescore w100 (p50)",
+                    f"{ratio(find(rows, engine, ENGINE_FIRST, 100), rescore100)} / "
+                    f"{ratio(find(rows, engine, ENGINE_WARM, 100), rescore100)}",
+                    "<= 2.5x / <= 1.5x",
+                ),
+                (
+                    "--in-engine: proxy CPU per first sight / warm (8 clients)",
+                    f"{cpu(ENGINE_FIRST, 100)} / {cpu(ENGINE_WARM, 100)}",
+                    "<= 2.5 / 1.5 ms",
+                ),
+                (
+                    "--in-engine, 8 clients: first sight; warm rerank qps / engine rescore qps",
+                    f"{share(find(rows, engine, ENGINE_FIRST, 100, 8), find(rows, engine, 'rescore N', 100, 8))}; "
+                    f"{share(find(rows, engine, ENGINE_WARM, 100, 8), find(rows, engine, 'rescore N', 100, 8))}",
+                    ">= 60 %",
+                ),
+            ]
+            if find(rows, engine, ENGINE_FIRST, 100)
+            else []
+        ),
         (
             "warm rerank w1000 / engine rescore w1000 (p50)",
             ratio(find(rows, engine, "rerank warm", 1000), find(rows, engine, "rescore N", 1000)),
@@ -1019,7 +1104,7 @@ def plot(rows: list[dict], engines: list[str], windows: list[int], path: str) ->
     kinds = ["plain size-10", "passthrough", "plain size-N", "rescore N", "rerank warm", "rerank again"]
     kinds.append("rerank first")
     for ax, engine in zip(axes[0], engines, strict=True):
-        for kind in kinds:
+        for kind in kinds + [k for k in IN_ENGINE if find(rows, engine, k, windows[0])]:
             ys = [find(rows, engine, kind, 0 if kind in kinds[:2] else n).get("p50") for n in windows]
             style = "--" if kind in kinds[:2] else "-o"
             ax.plot(windows, ys, style, label=kind.replace("-N", "-window").replace(" N", " (window)"))
@@ -1048,6 +1133,12 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="proxy processes: 1, or 1,2 to compare")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--shards", type=int, default=1, help="primary shards of the SciFact index")
+    parser.add_argument(
+        "--no-in-engine",
+        dest="in_engine",
+        action="store_false",
+        help="no `serve --in-engine` rows (else on one shard where the cluster has token_count and painless)",
+    )
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "latency.png"))
     parser.add_argument("--json", default="", help="also write the raw rows here")
     parser.add_argument("--serve-child", nargs=6, help=argparse.SUPPRESS)

@@ -20,7 +20,7 @@ from tests.support.data import beir_records, scifact_records
 
 def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, tmp_path, capsys) -> None:
     args = argparse.Namespace(
-        windows="10,40", clients="1,2", duration=0.5, workers="1", loop="asyncio", shards=1
+        windows="10,40", clients="1,2", duration=0.5, workers="1", loop="asyncio", shards=1, in_engine=True
     )
     docs = scifact_records("corpus.jsonl", 400)
     queries = [q["text"] for q in scifact_records("queries.jsonl", bench.WARMUP + 3)]
@@ -28,6 +28,9 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     # the first sights' pages fetched ahead: those of 40 (a window of 10 is its top two pages)
     out = capsys.readouterr().out
     assert re.search(r"^es: the fetch ahead held \d of 3 first sights' pages whole$", out, re.M), out
+    # the integ-test Elasticsearch can score nothing in the engine: said, and no such rows
+    assert "es: no --in-engine rows: the cluster lacks lang-painless, mapper-extras" in out, out
+    assert not any(r["request"] in bench.IN_ENGINE for r in rows)
     kinds = {(r["request"], r["clients"]) for r in rows}
     ways = (
         "plain size-10",
@@ -66,6 +69,35 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     assert re.fullmatch(r"\d+ %; [\d.]+ / [\d.]+ ms", bench.compression_cost(gzipped, direct))
     bench.plot(rows, ["es"], [10, 40], str(tmp_path / "latency.png"))
     assert (tmp_path / "latency.png").stat().st_size > 1000
+
+
+def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(opensearch_url: str, tmp_path) -> None:
+    """On OpenSearch (with painless and token_count) `serve --in-engine`'s first sights and warm reranks
+    are timed beside the engine's `rescore`: each first sight scored in the engine to the sidecar's
+    scores, each warm one the sidecar's kept window (checked in the run), their target rows computed."""
+    args = argparse.Namespace(
+        windows="100", clients="1,8", duration=0.5, workers="1", loop="asyncio", shards=1, in_engine=True
+    )
+    docs = scifact_records("corpus.jsonl", 400)
+    queries = [q["text"] for q in scifact_records("queries.jsonl", bench.WARMUP + 3)]
+    rows = bench.run_engine("os", opensearch_url, docs, queries, args)
+    for row in bench.IN_ENGINE:
+        one, eight = bench.find(rows, "os", row, 100), bench.find(rows, "os", row, 100, 8)
+        assert one["n"] == 3 and one["p50"] > 0, one
+        assert eight["rps"] > 0 and eight["cpu_proxy_ms"] > 0 and eight["cpu_engine_ms"] > 0, eight
+    measures = dict((m, v) for m, v, _ in bench.targets(rows, "os"))
+    assert re.fullmatch(
+        r"[\d.]+x / [\d.]+x", measures["--in-engine: first sight / warm w100 / engine rescore w100 (p50)"]
+    )
+    assert re.fullmatch(
+        r"[\d.]+ ms / [\d.]+ ms", measures["--in-engine: proxy CPU per first sight / warm (8 clients)"]
+    )
+    bench.plot(rows, ["os"], [100], str(tmp_path / "latency.png"))  # its two lines too
+    assert (tmp_path / "latency.png").stat().st_size > 1000
+    # over several shards `--in-engine` declines (a rescore's window is each shard's): no such rows
+    args.shards, args.clients = 2, "1"
+    rows = bench.run_engine("os", opensearch_url, docs[:100], queries[: bench.WARMUP + 1], args)
+    assert not any(r["request"] in bench.IN_ENGINE for r in rows)
 
 
 def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:
