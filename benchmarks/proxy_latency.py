@@ -865,6 +865,8 @@ def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) 
     in_engine = args.in_engine and args.shards == 1 and not missing
     if args.in_engine and missing:  # Elasticsearch's integ-test build: neither
         print(f"{name}: no --in-engine rows: the cluster lacks {', '.join(sorted(missing))}")
+    elif args.in_engine and not in_engine:
+        print(f"{name}: no --in-engine rows: {args.shards} shards (a rescore's window is each shard's)")
     index_corpus(engine, index, docs, args.shards, lengths=in_engine)
     windows = [int(w) for w in args.windows.split(",")]
     clients = [int(c) for c in args.clients.split(",")]

@@ -71,7 +71,9 @@ def test_small_latency_run_measures_every_way_of_asking(elasticsearch_url: str, 
     assert (tmp_path / "latency.png").stat().st_size > 1000
 
 
-def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(opensearch_url: str, tmp_path) -> None:
+def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(
+    opensearch_url: str, tmp_path, capsys
+) -> None:
     """On OpenSearch (with painless and token_count) `serve --in-engine`'s first sights and warm reranks
     are timed beside the engine's `rescore`: each first sight scored in the engine to the sidecar's
     scores, each warm one the sidecar's kept window (checked in the run), their target rows computed."""
@@ -98,6 +100,7 @@ def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(opensearch
     args.shards, args.clients = 2, "1"
     rows = bench.run_engine("os", opensearch_url, docs[:100], queries[: bench.WARMUP + 1], args)
     assert not any(r["request"] in bench.IN_ENGINE for r in rows)
+    assert "os: no --in-engine rows: 2 shards (a rescore's window is each shard's)" in capsys.readouterr().out
 
 
 def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:
