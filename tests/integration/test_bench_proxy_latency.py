@@ -324,3 +324,31 @@ def test_small_page_depth_run_counts_pages_the_best_hits_hold(elasticsearch_url:
     held = [int(h) for _, h, _, _ in rows]
     assert held == sorted(held) and 0 < int(rows[0][2]) <= 6, run.stdout
     assert [k for k, _, _, mark in rows if mark] == ["20"], run.stdout
+
+
+def test_small_idle_gaps_run_times_every_way_after_each_pause(elasticsearch_url: str) -> None:
+    """benchmarks/idle_gaps.py: a row a pause, every way of asking timed after it, each rerank a repeat
+    (checked in the run: `tf: window`), and a pause makes nothing faster than the cluster allows."""
+    run = run_benchmark(
+        "idle_gaps",
+        "--upstream",
+        elasticsearch_url,
+        "--queries",
+        str(bench.WARMUP + 3),
+        "--docs",
+        "400",
+        "--pauses",
+        "0,5",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "3 searches each way and pause, one client" in run.stdout, run.stdout
+    rows = re.findall(
+        r"^\| (\d+) ms \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x ",
+        run.stdout,
+        re.M,
+    )
+    assert [r[0] for r in rows] == ["0", "5"], run.stdout
+    for row in rows:
+        plain, relay, passthrough, rescore, warm, ratio = map(float, row[1:])
+        assert min(plain, relay, passthrough, rescore, warm) > 0
+        assert abs(ratio - warm / rescore) < 0.01
