@@ -328,7 +328,7 @@ def test_small_page_depth_run_counts_pages_the_best_hits_hold(elasticsearch_url:
 
 def test_small_idle_gaps_run_times_every_way_after_each_pause(elasticsearch_url: str) -> None:
     """benchmarks/idle_gaps.py: a row a pause, every way of asking timed after it, each rerank a repeat
-    (checked in the run: `tf: window`), and a pause makes nothing faster than the cluster allows."""
+    (checked in the run: `tf: window`), the ratio computed from the row's own p50s."""
     run = run_benchmark(
         "idle_gaps",
         "--upstream",
