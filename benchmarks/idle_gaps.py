@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import uuid
 
-from benchmarks.proxy_latency import WARMUP, Http, Proxy, index_corpus, plain, rerank, rescore
+from benchmarks.proxy_latency import WARMUP, Http, Proxy, index_corpus, interleaved, plain, rerank, rescore
 from tests.support.data import scifact_records
 
 
@@ -40,27 +39,21 @@ def run(upstream: str, queries: list[str], docs: list[dict], pauses: list[float]
         for q in queries:  # every window kept: the reranks timed are repeats
             for _ in range(3):
                 proxy.ok("POST", path, rerank(q, 100))
+
+        def repeat(q: str) -> None:
+            answer = proxy.ok("POST", path, rerank(q, 100))
+            assert answer["_bmx"]["tf"] == "window", answer["_bmx"]  # the window kept
+
         ways = {
-            "plain": (engine, lambda q: plain(q, 10)),
-            "relay": (relay, lambda q: plain(q, 10)),
-            "passthrough": (proxy, lambda q: plain(q, 10)),
-            "rescore": (engine, lambda q: rescore(q, 100)),
-            "warm": (proxy, lambda q: rerank(q, 100)),
+            "plain": lambda q: engine.ok("POST", path, plain(q, 10)),
+            "relay": lambda q: relay.ok("POST", path, plain(q, 10)),
+            "passthrough": lambda q: proxy.ok("POST", path, plain(q, 10)),
+            "rescore": lambda q: engine.ok("POST", path, rescore(q, 100)),
+            "warm": repeat,
         }
         found = []
         for pause in pauses:
-            times: dict[str, list[float]] = {way: [] for way in ways}
-            for i, q in enumerate(queries):
-                for way, (conn, make) in ways.items():
-                    body = make(q)
-                    if pause:
-                        time.sleep(pause / 1000)
-                    start = time.perf_counter()
-                    answer = conn.ok("POST", path, body)
-                    if i >= WARMUP:
-                        times[way].append((time.perf_counter() - start) * 1000)
-                    if way == "warm":
-                        assert answer["_bmx"]["tf"] == "window", answer["_bmx"]  # a repeat
+            times = interleaved(ways, queries, WARMUP, pause)
             found.append({"pause": pause, **{way: statistics.median(t) for way, t in times.items()}})
         return found
     finally:

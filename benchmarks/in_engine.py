@@ -46,14 +46,13 @@ import asyncio
 import json
 import statistics
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, plain, rerank, rescore
+from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, interleaved, plain, rerank, rescore
 from bmx_rerank import scoring
 from bmx_rerank.rerank import in_engine
 from bmx_rerank.rerank.pipeline import ENGINE_SIGHTS
@@ -250,13 +249,7 @@ def run(
             page = through.ok("POST", f"/{index}/_search", rerank(q, window))["hits"]["hits"]
             alike, _ = compare(page, answer["hits"]["hits"])
             warm_unlike += alike == "unlike" or (shards == 1 and answer["_bmx"]["tf"] != "window")
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for i, (q, params) in enumerate(asked):
-            for way, ask in ways.items():
-                start = time.perf_counter()
-                ask(q, params)
-                if i >= WARMUP:
-                    times[way].append((time.perf_counter() - start) * 1000)
+        times = interleaved({way: lambda a, ask=ask: ask(*a) for way, ask in ways.items()}, asked, WARMUP)
         logged = query_log(upstream, index, asked, window, log, zipf) if log else {}
         throughput = {}
         if clients > 1:  # a closed loop of `clients` connections, each way alone
@@ -307,18 +300,15 @@ def query_log(
         Proxy(upstream, index, caches=False, workers=1, loop="uvloop", in_engine=True),
     ]
     try:
+        path = f"/{index}/_search"
+        engine, sidecar, in_engine_kept, in_engine_only = (Http(upstream), *(Http(p.url) for p in proxies))
         ways = {
-            "rescore N": (Http(upstream), lambda q: rescore(q, window)),
-            "proxy": (Http(proxies[0].url), lambda q: rerank(q, window)),
-            "proxy --in-engine": (Http(proxies[1].url), lambda q: rerank(q, window)),
-            "proxy --in-engine, caches off": (Http(proxies[2].url), lambda q: rerank(q, window)),
+            "rescore N": lambda q: engine.ok("POST", path, rescore(q, window)),
+            "proxy": lambda q: sidecar.ok("POST", path, rerank(q, window)),
+            "proxy --in-engine": lambda q: in_engine_kept.ok("POST", path, rerank(q, window)),
+            "proxy --in-engine, caches off": lambda q: in_engine_only.ok("POST", path, rerank(q, window)),
         }
-        times: dict[str, list[float]] = {way: [] for way in ways}
-        for q in drawn:
-            for way, (http, body) in ways.items():
-                start = time.perf_counter()
-                http.ok("POST", f"/{index}/_search", body(q))
-                times[way].append((time.perf_counter() - start) * 1000)
+        times = interleaved(ways, drawn)
     finally:
         for running in proxies:
             running.stop()

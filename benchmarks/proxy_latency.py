@@ -61,9 +61,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from tests.support.corpora import SCIFACT_MAPPINGS, index_scifact
@@ -75,6 +75,7 @@ from tests.support.reranked import scores
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {"es": "http://127.0.0.1:9200", "os": "http://127.0.0.1:9201"}
 WARMUP = 20  # queries sent before measuring (not recorded), other than the measured ones
+T = TypeVar("T")
 
 
 class Http:
@@ -723,6 +724,23 @@ def rescore(q: str, window: int) -> dict:
 
 def rerank(q: str, window: int) -> dict:
     return {**plain(q, 10), "ext": {"bmx": {"field": "body", "window_size": window}}}
+
+
+def interleaved(
+    ways: Mapping[str, Callable[[T], object]], items: Sequence[T], skip: int = 0, pause_ms: float = 0.0
+) -> dict[str, list[float]]:
+    """Each of `items` asked every way in turn, so drift hits every way alike: the ms each ask took,
+    a list a way, the first `skip` items untimed, each ask `pause_ms` after the one before."""
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    for i, item in enumerate(items):
+        for way, ask in ways.items():
+            if pause_ms:
+                time.sleep(pause_ms / 1000)
+            start = time.perf_counter()
+            ask(item)
+            if i >= skip:
+                times[way].append((time.perf_counter() - start) * 1000)
+    return times
 
 
 def summary(samples: list[float]) -> dict:
