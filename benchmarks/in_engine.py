@@ -52,14 +52,24 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.proxy_latency import WARMUP, Http, Proxy, closed_loop, interleaved, plain, rerank, rescore
+from benchmarks.proxy_latency import (
+    WARMUP,
+    Http,
+    Proxy,
+    closed_loop,
+    index_corpus,
+    interleaved,
+    modules,
+    plain,
+    rerank,
+    rescore,
+)
 from bmx_rerank import scoring
 from bmx_rerank.rerank import in_engine
 from bmx_rerank.rerank.pipeline import ENGINE_SIGHTS
 from bmx_rerank.stats.corpus import CorpusStats
-from tests.support.corpora import bulk, exact_stats
+from tests.support.corpora import exact_stats
 from tests.support.data import beir_records
-from tests.support.engine_client import EngineClient
 
 FIELD = "body"
 # BMX's score of one document: `serve --in-engine`'s script, which reads the parameters `script_params`
@@ -72,17 +82,6 @@ SCRIPT = "if ((float) _score < (float) params.cutoff) { return 0; }" + in_engine
 class Unsupported(Exception):
     """The cluster has no `token_count` (mapper-extras) or no scripts with term statistics (lang-painless,
     OpenSearch 2.10+)."""
-
-
-def index_with_lengths(engine: Http, index: str, docs: list[dict], shards: int) -> None:
-    """A BEIR corpus into `index`, `body` with a `token_count` of the same analyzer: every token counted
-    (`enable_position_increments: false`, so a removed token would leave no hole in the count)."""
-    length = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
-    body = {"type": "text", "analyzer": "standard", "fields": {"len": length}}
-    settings = {"number_of_shards": shards, "number_of_replicas": 0}
-    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": {"properties": {FIELD: body}}})
-    sources = {d["_id"]: {FIELD: f"{d.get('title', '')} {d['text']}"} for d in docs}
-    bulk(EngineClient("opensearch", engine.url), index, sources, chunk=1000)
 
 
 def script_params(stats: CorpusStats, tokens: list[str]) -> dict[str, Any] | None:
@@ -161,15 +160,17 @@ def run(
     index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
     proxies: list[Proxy] = []
     try:
+        if missing := {"mapper-extras", "lang-painless"} - modules(engine):
+            raise Unsupported(f"the cluster lacks {', '.join(sorted(missing))} (token_count, scripts)")
+        index_corpus(engine, index, docs, shards, lengths=True)
         try:
-            index_with_lengths(engine, index, docs, shards)
             probe = {"source": f"termFreq('{FIELD}', 'a') + doc['{FIELD}.len'].value"}
             engine.ok(
                 "POST",
                 f"/{index}/_search",
                 {"size": 1, "query": {"script_score": {"query": {"match_all": {}}, "script": probe}}},
             )
-        except RuntimeError as exc:  # Http.ok's refusal
+        except RuntimeError as exc:  # Http.ok's refusal: no `termFreq` (OpenSearch before 2.10)
             raise Unsupported(str(exc)) from None
         stats = asyncio.run(exact_stats(upstream, index, FIELD))
         asked = []
