@@ -351,4 +351,6 @@ def test_small_idle_gaps_run_times_every_way_after_each_pause(elasticsearch_url:
     for row in rows:
         plain, relay, passthrough, rescore, warm, ratio = map(float, row[1:])
         assert min(plain, relay, passthrough, rescore, warm) > 0
-        assert abs(ratio - warm / rescore) < 0.01
+        # each figure is printed to 0.01, the ratio from the unrounded p50s: within what rounding allows
+        low, high = (warm - 0.005) / (rescore + 0.005), (warm + 0.005) / (rescore - 0.005)
+        assert low - 0.005 <= ratio <= high + 0.005, row
