@@ -57,9 +57,9 @@ from benchmarks.proxy_latency import (
     Http,
     Proxy,
     closed_loop,
+    in_engine_lacks,
     index_corpus,
     interleaved,
-    modules,
     plain,
     rerank,
     rescore,
@@ -160,8 +160,8 @@ def run(
     index = f"bmxtest-in-engine-{uuid.uuid4().hex[:8]}"
     proxies: list[Proxy] = []
     try:
-        if missing := {"mapper-extras", "lang-painless"} - modules(engine):
-            raise Unsupported(f"the cluster lacks {', '.join(sorted(missing))} (token_count, scripts)")
+        if missing := in_engine_lacks(engine):
+            raise Unsupported(f"the cluster lacks {', '.join(missing)} (token_count, scripts)")
         index_corpus(engine, index, docs, shards, lengths=True)
         try:
             probe = {"source": f"termFreq('{FIELD}', 'a') + doc['{FIELD}.len'].value"}

@@ -867,22 +867,28 @@ async def closed_loop(
     return {**summary(latencies), "rps": len(latencies) / elapsed}
 
 
-def modules(engine: Http) -> set[str]:
-    """The modules and plugins every node of the cluster has."""
+# what `serve --in-engine` needs on every node: `token_count` (mapper-extras) and scripts with term
+# statistics (lang-painless)
+IN_ENGINE_MODULES = frozenset({"mapper-extras", "lang-painless"})
+
+
+def in_engine_lacks(engine: Http) -> list[str]:
+    """The modules `serve --in-engine` needs that some node of the cluster lacks, sorted."""
     nodes = engine.ok("GET", "/_nodes/plugins")["nodes"].values()
-    return set.intersection(
+    every = set.intersection(
         *({m["name"] for m in n.get("modules", []) + n.get("plugins", [])} for n in nodes)
     )
+    return sorted(IN_ENGINE_MODULES - every)
 
 
 def run_engine(name: str, url: str, docs: list[dict], queries: list[str], args) -> list[dict]:
     engine = Http(url)
     index = f"bmxtest-proxy-bench-{uuid.uuid4().hex[:8]}"
     # `--in-engine` scores one shard's window in the engine, with the index's length sub-field
-    missing = {"mapper-extras", "lang-painless"} - modules(engine)
+    missing = in_engine_lacks(engine)
     in_engine = args.in_engine and args.shards == 1 and not missing
     if args.in_engine and missing:  # Elasticsearch's integ-test build: neither
-        print(f"{name}: no --in-engine rows: the cluster lacks {', '.join(sorted(missing))}")
+        print(f"{name}: no --in-engine rows: the cluster lacks {', '.join(missing)}")
     elif args.in_engine and not in_engine:
         print(f"{name}: no --in-engine rows: {args.shards} shards (a rescore's window is each shard's)")
     index_corpus(engine, index, docs, args.shards, lengths=in_engine)
