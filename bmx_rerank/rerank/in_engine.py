@@ -30,6 +30,7 @@ from bmx_rerank.rerank.query import Text
 from bmx_rerank.stats.corpus import CorpusStats
 
 SUFFIX = "len"  # the length sub-field: `<field>.len`
+DEFAULT_ANALYZER = "index.analysis.analyzer.default."  # a flat setting's prefix: the index defines one
 NO_LENGTH = "bmx: a document has no length"  # what the script throws (its search goes the sidecar's way)
 # Each document's BMX score from `script_params`'s parameters, on one field and its length sub-field.
 SCRIPT = """
@@ -117,22 +118,23 @@ class Layout:
     reason: str | None
 
 
-def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any]) -> Layout:
-    """From `GET <index>/_mapping/field/<field>,<field>.len` and `GET <index>/_settings`: one index,
-    one shard, and a length sub-field that counts every token of the field's analyzer."""
-    if len(mapping) != 1 or len(settings) != 1:
+def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any] | None) -> Layout:
+    """From `GET <index>/_mapping/field/<field>,<field>.len` and the index's flat settings
+    (`stats.scan.index_settings`, None where the caller may not read them): one index, one shard, and
+    a length sub-field that counts every token of the field's analyzer."""
+    if len(mapping) != 1:
         return Layout("indices")
+    if settings is None:
+        return Layout("refused")
     (found,) = mapping.values()
-    (index_settings,) = settings.values()
-    shards = index_settings.get("settings", {}).get("index", {}).get("number_of_shards")
-    if str(shards) != "1":
+    if str(settings.get("index.number_of_shards")) != "1":
         return Layout("shards")
     fields = found.get("mappings", {})
     text = fields.get(field, {}).get("mapping", {}).get(field.rsplit(".", 1)[-1], {})
     length = fields.get(f"{field}.{SUFFIX}", {}).get("mapping", {}).get(SUFFIX, {})
     if text.get("type") != "text" or length.get("type") != "token_count":
         return Layout("no_length_field")
-    if length != length_mapping(field_analyzer(text, index_settings.get("settings", {}).get("index", {}))):
+    if length != length_mapping(field_analyzer(text, settings)):
         return Layout("length_field_differs")
     return Layout(None)
 
@@ -143,11 +145,12 @@ def length_mapping(analyzer: str) -> dict[str, Any]:
     return {"type": "token_count", "analyzer": analyzer, "enable_position_increments": False}
 
 
-def field_analyzer(text: Mapping[str, Any], index_settings: Mapping[str, Any]) -> str:
-    """The analyzer a text field indexes with: its own, else the index's `default`, else `standard`."""
+def field_analyzer(text: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """The analyzer a text field indexes with: its own, else the index's `default` (in its flat
+    `settings`), else `standard`."""
     if "analyzer" in text:
         return str(text["analyzer"])
-    return "default" if "default" in index_settings.get("analysis", {}).get("analyzer", {}) else "standard"
+    return "default" if any(k.startswith(DEFAULT_ANALYZER) for k in settings) else "standard"
 
 
 def no_length(error: Any) -> bool:

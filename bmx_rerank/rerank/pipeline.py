@@ -58,7 +58,7 @@ from bmx_rerank.rerank.term_vector_cache import (
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.stats.scan import index_path
+from bmx_rerank.stats.scan import index_path, index_settings
 from bmx_rerank.stats.source import StatsSource
 from bmx_rerank.upstream import Cluster
 
@@ -386,11 +386,11 @@ class Reranker:
                     headers,
                     retried=True,
                 ),
-                self.cluster.request("GET", f"/{index}/_settings", None, headers, retried=True),
+                index_settings(self.cluster, index_expr, headers),
             )
         except UpstreamError:
             return in_engine.Layout("refused")
-        return in_engine.layout(field, mapping or {}, settings or {})
+        return in_engine.layout(field, mapping or {}, settings)
 
     async def _search(
         self,

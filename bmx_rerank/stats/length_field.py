@@ -18,9 +18,9 @@ from typing import Any
 
 import orjson
 
-from bmx_rerank.errors import bad_request
+from bmx_rerank.errors import SearchError, bad_request
 from bmx_rerank.rerank import in_engine
-from bmx_rerank.stats.scan import close_scroll, index_path
+from bmx_rerank.stats.scan import close_scroll, index_path, index_settings
 from bmx_rerank.stats.sweep import Progress
 from bmx_rerank.upstream import Cluster
 
@@ -46,7 +46,7 @@ async def add(cluster: Cluster, index: str, field: str, headers: Mapping[str, st
     path = f"/{index_path(index)}"
     mappings, settings = await asyncio.gather(
         cluster.request("GET", f"{path}/_mapping", None, headers, retried=True),
-        cluster.request("GET", f"{path}/_settings", None, headers, retried=True),
+        index_settings(cluster, index, headers),
     )
     if len(mappings) != 1:
         raise bad_request(
@@ -54,22 +54,27 @@ async def add(cluster: Cluster, index: str, field: str, headers: Mapping[str, st
         )
     ((name, found),) = mappings.items()
     mapping = found.get("mappings", {})
-    index_settings = settings.get(name, {}).get("settings", {}).get("index", {})
+    if settings is None:
+        raise SearchError(
+            403,
+            "security_exception",
+            f"[bmx] [{name}]: its settings cannot be read (needs view_index_metadata)",
+        )
     source = mapping.get("_source", {})
     if source.get("enabled") is False or source.get("includes") or source.get("excludes"):
         raise bad_request(
             f"[bmx] [{name}] keeps no whole _source: its documents cannot be written again unchanged"
         )
     for pipeline in ("default_pipeline", "final_pipeline"):
-        if index_settings.get(pipeline) not in (None, "_none"):
+        if settings.get(f"index.{pipeline}") not in (None, "_none"):
             raise bad_request(
-                f"[bmx] [{name}] has a {pipeline} [{index_settings[pipeline]}], which would change its "
+                f"[bmx] [{name}] has a {pipeline} [{settings[f'index.{pipeline}']}], which would change its "
                 "documents as they are written again"
             )
     text = _field(mapping, field)
     if text is None or text.get("type") != "text":
         raise bad_request(f"[bmx] [{name}] maps no text field [{field}]")
-    analyzer = in_engine.field_analyzer(text, index_settings)
+    analyzer = in_engine.field_analyzer(text, settings)
     have = text.get("fields", {}).get(in_engine.SUFFIX)
     if have is not None:
         if have == in_engine.length_mapping(analyzer):

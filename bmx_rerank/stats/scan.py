@@ -250,7 +250,8 @@ async def close_scroll(cluster: Cluster, scroll_id: str | None, headers: Mapping
 
 async def index_settings(cluster: Cluster, index: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
     """One concrete index's flat settings; None when the caller may not read them (needs
-    `view_index_metadata`), then no routing is trusted (`stats.routing.routing_candidates`)."""
+    `view_index_metadata`): then no routing is trusted (`stats.routing.routing_candidates`), no window
+    is scored in the engine (`rerank.in_engine.layout`) and no length field is added."""
     url = f"/{index_path(index)}/_settings?flat_settings=true"
     try:
         answer = await cluster.request("GET", url, None, headers, retried=True)

@@ -23,7 +23,7 @@ from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
 from tests.integration.test_proxy_clients import official_client
-from tests.support.corpora import SCIFACT_MAPPINGS, exact_stats, index_scifact
+from tests.support.corpora import SCIFACT_MAPPINGS, bulk, exact_stats, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -282,6 +282,53 @@ def test_lengths_add_gives_every_document_written_before_its_length(engine: Engi
             assert a["_bmx"]["tf"] == "engine"
     finally:
         engine.call("DELETE", f"/{index}")
+
+
+def test_lengths_add_reads_the_index_settings_as_the_engine_applies_them(
+    engine: EngineClient, proxies
+) -> None:
+    """The settings `lengths add` and `--in-engine` read: an index with a default ingest pipeline is
+    refused (a document written again would go through it), and on OpenSearch a field that names no
+    analyzer gets a length counted by the index's own `default` analyzer, which the engine then scores
+    with, the page the sidecar's own."""
+    stats, scored, reference = proxies
+    tag = uuid.uuid4().hex[:10]
+    piped, defaulted, pipeline = f"bmxtest-piped-{tag}", f"bmxtest-defaulted-{tag}", f"bmxtest-p-{tag}"
+    docs = {
+        d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in scifact_records("corpus.jsonl", 300)
+    }
+    engine.ok("PUT", f"/_ingest/pipeline/{pipeline}", {"processors": []})
+    try:
+        engine.ok("PUT", f"/{piped}", {"settings": {"number_of_replicas": 0, "default_pipeline": pipeline}})
+        engine.ok("PUT", f"/{piped}/_doc/1?refresh=true", {"body": "lung cancer"})
+        run = CliRunner().invoke(
+            cli, ["lengths", "add", piped, "--field", "body", "--upstream", engine.url, "--no-progress"]
+        )
+        assert run.exit_code == 1 and f"has a default_pipeline [{pipeline}]" in run.output, run.output
+        assert "len" not in json.dumps(engine.ok("GET", f"/{piped}/_mapping")), "the mapping unchanged"
+        if engine.kind != "opensearch":  # no `token_count` in Elasticsearch's test build
+            return
+        english = {"analysis": {"analyzer": {"default": {"type": "standard", "stopwords": "_english_"}}}}
+        mappings = {"properties": {"body": {"type": "text"}}}
+        engine.ok(
+            "PUT", f"/{defaulted}", {"settings": {"number_of_replicas": 0, **english}, "mappings": mappings}
+        )
+        bulk(engine, defaulted, docs)
+        run = CliRunner().invoke(
+            cli, ["lengths", "add", defaulted, "--field", "body", "--upstream", engine.url, "--no-progress"]
+        )
+        assert run.exit_code == 0, run.output
+        mapped = engine.ok("GET", f"/{defaulted}/_mapping")[defaulted]["mappings"]["properties"]["body"]
+        assert mapped["fields"]["len"] == in_engine.length_mapping("default"), mapped
+        _stats(scored, engine, stats, defaulted)
+        for text in _queries()[:5]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            a, b = search(scored.url, defaulted, text, extra), search(reference.url, defaulted, text, extra)
+            _same_page(a, b)
+            assert a["_bmx"]["tf"] == "engine", a["_bmx"]
+    finally:
+        engine.call("DELETE", f"/{piped},{defaulted}?ignore_unavailable=true")
+        engine.call("DELETE", f"/_ingest/pipeline/{pipeline}")
 
 
 def test_a_fill_leaves_what_was_written_or_deleted_meanwhile(engine: EngineClient) -> None:

@@ -65,14 +65,9 @@ def _mapping(length: dict | None, analyzer: str | None = "standard") -> dict:
     return {"i": {"mappings": fields}}
 
 
-def _settings(shards: int = 1, analysis: dict | None = None) -> dict:
-    return {
-        "i": {
-            "settings": {
-                "index": {"number_of_shards": str(shards), **({"analysis": analysis} if analysis else {})}
-            }
-        }
-    }
+def _settings(shards: int = 1, **more: str) -> dict:
+    """An index's flat settings, as `stats.scan.index_settings` reads them."""
+    return {"index.number_of_shards": str(shards), **more}
 
 
 COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increments": False}
@@ -84,6 +79,7 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
         (_mapping(COUNTS), _settings(), None),
         (_mapping(COUNTS, analyzer=None), _settings(), None),  # the field's analyzer is the default
         (_mapping(COUNTS), _settings(3), "shards"),
+        (_mapping(COUNTS), None, "refused"),  # settings the caller may not read
         ({**_mapping(COUNTS), "j": _mapping(COUNTS)["i"]}, _settings(), "indices"),
         (_mapping(None), _settings(), "no_length_field"),
         (_mapping({**COUNTS, "type": "integer"}), _settings(), "no_length_field"),
@@ -97,12 +93,14 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
         # the index's own default analyzer analyses a field that names none
         (
             _mapping(COUNTS, analyzer=None),
-            _settings(analysis={"analyzer": {"default": {"type": "simple"}}}),
+            _settings(**{"index.analysis.analyzer.default.type": "simple"}),
             "length_field_differs",
         ),
     ],
 )
-def test_what_an_index_lets_the_engine_score(mapping: dict, settings: dict, reason: str | None) -> None:
+def test_what_an_index_lets_the_engine_score(
+    mapping: dict, settings: dict | None, reason: str | None
+) -> None:
     assert in_engine.layout("body", mapping, settings).reason == reason
 
 
