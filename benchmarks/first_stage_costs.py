@@ -3,7 +3,10 @@ size-10/100/1000, size-100 without _source, the term-frequency probes in the pla
 (`tf_probe.with_probes`: a `should` branch that never matches) and in the earlier one (a `filter` with
 `match_all`), with and without `_source`, a page of 10 by ids, and `_mtermvectors` of 100 hits.
 The lean first stage as the proxy sends it (no stored field; `rerank/lean.py`) with and without the
-probes (and with them placed as before: the caller's query a `must`), the page of 10 it then fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
+probes (and with them placed as before: the caller's query a `must`), what the probes' cost is made
+of (their branch with the canary alone, with as many named `match_all` as probes: the names and the
+answer's size, and with `term` probes: the same postings without positions), the page of 10 it then
+fetches by `_seq_no`, the engine's own `rescore` (window 100), and the
 probed lean stage carrying its page as a `top_hits` aggregation of the best 20 (`_source`): a way to
 save the page fetch's round trip, measured and not taken (benchmarks/RESULTS.md). The search of a
 first sight's likely page beside its first stage (`lean.beside`: the query's best 20 with `_source`
@@ -44,6 +47,14 @@ def must_placement(body: dict, probe: tf_probe.Probe) -> dict:
     query (`tf_probe.with_probes`): the caller's query a `must`, the branch an optional `should`."""
     now = tf_probe.with_probes(body, probe)["query"]["bool"]["should"]
     return {**body, "query": {"bool": {"must": [now[0]], "should": [now[1]]}}}
+
+
+def term_probes(probe: tf_probe.Probe) -> list[dict]:
+    """The probes as `term` queries: the same postings read without their positions (a BM25 score, so
+    no term frequency can be read back from it)."""
+    return [
+        {"term": {f: {"value": t, "_name": f"{tf_probe.PREFIX}{i}"}}} for i, (f, t) in enumerate(probe.pairs)
+    ]
 
 
 def main() -> None:
@@ -90,6 +101,17 @@ def main() -> None:
             if probe is not None:
                 probed = tf_probe.with_probes(lean, probe)
                 t("lean s100 + probes", named, probed)
+                # what the probes' cost is made of: their names and the answer's size, or the postings
+                t("lean s100 + the canary alone", named, tf_probe.with_named(lean, []))
+                match_all = [
+                    {"match_all": {"_name": f"{tf_probe.PREFIX}{i}"}} for i in range(len(probe.pairs))
+                ]
+                t("lean s100 + as many named match_all", named, tf_probe.with_named(lean, match_all))
+                t(
+                    "lean s100 + term probes (no positions)",
+                    named,
+                    tf_probe.with_named(lean, term_probes(probe)),
+                )
                 t("lean s100 + probes (caller's query a must, before)", named, must_placement(lean, probe))
                 top = {"top_hits": {"size": 20, "seq_no_primary_term": True, "_source": True}}
                 t("lean s100 + probes + top_hits 20 (page inside)", named, {**probed, "aggs": {"page": top}})

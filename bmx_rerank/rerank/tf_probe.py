@@ -110,8 +110,14 @@ def with_probes(body: Mapping[str, Any], probe: Probe) -> dict[str, Any]:
         {"intervals": {f: {"match": {"query": term, "analyzer": "keyword"}, "_name": f"{PREFIX}{i}"}}}
         for i, (f, term) in enumerate(probe.pairs)
     ]
+    return with_named(body, probes)
+
+
+def with_named(body: Mapping[str, Any], named: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """`body` whose query is a disjunction of its own and a branch that never matches, holding the
+    `named` queries and the canary (`with_probes`)."""
     never = {
-        "bool": {"filter": [{"term": {"_id": NEVER}}], "should": [*probes, {"match_all": {"_name": CANARY}}]}
+        "bool": {"filter": [{"term": {"_id": NEVER}}], "should": [*named, {"match_all": {"_name": CANARY}}]}
     }
     return {**body, "query": {"bool": {"should": [body["query"], never]}}}
 
