@@ -5,6 +5,7 @@ a shared machine, where wall-clock timings are not).
         [--window 100] [--shards 1] [--queries 50]
     .venv/bin/python -m benchmarks.first_sight_cpu replay OUT [--repeats 3] [--check] [--fresh-caches]
     .venv/bin/python -m benchmarks.first_sight_cpu count OUT [--repeats 3] [--fresh-caches]   # valgrind
+    .venv/bin/python -m benchmarks.first_sight_cpu cold OUT [--repeats 5]
 
 `record` indexes SciFact into a fresh index, sweeps its statistics and length table, and reranks each
 query through an in-process `Reranker` (as the proxy makes it: `first`, every cache off, each search a
@@ -17,7 +18,11 @@ serializes it (`--fresh-caches`: first sights of a proxy whose caches are on, em
 over the queries); one pass goes before the `--repeats` measured ones. `--check` compares every
 answer with the recorded one, byte for byte. `count` runs `replay` under callgrind, counting the
 measured passes alone (imports, the recording's setup and the first pass do not count), and prints
-the instructions per rerank."""
+the instructions per rerank. `cold` times each replayed rerank alone (its plan, the rerank, its answer
+serialized), three ways taking turns: back to back; after a walk over 64 MiB, twice the machine's
+last-level cache, so that it starts as a search does on a proxy whose caches the cluster's own work
+evicted while it waited; after 3 ms asleep, as a proxy idles while the cluster searches. It prints
+each way's p50, and that of the plan alone, the first step a request runs."""
 
 from __future__ import annotations
 
@@ -27,10 +32,12 @@ import gc
 import os
 import pickle
 import re
+import statistics
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,10 +134,19 @@ def front_end(rec: Recording, send: Any) -> tuple[Any, Any]:
 
 
 async def rerank_all(
-    rec: Recording, rr: Any, first_stage: Any, msearch: Any, passes: int, *, fresh: bool = False
+    rec: Recording,
+    rr: Any,
+    first_stage: Any,
+    msearch: Any,
+    passes: int,
+    *,
+    fresh: bool = False,
+    before: Callable[[], Any] | None = None,
+    times: list[tuple[float, float]] | None = None,
 ) -> list[bytes]:
     """Each query reranked `passes` times over (the proxy's planning, the rerank, the answer's bytes);
-    `fresh`: the caches emptied before each pass (first sights of a proxy whose caches are on)."""
+    `fresh`: the caches emptied before each pass (first sights of a proxy whose caches are on);
+    `before`: run (awaited) before each rerank, untimed; `times`: each rerank's seconds, with its plan's."""
     from benchmarks.proxy_latency import rerank
     from bmx_rerank.rerank.plan import Bounds, bounded_plan
 
@@ -143,10 +159,16 @@ async def rerank_all(
             rr.splits.clear()
         for q in rec.queries:
             body = orjson.loads(orjson.dumps(rerank(q, rec.window)))  # as the proxy parses the request
+            if before is not None:
+                await before()
+            start = time.perf_counter()
             plan = bounded_plan(body, {}, None, bounds)
+            planned = time.perf_counter()
             outcome = await rr.rerank(rec.index, plan, HEADERS, first_stage, msearch)
             assert outcome.body is not None, "not reranked"
             out.append(orjson.dumps(outcome.body, option=orjson.OPT_SERIALIZE_NUMPY))
+            if times is not None:
+                times.append((time.perf_counter() - start, planned - start))
     return out
 
 
@@ -255,6 +277,19 @@ def _answered(rec: Recording, key: Key) -> tuple[int, bytes]:
 
 
 async def _replay(rec: Recording, passes: int, fresh: bool, *, instrument: bool = False) -> list[bytes]:
+    rr, first_stage, msearch = _replayer(rec, fresh)
+    # one pass first, not measured: `warm` needs its windows seen once; every mode its imports done
+    # and what the proxy learns once of a cluster (the field's analyzer, the probes' parameter) learned
+    await rerank_all(rec, rr, first_stage, msearch, 1, fresh=fresh)
+    _callgrind("on" if instrument else None)
+    got = await rerank_all(rec, rr, first_stage, msearch, passes, fresh=fresh)
+    _callgrind("off" if instrument else None)
+    return got
+
+
+def _replayer(rec: Recording, fresh: bool) -> tuple[Any, Any, Any]:
+    """A reranker (`fresh`: its caches on) and the proxy's front end over a cluster that answers from
+    the recording."""
     from bmx_rerank.upstream import Cluster
 
     class Stub(Cluster):
@@ -269,13 +304,7 @@ async def _replay(rec: Recording, passes: int, fresh: bool, *, instrument: bool 
 
     first_stage, msearch = front_end(rec, send)
     rr = reranker(Stub(None, "http://recorded"), rec, caches=True if fresh else None)  # type: ignore[arg-type]
-    # one pass first, not measured: `warm` needs its windows seen once; every mode its imports done
-    # and what the proxy learns once of a cluster (the field's analyzer, the probes' parameter) learned
-    await rerank_all(rec, rr, first_stage, msearch, 1, fresh=fresh)
-    _callgrind("on" if instrument else None)
-    got = await rerank_all(rec, rr, first_stage, msearch, passes, fresh=fresh)
-    _callgrind("off" if instrument else None)
-    return got
+    return rr, first_stage, msearch
 
 
 def _callgrind(state: str | None) -> None:
@@ -284,15 +313,21 @@ def _callgrind(state: str | None) -> None:
         subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
 
 
+def _run() -> Callable[[Any], Any]:
+    """What runs a coroutine as the proxy's loop would (uvloop where installed), its collector set as
+    the proxy's app sets it."""
+    gc.set_threshold(10_000, *gc.get_threshold()[1:])
+    try:
+        import uvloop
+
+        return uvloop.run
+    except ImportError:
+        return asyncio.run
+
+
 def replay(args: argparse.Namespace) -> None:
     rec = _load(args.recording)
-    gc.set_threshold(10_000, *gc.get_threshold()[1:])  # as the proxy's app sets it
-    try:
-        import uvloop  # the proxy's loop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
+    run = _run()
     if args.fresh_caches and rec.mode != "first":
         raise SystemExit("--fresh-caches replays first sights")
     got = run(_replay(rec, args.repeats, args.fresh_caches, instrument=args.instrument))
@@ -302,6 +337,42 @@ def replay(args: argparse.Namespace) -> None:
         print(f"{_what(rec, args.fresh_caches)}: answers that differ {differ} of {len(got)}")
         if differ:
             sys.exit(1)
+
+
+EVICTED = 64 << 20  # bytes walked before a "cold" rerank: twice the 32 MiB last-level cache here
+ASLEEP = 0.003  # seconds asleep before an "idle" rerank: about what a first stage takes the cluster
+
+
+def cold(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    rec = _load(args.recording)
+    walked = np.ones(EVICTED // 8)
+
+    async def evict() -> None:
+        walked.sum()
+
+    async def sleep() -> None:
+        time.sleep(ASLEEP)  # the whole process asleep, as when the loop waits for the cluster
+
+    ways: dict[str, Callable[[], Any] | None] = {
+        "back to back": None,
+        f"after {EVICTED >> 20} MiB walked": evict,
+        f"after {ASLEEP * 1000:g} ms asleep": sleep,
+    }
+
+    async def go() -> dict[str, list[tuple[float, float]]]:
+        rr, first_stage, msearch = _replayer(rec, False)
+        await rerank_all(rec, rr, first_stage, msearch, 1)  # unmeasured, as `replay`'s first pass
+        times: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
+        for _ in range(args.repeats):  # the ways take turns, a pass each
+            for way, before in ways.items():
+                await rerank_all(rec, rr, first_stage, msearch, 1, before=before, times=times[way])
+        return times
+
+    for way, spans in _run()(go()).items():
+        whole, plan = (statistics.median(x) * 1000 for x in zip(*spans, strict=True))
+        print(f"{_what(rec, False)}, {way}: a rerank p50 {whole:.3f} ms, its plan {plan:.3f} ms")
 
 
 def _load(path: str) -> Recording:
@@ -357,8 +428,11 @@ def main() -> None:
     cnt.add_argument("recording")
     cnt.add_argument("--repeats", type=int, default=3, help="passes over the queries counted")
     cnt.add_argument("--fresh-caches", action="store_true", help="first: caches on, emptied each pass")
+    cld = sub.add_parser("cold")
+    cld.add_argument("recording")
+    cld.add_argument("--repeats", type=int, default=5, help="passes over the queries, each way")
     args = parser.parse_args()
-    {"record": record, "replay": replay, "count": count}[args.command](args)
+    {"record": record, "replay": replay, "count": count, "cold": cold}[args.command](args)
 
 
 if __name__ == "__main__":

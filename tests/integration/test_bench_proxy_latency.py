@@ -105,12 +105,16 @@ def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(
 
 def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:
     """benchmarks/profile_rerank.py, a few first sights without the profiler: the proxy's timers and
-    the CPU each request cost the proxy, the engine and the client."""
+    the CPU each request cost the proxy (and how much of it in the kernel), the engine and the client."""
     args = ["--upstream", elasticsearch_url, "--mode", "first", "--requests", "5", "--profile-out", ""]
     run = run_benchmark("profile_rerank", *args)
     assert run.returncode == 0, run.stderr[-2000:]
-    cpu = re.search(r"CPU per request: proxy ([\d.]+) ms, engine ([\d.]+) ms, client ([\d.]+) ms", run.stdout)
-    assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(2)) > 0, run.stdout
+    cpu = re.search(
+        r"CPU per request: proxy ([\d.]+) ms \(([\d.]+) ms of it in the kernel\), engine ([\d.]+) ms, "
+        r"client ([\d.]+) ms",
+        run.stdout,
+    )
+    assert cpu and float(cpu.group(1)) > 0 and float(cpu.group(3)) > 0, run.stdout
     assert re.search(r"upstream search\s+[\d.]+ ms/request \(5 calls\)", run.stdout), run.stdout
 
 
@@ -238,7 +242,7 @@ def test_small_first_sight_cpu_run_replays_to_the_same_bytes_and_counts(
     elasticsearch_url: str, tmp_path
 ) -> None:
     """benchmarks/first_sight_cpu.py on 3 queries: recorded, replayed with no cluster to the very bytes
-    the proxy answered, and counted under callgrind."""
+    the proxy answered, counted under callgrind, and timed each rerank alone, warm and cold."""
     recording = str(tmp_path / "first.pkl")
     run = run_benchmark(
         "first_sight_cpu", "record", recording, "--upstream", elasticsearch_url, "--queries", "3"
@@ -250,6 +254,11 @@ def test_small_first_sight_cpu_run_replays_to_the_same_bytes_and_counts(
     assert run.returncode == 0, run.stderr[-2000:]
     counted = re.search(r"([\d,]+) instructions a rerank", run.stdout)
     assert counted and int(counted.group(1).replace(",", "")) > 100_000, run.stdout
+    run = run_benchmark("first_sight_cpu", "cold", recording, "--repeats", "1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    ways = re.findall(r", ([^,]+): a rerank p50 ([\d.]+) ms, its plan ([\d.]+) ms$", run.stdout, re.M)
+    assert [w for w, _, _ in ways] == ["back to back", "after 64 MiB walked", "after 3 ms asleep"], run.stdout
+    assert all(0 < float(plan) < float(whole) for _, whole, plan in ways), run.stdout
 
 
 def test_small_first_sight_cpu_run_over_three_shards_serves_the_table_as_stats_build_keeps_it(
