@@ -77,12 +77,6 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
         Path(out).write_text(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
-def kernel_cpu(pid: int) -> float:
-    """System CPU seconds of a process (Linux /proc): its socket reads and writes, its waits."""
-    with open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
-
-
 def metric_sums(text: str) -> dict[str, tuple[float, float]]:
     """(sum seconds, count) of each timed series of the proxy's metrics."""
     out: dict[str, list[float]] = {}
@@ -151,13 +145,13 @@ def main() -> None:
             proc.send_signal(signal.SIGUSR1)
             time.sleep(0.2)
         cpu_before = (process_cpu(proc.pid), engine_cpu(args.upstream), time.process_time())
-        kernel_before = kernel_cpu(proc.pid)
+        kernel_before = process_cpu(proc.pid, kernel=True)
         start = time.perf_counter()
         for q in queries:
             proxy.ok("POST", path, ask(q))
         wall = (time.perf_counter() - start) / len(queries) * 1000
         cpu_after = (process_cpu(proc.pid), engine_cpu(args.upstream), time.process_time())
-        kernel = (kernel_cpu(proc.pid) - kernel_before) * 1000 / len(queries)
+        kernel = (process_cpu(proc.pid, kernel=True) - kernel_before) * 1000 / len(queries)
         text = proxy.ok_text("GET", "/_bmx/metrics")
         after = metric_sums(text)
         counts = [line for line in text.splitlines() if line.startswith(COUNTED)]

@@ -604,17 +604,18 @@ def ahead_served(proxy: Http) -> tuple[float, float]:
     return counts.get("covered", 0.0), counts.get("fetched_after", 0.0)
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process and all its descendants (Linux /proc)."""
+def process_cpu(pid: int, *, kernel: bool = False) -> float:
+    """User + system CPU seconds of a process and all its descendants (Linux /proc); `kernel`: system
+    alone (their socket reads and writes, their waits)."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick
+        total += (int(fields[12]) + (0 if kernel else int(fields[11]))) / tick
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as fh:
-                total += sum(process_cpu(int(child)) for child in fh.read().split())
+                total += sum(process_cpu(int(child), kernel=kernel) for child in fh.read().split())
     except (FileNotFoundError, ProcessLookupError):
         pass
     return total

@@ -23,7 +23,7 @@ from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
 from tests.integration.test_proxy_clients import official_client
-from tests.support.corpora import SCIFACT_MAPPINGS, bulk, exact_stats, index_scifact
+from tests.support.corpora import SCIFACT_MAPPINGS, exact_stats, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -294,9 +294,6 @@ def test_lengths_add_reads_the_index_settings_as_the_engine_applies_them(
     stats, scored, reference = proxies
     tag = uuid.uuid4().hex[:10]
     piped, defaulted, pipeline = f"bmxtest-piped-{tag}", f"bmxtest-defaulted-{tag}", f"bmxtest-p-{tag}"
-    docs = {
-        d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in scifact_records("corpus.jsonl", 300)
-    }
     engine.ok("PUT", f"/_ingest/pipeline/{pipeline}", {"processors": []})
     try:
         engine.ok("PUT", f"/{piped}", {"settings": {"number_of_replicas": 0, "default_pipeline": pipeline}})
@@ -310,10 +307,9 @@ def test_lengths_add_reads_the_index_settings_as_the_engine_applies_them(
             return
         english = {"analysis": {"analyzer": {"default": {"type": "standard", "stopwords": "_english_"}}}}
         mappings = {"properties": {"body": {"type": "text"}}}
-        engine.ok(
-            "PUT", f"/{defaulted}", {"settings": {"number_of_replicas": 0, **english}, "mappings": mappings}
+        index_scifact(
+            engine, defaulted, scifact_records("corpus.jsonl", 300), mappings=mappings, settings=english
         )
-        bulk(engine, defaulted, docs)
         run = CliRunner().invoke(
             cli, ["lengths", "add", defaulted, "--field", "body", "--upstream", engine.url, "--no-progress"]
         )

@@ -43,11 +43,12 @@ def index_scifact(
     shards: int = 1,
     chunk: int = 0,
     mappings: dict[str, Any] = SCIFACT_MAPPINGS,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Create `index` (`mappings`: by default `body` with the standard analyzer; `shards` shards, no
-    replica) and load SciFact `records` (`tests.support.data.scifact_records`) into it, `title + " " +
-    text` as `body`."""
-    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    replica, and any other `settings`) and load SciFact `records` (`tests.support.data.scifact_records`)
+    into it, `title + " " + text` as `body`."""
+    settings = {"number_of_shards": shards, "number_of_replicas": 0, **(settings or {})}
     engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
     docs = {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records}
     bulk(engine, index, docs, chunk=chunk)
