@@ -4,7 +4,9 @@ corpus statistics as its parameters, so no hit's term frequencies or length cros
 Opt-in (`serve --in-engine`), and only where it gives what the sidecar's own rerank gives:
 
 - OpenSearch 2.10+ with painless (`termFreq` in a `script_score`);
-- an index of one shard (a `rescore` window is per shard: over several it is not the global window);
+- a search that reaches one shard: an index of one, or one of several searched with one `routing`
+  value (an index without `routing_partition_size`) or `preference=_shards:N` (a `rescore` window is
+  per shard: over several it is not the global window);
 - a `token_count` sub-field `<field>.len` with the field's own analyzer and every token counted
   (`enable_position_increments: false`): each document's length from doc values (`bmx-rerank lengths
   add` makes and fills it);
@@ -113,21 +115,43 @@ def rescored(plan: Plan, params: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Layout:
-    """What the index lets the engine score (`reason` None), else why not."""
+    """What the index lets the engine score (`reason` None), else why not; over several `shards`, only
+    a search that reaches one of them (`reason_for`)."""
 
     reason: str | None
+    shards: int = 1
+    partition: int = 1  # `index.routing_partition_size`: how many shards one routing value spreads over
+
+    def reason_for(self, params: Mapping[str, str]) -> str | None:
+        """Why a search with these query parameters is not scored in the engine (None: it is)."""
+        if self.reason is not None or self.shards == 1 or one_shard(params, self.partition):
+            return self.reason
+        return "shards"
+
+
+def one_shard(params: Mapping[str, str], partition: int) -> bool:
+    """Whether a search reaches one shard at most: one `routing` value (where a value routes to one
+    shard), or a `preference` of one `_shards:N` (with or without `|` and another preference)."""
+    routing = params.get("routing", "")
+    if routing.strip() and "," not in routing and partition == 1:
+        return True
+    shards, _, _ = params.get("preference", "").partition("|")
+    return shards.startswith("_shards:") and shards.removeprefix("_shards:").strip().isdigit()
 
 
 def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any] | None) -> Layout:
     """From `GET <index>/_mapping/field/<field>,<field>.len` and the index's flat settings
-    (`stats.scan.index_settings`, None where the caller may not read them): one index, one shard, and
+    (`stats.scan.index_settings`, None where the caller may not read them): one index, its shards, and
     a length sub-field that counts every token of the field's analyzer."""
     if len(mapping) != 1:
         return Layout("indices")
     if settings is None:
         return Layout("refused")
     (found,) = mapping.values()
-    if str(settings.get("index.number_of_shards")) != "1":
+    try:
+        shards = int(settings.get("index.number_of_shards", ""))
+        partition = int(settings.get("index.routing_partition_size", 1))
+    except (TypeError, ValueError):
         return Layout("shards")
     fields = found.get("mappings", {})
     text = fields.get(field, {}).get("mapping", {}).get(field.rsplit(".", 1)[-1], {})
@@ -136,7 +160,7 @@ def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any] |
         return Layout("no_length_field")
     if length != length_mapping(field_analyzer(text, settings)):
         return Layout("length_field_differs")
-    return Layout(None)
+    return Layout(None, shards, partition)
 
 
 def length_mapping(analyzer: str) -> dict[str, Any]:

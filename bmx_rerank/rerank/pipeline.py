@@ -309,7 +309,7 @@ class Reranker:
             key = (who, index_expr, leaf.field)
             if (layout := self.layouts.get(key)) is None:
                 layout = self.layouts[key] = await self._layout(index_expr, leaf.field, headers)
-            why = layout.reason
+            why = layout.reason_for(plan.params)
         digest = seen = None  # with no term-vector cache (`remember_windows` off) nothing is kept
         if why is None and self.prober.remember_windows:
             digest = window_digest(index_expr, plan)

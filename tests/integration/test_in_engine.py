@@ -1,6 +1,6 @@
 """`serve --in-engine` (rerank/in_engine.py) on real engines: where the engine scores a window, its
 page is the sidecar's own to float32 (the same hits, in the same order, scores to 1e-6 relative);
-where it cannot (several shards, no length sub-field, a document without a length, Elasticsearch), the
+where it cannot (several shards reached, no length sub-field, a document without a length, Elasticsearch), the
 sidecar's rerank answers as it always did."""
 
 from __future__ import annotations
@@ -189,10 +189,43 @@ def test_what_the_engine_cannot_score_exactly_the_sidecar_does(engine: EngineCli
                 _same_page(a, b)
                 assert a["_bmx"]["tf"] != "engine", a["_bmx"]
         outcomes = _outcomes(scored)
-        assert outcomes == {"shards": 5, "no_length" if opensearch else "no_length_field": 5}, outcomes
+        # (on Elasticsearch neither index has a length sub-field, which is said first)
+        assert outcomes == ({"shards": 5, "no_length": 5} if opensearch else {"no_length_field": 10}), (
+            outcomes
+        )
     finally:
         engine.call("DELETE", f"/{sharded}")
         engine.call("DELETE", f"/{added}")
+
+
+def test_a_search_routed_to_one_shard_of_several_is_scored_in_the_engine(
+    engine: EngineClient, proxies, engine_only: ProxyThread
+) -> None:
+    """Over several shards a `rescore` window is each shard's, so the engine scores only a search that
+    reaches one of them: one `routing` value, or `preference=_shards:N`. Its page is the sidecar's for
+    the same search (the window of that one shard); the search unrouted is the sidecar's."""
+    stats, _, reference = proxies
+    scored = engine_only
+    opensearch = engine.kind == "opensearch"
+    index = _index(engine, WITH_LENGTH if opensearch else WITHOUT, shards=3)
+    asks = ("routing=tenant-7", "preference=_shards:1", "preference=_shards:2|_local", "")
+    try:
+        _stats(scored, engine, stats, index)
+        for text in _queries()[:8]:
+            body = {"query": {"match": {"body": text}}, "size": 10, "ext": {"bmx": {"field": "body"}}}
+            totals = {}
+            for ask in asks:
+                path = f"/{index}/_search?{ask}"
+                a, b = (EngineClient(engine.kind, p.url).ok("POST", path, body) for p in (scored, reference))
+                _same_page(a, b)
+                assert (a["_bmx"]["tf"] == "engine") == (opensearch and bool(ask)), (ask, a["_bmx"])
+                assert b["_bmx"]["tf"] != "engine"
+                totals[ask] = a["hits"]["total"]["value"]
+            assert max(totals[ask] for ask in asks[:-1]) < totals[""], ("one shard's hits", totals)
+        outcomes = _outcomes(scored)
+        assert outcomes == ({"scored": 24, "shards": 8} if opensearch else {"no_length_field": 32}), outcomes
+    finally:
+        engine.call("DELETE", f"/{index}")
 
 
 def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, proxies) -> None:

@@ -101,7 +101,39 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
 def test_what_an_index_lets_the_engine_score(
     mapping: dict, settings: dict | None, reason: str | None
 ) -> None:
-    assert in_engine.layout("body", mapping, settings).reason == reason
+    assert in_engine.layout("body", mapping, settings).reason_for({}) == reason
+
+
+@pytest.mark.parametrize(
+    ("params", "settings", "reached"),
+    [
+        ({}, _settings(), "one"),
+        ({}, _settings(3), "several"),
+        ({"routing": "tenant-7"}, _settings(3), "one"),
+        ({"routing": "a,b"}, _settings(3), "several"),  # two values: up to two shards
+        ({"routing": ""}, _settings(3), "several"),
+        ({"routing": "tenant-7"}, _settings(3, **{"index.routing_partition_size": "2"}), "several"),
+        ({"preference": "_shards:2"}, _settings(3), "one"),
+        ({"preference": "_shards:2|_local"}, _settings(3), "one"),
+        ({"preference": "_shards:1,2"}, _settings(3), "several"),
+        ({"preference": "_local"}, _settings(3), "several"),
+        (
+            {"preference": "_local|_shards:2"},
+            _settings(3),
+            "several",
+        ),  # the engines take `_shards` first only
+        ({"routing": "a,b", "preference": "_shards:0"}, _settings(3), "one"),
+    ],
+)
+def test_several_shards_only_for_a_search_that_reaches_one(
+    params: dict, settings: dict, reached: str
+) -> None:
+    """A `rescore` window is each shard's: over several shards it is the global window only for a
+    search routed to one of them."""
+    layout = in_engine.layout("body", _mapping(COUNTS), settings)
+    assert layout.reason is None
+    assert layout.reason_for(params) == (None if reached == "one" else "shards")
+    assert in_engine.Layout("refused", 3).reason_for({"routing": "x"}) == "refused"
 
 
 def _plan(tree: Text | Combine | None = None, **spec: Any) -> Plan:
