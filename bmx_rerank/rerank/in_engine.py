@@ -4,9 +4,13 @@ corpus statistics as its parameters, so no hit's term frequencies or length cros
 Opt-in (`serve --in-engine`), and only where it gives what the sidecar's own rerank gives:
 
 - OpenSearch 2.10+ with painless (`termFreq` in a `script_score`);
-- a search that reaches one shard: an index of one, or one of several searched with one `routing`
-  value (an index without `routing_partition_size`) or `preference=_shards:N` (a `rescore` window is
-  per shard: over several it is not the global window);
+- one index. A `rescore` window is per shard: each shard rescores its own best `window_size`. So a
+  search that reaches one shard (an index of one, or one of several searched with one `routing` value,
+  where the index has no `routing_partition_size`, or `preference=_shards:N`) is one search; one that
+  reaches several is two (`edge_search`, then the rescore): the first finds the first-stage score of
+  the global window's last hit, and the script scores 0 for a hit below it (`CUTOFF`), so that of each
+  shard's window only the global window's hits are ranked. A window whose edge ties with the next hit
+  (the cluster's tie-break draws that edge, no cutoff can) is the sidecar's;
 - a `token_count` sub-field `<field>.len` with the field's own analyzer and every token counted
   (`enable_position_increments: false`): each document's length from doc values (`bmx-rerank lengths
   add` makes and fills it);
@@ -98,12 +102,59 @@ def script_params(
     }
 
 
-def rescored(plan: Plan, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The caller's page as a search whose window (`window_size` best of the one shard) is rescored by
-    the script, its scores replaced, not added to."""
+# Over several shards the rescore wraps the caller's query, whose score (`_score`) places a hit in the
+# global window or below it. Compared as float32, as the engine scores: the cutoff comes back from JSON
+# as the shortest decimal of a float32, which as a double may lie above it.
+CUTOFF = "if ((float) _score < (float) params.cutoff) { return 0; }\n"
+# What the search of the window's edge leaves out of the caller's: nothing that picks or scores hits.
+NOT_EDGE = frozenset(
+    "aggs aggregations _source stored_fields docvalue_fields fields script_fields highlight explain "
+    "version seq_no_primary_term track_total_hits profile suggest from size".split()
+)
+
+
+def edge_search(plan: Plan) -> dict[str, Any]:
+    """The caller's search from its window's last hit, two hits, reading no stored field and counting
+    no total: the first-stage score of the global window's edge, and of the hit after it."""
     assert plan.spec is not None and plan.body is not None
+    body = {k: v for k, v in plan.body.items() if k not in NOT_EDGE}
+    return {
+        **body,
+        "from": plan.spec.window_size - 1,
+        "size": 2,
+        "_source": False,
+        "stored_fields": "_none_",
+        "track_total_hits": False,
+    }
+
+
+def window_edge(data: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """From `edge_search`'s answer: the cutoff (None when no hit follows the window's last: every hit
+    is in the window, and in its shard's), or why there is none to draw: the next hit ties with the
+    edge (`edge_tied`), or the search was not whole (`edge_partial`: timed out, a shard failed,
+    terminated early)."""
+    shards = data.get("_shards") or {}
+    if data.get("timed_out") or data.get("terminated_early") or shards.get("failed"):
+        return None, "edge_partial"
+    scores = [h.get("_score") for h in (data.get("hits") or {}).get("hits") or []]
+    if not all(isinstance(x, (int, float)) for x in scores):
+        return None, "edge_partial"
+    if len(scores) == 2 and np.float32(scores[0]) == np.float32(scores[1]):
+        return None, "edge_tied"
+    return (float(scores[0]) if len(scores) == 2 else None), None
+
+
+def rescored(plan: Plan, params: Mapping[str, Any], cutoff: float | None = None) -> dict[str, Any]:
+    """The caller's page as a search whose window (`window_size` best of each shard) is rescored by the
+    script, its scores replaced, not added to. With a `cutoff` (`window_edge`), a hit whose first-stage
+    score is below it scores 0: only the global window's hits are ranked."""
+    assert plan.spec is not None and plan.body is not None
+    inner: Any = {"match_all": {}}
     script = {"source": SCRIPT, "lang": "painless", "params": dict(params)}
-    query = {"script_score": {"query": {"match_all": {}}, "script": script}}
+    if cutoff is not None:
+        inner = plan.body.get("query", inner)
+        script = {**script, "source": CUTOFF + SCRIPT, "params": {**params, "cutoff": cutoff}}
+    query = {"script_score": {"query": inner, "script": script}}
     weights = {"query_weight": 0.0, "rescore_query_weight": 1.0}
     return {
         **plan.body,
@@ -115,18 +166,16 @@ def rescored(plan: Plan, params: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Layout:
-    """What the index lets the engine score (`reason` None), else why not; over several `shards`, only
-    a search that reaches one of them (`reason_for`)."""
+    """What the index lets the engine score (`reason` None), else why not; and its shards."""
 
     reason: str | None
     shards: int = 1
     partition: int = 1  # `index.routing_partition_size`: how many shards one routing value spreads over
 
-    def reason_for(self, params: Mapping[str, str]) -> str | None:
-        """Why a search with these query parameters is not scored in the engine (None: it is)."""
-        if self.reason is not None or self.shards == 1 or one_shard(params, self.partition):
-            return self.reason
-        return "shards"
+    def edged(self, params: Mapping[str, str]) -> bool:
+        """Whether a search with these query parameters may reach several shards: its window's edge is
+        searched first (`edge_search`)."""
+        return self.shards > 1 and not one_shard(params, self.partition)
 
 
 def one_shard(params: Mapping[str, str], partition: int) -> bool:
@@ -152,7 +201,7 @@ def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any] |
         shards = int(settings.get("index.number_of_shards", ""))
         partition = int(settings.get("index.routing_partition_size", 1))
     except (TypeError, ValueError):
-        return Layout("shards")
+        return Layout("settings")
     fields = found.get("mappings", {})
     text = fields.get(field, {}).get("mapping", {}).get(field.rsplit(".", 1)[-1], {})
     length = fields.get(f"{field}.{SUFFIX}", {}).get("mapping", {}).get(SUFFIX, {})

@@ -309,7 +309,7 @@ class Reranker:
             key = (who, index_expr, leaf.field)
             if (layout := self.layouts.get(key)) is None:
                 layout = self.layouts[key] = await self._layout(index_expr, leaf.field, headers)
-            why = layout.reason_for(plan.params)
+            why = layout.reason
         digest = seen = None  # with no term-vector cache (`remember_windows` off) nothing is kept
         if why is None and self.prober.remember_windows:
             digest = window_digest(index_expr, plan)
@@ -340,8 +340,18 @@ class Reranker:
         if params is None:  # no document holds a token: the sidecar's rerank declines it
             self.metrics.in_engine.labels("no_match").inc()
             return None
-        _, search_params = window_request(index_expr, plan, digest)
-        answer = await first_stage(in_engine.rescored(plan, params), search_params)
+        _, search_params = window_request(index_expr, plan, digest)  # both searches on the same copies
+        cutoff = None
+        if layout.edged(plan.params):  # several shards: the global window's edge first
+            edge = await first_stage(in_engine.edge_search(plan), search_params)
+            if edge.status >= 300 or edge.data is None:
+                self.metrics.in_engine.labels("edge_refused").inc()
+                return None
+            cutoff, why = in_engine.window_edge(edge.data)
+            if why is not None:
+                self.metrics.in_engine.labels(why).inc()
+                return None
+        answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
         if answer.status >= 300 or answer.data is None:
             why = "no_length" if in_engine.no_length(answer.raw) else "refused"
             self.layouts[who, index_expr, leaf.field] = in_engine.Layout(why)
@@ -352,6 +362,10 @@ class Reranker:
         best = hits_obj.get("max_score")  # the rescored window's best (OpenSearch sets it after a rescore)
         if hits and not (best if best is not None else any(h.get("_score") for h in hits)):
             self.metrics.in_engine.labels("no_match").inc()  # nothing matched: declined, as the sidecar does
+            return None
+        if cutoff is not None and any(h.get("_score") == 0 for h in hits):
+            # a hit below the window's edge, or one of it that holds no query term: which, no score says
+            self.metrics.in_engine.labels("zero").inc()
             return None
         if not plan.wants_seq_no:
             hits_obj["hits"] = [strip(h, keep_seq=False) for h in hits]

@@ -96,11 +96,16 @@ def test_small_latency_run_times_in_engine_scoring_beside_the_sidecar(
     )
     bench.plot(rows, ["os"], [100], str(tmp_path / "latency.png"))  # its two lines too
     assert (tmp_path / "latency.png").stat().st_size > 1000
-    # over several shards `--in-engine` declines (a rescore's window is each shard's): no such rows
+    out = capsys.readouterr().out
+    assert "os: --in-engine, window 100: 0 of 3 first sights the sidecar's" in out, out
+    # over several shards too (each window's edge searched first): the rows, and what the sidecar scored
     args.shards, args.clients = 2, "1"
-    rows = bench.run_engine("os", opensearch_url, docs[:100], queries[: bench.WARMUP + 1], args)
-    assert not any(r["request"] in bench.IN_ENGINE for r in rows)
-    assert "os: no --in-engine rows: 2 shards (a rescore's window is each shard's)" in capsys.readouterr().out
+    rows = bench.run_engine("os", opensearch_url, docs[:300], queries[: bench.WARMUP + 3], args)
+    for row in bench.IN_ENGINE:
+        assert bench.find(rows, "os", row, 100)["n"] == 3
+    assert re.search(
+        r"^os: --in-engine, window 100: [0-3] of 3 first sights the sidecar's$", capsys.readouterr().out, re.M
+    )
 
 
 def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: str) -> None:

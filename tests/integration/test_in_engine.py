@@ -1,6 +1,6 @@
 """`serve --in-engine` (rerank/in_engine.py) on real engines: where the engine scores a window, its
 page is the sidecar's own to float32 (the same hits, in the same order, scores to 1e-6 relative);
-where it cannot (several shards reached, no length sub-field, a document without a length, Elasticsearch), the
+where it cannot (no length sub-field, a document without a length, Elasticsearch), the
 sidecar's rerank answers as it always did."""
 
 from __future__ import annotations
@@ -170,62 +170,101 @@ def test_a_window_scored_in_the_engine_is_the_sidecars_page(
 
 
 def test_what_the_engine_cannot_score_exactly_the_sidecar_does(engine: EngineClient, proxies) -> None:
-    """Several shards (a `rescore` window is each shard's), and a length sub-field added after the
-    documents (those indexed before have no length: the script throws, the sidecar answers, and the
-    index is not tried again for a while): every page the sidecar's."""
+    """A length sub-field added after the documents (those indexed before have no length: the script
+    throws, the sidecar answers, and the index is not tried again for a while), over two shards (the
+    window's edge searched first): every page the sidecar's."""
     stats, scored, reference = proxies
     opensearch = engine.kind == "opensearch"  # Elasticsearch's integ-test build has no `token_count`
-    sharded = _index(engine, WITH_LENGTH if opensearch else WITHOUT, shards=2, docs=300)
-    added = _index(engine, WITHOUT, docs=300)
+    added = _index(engine, WITHOUT, shards=2, docs=300)
     if opensearch:
         engine.ok("PUT", f"/{added}/_mapping", WITH_LENGTH)
         engine.ok("POST", f"/{added}/_doc/new?refresh=true", {"body": "cancer cells grow in the lung"})
     try:
-        for index in (sharded, added):
-            _stats(scored, engine, stats, index)
-            for text in _queries()[:5]:
-                extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
-                a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
-                _same_page(a, b)
-                assert a["_bmx"]["tf"] != "engine", a["_bmx"]
+        _stats(scored, engine, stats, added)
+        for text in _queries()[:5]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            a, b = search(scored.url, added, text, extra), search(reference.url, added, text, extra)
+            _same_page(a, b)
+            assert a["_bmx"]["tf"] != "engine", a["_bmx"]
         outcomes = _outcomes(scored)
-        # (on Elasticsearch neither index has a length sub-field, which is said first)
-        assert outcomes == ({"shards": 5, "no_length": 5} if opensearch else {"no_length_field": 10}), (
-            outcomes
-        )
+        assert outcomes == {"no_length" if opensearch else "no_length_field": 5}, outcomes
     finally:
-        engine.call("DELETE", f"/{sharded}")
         engine.call("DELETE", f"/{added}")
 
 
-def test_a_search_routed_to_one_shard_of_several_is_scored_in_the_engine(
+def test_a_window_over_several_shards_is_scored_in_the_engine(
     engine: EngineClient, proxies, engine_only: ProxyThread
 ) -> None:
-    """Over several shards a `rescore` window is each shard's, so the engine scores only a search that
-    reaches one of them: one `routing` value, or `preference=_shards:N`. Its page is the sidecar's for
-    the same search (the window of that one shard); the search unrouted is the sidecar's."""
+    """Over several shards a `rescore` window is each shard's. A search that reaches one shard (one
+    `routing` value, `preference=_shards:N`) is one search; one that may reach several has its global
+    window's edge searched first, and the script scores 0 below it. Either way each page is the
+    sidecar's: the window's first and last pages, and a `bool` with a filter and aggregations. A window
+    whose edge ties with the next hit (the cluster's tie-break draws it) is the sidecar's."""
     stats, _, reference = proxies
     scored = engine_only
     opensearch = engine.kind == "opensearch"
     index = _index(engine, WITH_LENGTH if opensearch else WITHOUT, shards=3)
     asks = ("routing=tenant-7", "preference=_shards:1", "preference=_shards:2|_local", "")
+    bmx = {"bmx": {"field": "body", "window_size": 40}}
     try:
         _stats(scored, engine, stats, index)
         for text in _queries()[:8]:
-            body = {"query": {"match": {"body": text}}, "size": 10, "ext": {"bmx": {"field": "body"}}}
+            filtered = {
+                "bool": {"must": [{"match": {"body": text}}], "filter": [{"exists": {"field": "body"}}]}
+            }
             totals = {}
             for ask in asks:
-                path = f"/{index}/_search?{ask}"
-                a, b = (EngineClient(engine.kind, p.url).ok("POST", path, body) for p in (scored, reference))
-                _same_page(a, b)
-                assert (a["_bmx"]["tf"] == "engine") == (opensearch and bool(ask)), (ask, a["_bmx"])
-                assert b["_bmx"]["tf"] != "engine"
-                totals[ask] = a["hits"]["total"]["value"]
-            assert max(totals[ask] for ask in asks[:-1]) < totals[""], ("one shard's hits", totals)
+                for extra in (
+                    {"size": 10, "ext": bmx},
+                    {"from": 30, "size": 10, "ext": bmx},  # the window's last page: its edge shows there
+                    {
+                        "query": filtered,
+                        "size": 10,
+                        "aggs": {"n": {"value_count": {"field": "_seq_no"}}},
+                        "ext": bmx,
+                    },
+                ):
+                    body = {"query": {"match": {"body": text}}, **extra}
+                    path = f"/{index}/_search?{ask}"
+                    before = _outcomes(scored).get("edge_tied", 0)
+                    a, b = (
+                        EngineClient(engine.kind, p.url).ok("POST", path, body) for p in (scored, reference)
+                    )
+                    _same_page(a, b)
+                    assert a.get("aggregations") == b.get("aggregations")
+                    # the edge ties with the next hit in some windows here (documents of one shard
+                    # alike in length and frequencies): those are the sidecar's
+                    tied = _outcomes(scored).get("edge_tied", 0) > before
+                    assert not tied or ask == "", ask
+                    assert (a["_bmx"]["tf"] == "engine") == (opensearch and not tied), (ask, a["_bmx"])
+                    assert b["_bmx"]["tf"] != "engine"
+                    totals[ask] = a["hits"]["total"]["value"]
+            assert max(totals[ask] for ask in asks[:-1]) < totals[""] > 40, ("one shard's hits", totals)
         outcomes = _outcomes(scored)
-        assert outcomes == ({"scored": 24, "shards": 8} if opensearch else {"no_length_field": 32}), outcomes
+        if not opensearch:
+            assert outcomes == {"no_length_field": 96}, outcomes
+            return
+        assert outcomes["scored"] + outcomes.get("edge_tied", 0) == 96, outcomes
+        assert outcomes["scored"] >= 3 * 3 * 8 + 12, ("most windows over 3 shards untied", outcomes)
+        # identical documents scored with the index's statistics tie at the window's edge
+        twins = {f"twin-{i}": {"body": "lung cancer cells divide"} for i in range(60)}
+        engine.ok("POST", "/_bulk?refresh=true", _bulk_lines(index, twins))
+        _stats(scored, engine, stats, index)
+        body = {"query": {"match": {"body": "divide"}}, "size": 10, "ext": bmx}
+        path = f"/{index}/_search?search_type=dfs_query_then_fetch"
+        a, b = (EngineClient(engine.kind, p.url).ok("POST", path, body) for p in (scored, reference))
+        _same_page(a, b)
+        tied = outcomes.get("edge_tied", 0)
+        assert a["_bmx"]["tf"] != "engine" and _outcomes(scored)["edge_tied"] == tied + 1, _outcomes(scored)
     finally:
         engine.call("DELETE", f"/{index}")
+
+
+def _bulk_lines(index: str, docs: dict[str, dict]) -> str:
+    return "".join(
+        json.dumps({"index": {"_index": index, "_id": i}}) + "\n" + json.dumps(d) + "\n"
+        for i, d in docs.items()
+    )
 
 
 def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, proxies) -> None:

@@ -78,7 +78,8 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
     [
         (_mapping(COUNTS), _settings(), None),
         (_mapping(COUNTS, analyzer=None), _settings(), None),  # the field's analyzer is the default
-        (_mapping(COUNTS), _settings(3), "shards"),
+        (_mapping(COUNTS), _settings(3), None),  # its window's edge searched first (`edged`)
+        (_mapping(COUNTS), {}, "settings"),
         (_mapping(COUNTS), None, "refused"),  # settings the caller may not read
         ({**_mapping(COUNTS), "j": _mapping(COUNTS)["i"]}, _settings(), "indices"),
         (_mapping(None), _settings(), "no_length_field"),
@@ -101,7 +102,7 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
 def test_what_an_index_lets_the_engine_score(
     mapping: dict, settings: dict | None, reason: str | None
 ) -> None:
-    assert in_engine.layout("body", mapping, settings).reason_for({}) == reason
+    assert in_engine.layout("body", mapping, settings).reason == reason
 
 
 @pytest.mark.parametrize(
@@ -125,15 +126,63 @@ def test_what_an_index_lets_the_engine_score(
         ({"routing": "a,b", "preference": "_shards:0"}, _settings(3), "one"),
     ],
 )
-def test_several_shards_only_for_a_search_that_reaches_one(
+def test_a_search_that_may_reach_several_shards_has_its_windows_edge_searched_first(
     params: dict, settings: dict, reached: str
 ) -> None:
-    """A `rescore` window is each shard's: over several shards it is the global window only for a
-    search routed to one of them."""
+    """A `rescore` window is each shard's: it is the global window only for a search that reaches one."""
     layout = in_engine.layout("body", _mapping(COUNTS), settings)
     assert layout.reason is None
-    assert layout.reason_for(params) == (None if reached == "one" else "shards")
-    assert in_engine.Layout("refused", 3).reason_for({"routing": "x"}) == "refused"
+    assert layout.edged(params) == (reached == "several")
+
+
+def test_the_windows_edge_and_the_rescore_that_keeps_to_it() -> None:
+    """The edge's search reads nothing but scores: from the window's last hit, two hits, no stored field,
+    no total, no aggregation; what picks hits stays. A cutoff where the next hit does not tie with it
+    (compared as float32), none where no hit follows, and none to draw on a tie or a partial answer."""
+    plan = replace(
+        _plan(window_size=40),
+        body={
+            "query": {"match": {"body": "lung cancer"}},
+            "post_filter": {"term": {"kind": "a"}},
+            "aggs": {"n": {"value_count": {"field": "_seq_no"}}},
+            "_source": ["title"],
+            "highlight": {"fields": {"body": {}}},
+            "track_total_hits": True,
+            "size": 100,
+        },
+    )
+    assert in_engine.edge_search(plan) == {
+        "query": {"match": {"body": "lung cancer"}},
+        "post_filter": {"term": {"kind": "a"}},
+        "from": 39,
+        "size": 2,
+        "_source": False,
+        "stored_fields": "_none_",
+        "track_total_hits": False,
+    }
+
+    def answer(*scores: Any, **more: Any) -> dict:
+        return {"_shards": {"failed": 0}, "hits": {"hits": [{"_score": x} for x in scores]}, **more}
+
+    assert in_engine.window_edge(answer(5.25, 5.0)) == (5.25, None)
+    assert in_engine.window_edge(answer(5.25)) == (None, None)  # the window holds every hit
+    assert in_engine.window_edge(answer()) == (None, None)
+    assert in_engine.window_edge(answer(5.25, 5.25)) == (None, "edge_tied")
+    # the shortest decimals of two doubles that are one float32
+    assert in_engine.window_edge(answer(0.1, 0.10000000149011612)) == (None, "edge_tied")
+    assert in_engine.window_edge(answer(5.25, 5.0, timed_out=True)) == (None, "edge_partial")
+    assert in_engine.window_edge({"_shards": {"failed": 1}, "hits": {"hits": []}}) == (None, "edge_partial")
+    assert in_engine.window_edge(answer(None, 1.0)) == (None, "edge_partial")
+
+    params = {"terms": ["lung"]}
+    one = in_engine.rescored(plan, params)["rescore"]["query"]["rescore_query"]["script_score"]
+    assert one["query"] == {"match_all": {}} and one["script"]["source"] == in_engine.SCRIPT
+    cut = in_engine.rescored(plan, params, 5.25)["rescore"]
+    assert cut["window_size"] == 40
+    scored = cut["query"]["rescore_query"]["script_score"]
+    assert scored["query"] == {"match": {"body": "lung cancer"}}, "the caller's query gives `_score`"
+    assert scored["script"]["source"] == in_engine.CUTOFF + in_engine.SCRIPT
+    assert scored["script"]["params"] == {"terms": ["lung"], "cutoff": 5.25}
 
 
 def _plan(tree: Text | Combine | None = None, **spec: Any) -> Plan:
