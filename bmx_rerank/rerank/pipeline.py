@@ -323,34 +323,26 @@ class Reranker:
             self.metrics.in_engine.labels(why).inc()
             return None
         assert isinstance(leaf, Text)
-        stats = self._statistics(index_expr, leaf.field, headers)
-        try:
-            # no `_analyze` where the field's analyzer is the standard one and every word is known
-            known = self.analysis.known(index_expr, plan)
-            analysed = known if known is not None else await self.analysis.tokens(index_expr, plan, headers)
-            tokens = analysed[(leaf.field, leaf.text)]
-            view = await self._complete(stats, tokens)
-        except (AnalysisDeclined, SearchError):  # the sidecar's rerank declines, falls back or fails
-            self.metrics.in_engine.labels("unread").inc()
-            return None
-        finally:
-            if not stats.done():
-                stats.cancel()
-        params = in_engine.script_params(view.corpus, tokens, spec.scoring_request(), leaf.field, leaf.boost)
-        if params is None:  # no document holds a token: the sidecar's rerank declines it
-            self.metrics.in_engine.labels("no_match").inc()
-            return None
         _, search_params = window_request(index_expr, plan, digest)  # both searches on the same copies
-        cutoff = None
-        if layout.edged(plan.params):  # several shards: the global window's edge first
-            edge = await first_stage(in_engine.edge_search(plan), search_params)
-            if edge.status >= 300 or edge.data is None:
-                self.metrics.in_engine.labels("edge_refused").inc()
-                return None
-            cutoff, why = in_engine.window_edge(edge.data)
-            if why is not None:
-                self.metrics.in_engine.labels(why).inc()
-                return None
+        edge = None  # several shards: the global window's edge searched first, while the terms are read
+        if layout.edged(plan.params):
+            edge = asyncio.ensure_future(first_stage(in_engine.edge_search(plan), search_params))
+        cutoff = why = None
+        try:
+            scripted = await self._script_params(index_expr, plan, leaf, headers)
+            if scripted is not None and edge is not None:
+                found = (await edge).data
+                cutoff, why = in_engine.window_edge(found) if found is not None else (None, "edge_refused")
+        finally:
+            if edge is not None and not edge.done():
+                edge.cancel()
+            elif edge is not None and not edge.cancelled():
+                edge.exception()  # retrieved: a failure left unread is the sidecar's to meet again
+        if why is not None:
+            self.metrics.in_engine.labels(why).inc()
+        if scripted is None or why is not None:
+            return None
+        params, view = scripted
         answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
         if answer.status >= 300 or answer.data is None:
             why = "no_length" if in_engine.no_length(answer.raw) else "refused"
@@ -386,6 +378,32 @@ class Reranker:
             self.engine_scored[seen] = self.engine_scored.get(seen, 0) + 1
         self.metrics.reranks.labels("reranked").inc()
         return Outcome(answer, filter_path.apply(body, plan.filter_path), Marker(spec.mode))
+
+    async def _script_params(
+        self, index_expr: str, plan: Plan, leaf: Text, headers: Mapping[str, str]
+    ) -> tuple[dict[str, Any], StatsView] | None:
+        """The engine's script's parameters for `leaf`'s terms, and the statistics they come from; or
+        None (counted: the terms or their statistics could not be read, or no document holds a term)."""
+        assert plan.spec is not None
+        stats = self._statistics(index_expr, leaf.field, headers)
+        try:
+            # no `_analyze` where the field's analyzer is the standard one and every word is known
+            known = self.analysis.known(index_expr, plan)
+            analysed = known if known is not None else await self.analysis.tokens(index_expr, plan, headers)
+            tokens = analysed[(leaf.field, leaf.text)]
+            view = await self._complete(stats, tokens)
+        except (AnalysisDeclined, SearchError):  # the sidecar's rerank declines, falls back or fails
+            self.metrics.in_engine.labels("unread").inc()
+            return None
+        finally:
+            if not stats.done():
+                stats.cancel()
+        request = plan.spec.scoring_request()
+        params = in_engine.script_params(view.corpus, tokens, request, leaf.field, leaf.boost)
+        if params is None:  # no document holds a token: the sidecar's rerank declines it
+            self.metrics.in_engine.labels("no_match").inc()
+            return None
+        return params, view
 
     async def _layout(self, index_expr: str, field: str, headers: Mapping[str, str]) -> in_engine.Layout:
         """What `index_expr` lets the engine score on `field`, read with the caller's own rights (an
