@@ -3,12 +3,14 @@ pyinstrument profile of the proxy process (the measured requests alone), for war
 
     .venv/bin/python -m benchmarks.profile_rerank --upstream http://127.0.0.1:9200 --window 100 \
         --mode warm|first|passthrough [--requests 200] [--repeats 1] [--shards 1] [--fields body]
-        [--profile-out /tmp/profile.txt]
+        [--in-engine] [--profile-out /tmp/profile.txt]
 
 Indexes SciFact into a fresh `bmxtest-proxy-prof-*` index (as benchmarks/proxy_latency.py does), runs
 the proxy in a child process under pyinstrument, sends `--requests` reranks one at a time (warm: each
 query `--repeats` times before, unmeasured; first: every cache off) and prints, per request: the whole rerank as
-the proxy timed it, each upstream call, and the proxy's own time (the rest); then the profile's top."""
+the proxy timed it, each upstream call, and the proxy's own time (the rest); then the profile's top.
+`--in-engine`: the index has `serve --in-engine`'s length sub-field and the proxy scores there where it
+can (OpenSearch with painless and token_count)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from tests.support.net import free_port
 ROOT = Path(__file__).resolve().parents[1]
 # counters printed as they are: how windows went lean, first stages probed from guessed tokens, and
 # where frequencies came from
-COUNTED = ("bmx_lean_windows_total", "bmx_token_guesses_total", "bmx_tf_windows_total")
+COUNTED = ("bmx_lean_windows_total", "bmx_token_guesses_total", "bmx_tf_windows_total", "bmx_in_engine_total")
 
 
 def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
@@ -50,10 +52,9 @@ def child(upstream: str, index: str, port: int, caches: bool, out: str) -> None:
 
     # the length table too, mapped (keyed by version on one shard) as the statistics cache serves it
     stats = stats_source(index, *sweep_stats(upstream, index), shard_count(upstream, index))
-    app = make_app(
-        ProxyConfig(upstream=upstream, **cache_option(caches == "1" if isinstance(caches, str) else caches)),
-        lambda s, b: stats,
-    )
+    in_engine = os.environ.get("BMX_RERANK_IN_ENGINE") == "1"  # as `serve` reads it
+    options = cache_option(caches == "1" if isinstance(caches, str) else caches)
+    app = make_app(ProxyConfig(upstream=upstream, in_engine=in_engine, **options), lambda s, b: stats)
     if not caches:
         app.on_startup.append(_no_analysis_cache)
     import uvloop
@@ -100,6 +101,9 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=1, help="warm: times each query goes before it is measured"
     )
+    parser.add_argument(
+        "--in-engine", action="store_true", help="serve --in-engine, the index's length sub-field"
+    )
     parser.add_argument("--profile-out", default="/tmp/bmx-rerank-profile.txt", help='"": no profiler')
     parser.add_argument(
         "--fields", help="a field every search also asks for in `fields` (a page the page cache never keeps)"
@@ -112,7 +116,9 @@ def main() -> None:
         return
     engine = Http(args.upstream)
     index = f"bmxtest-proxy-prof-{uuid.uuid4().hex[:8]}"
-    index_corpus(engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards)
+    index_corpus(
+        engine, index, scifact_records("corpus.jsonl", 0), shards=args.shards, lengths=args.in_engine
+    )
     queries = [q["text"] for q in scifact_records("queries.jsonl", 0)][: args.requests]
     port = free_port()
     caches = "1" if args.mode == "warm" else "0"
@@ -122,6 +128,7 @@ def main() -> None:
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        env={**os.environ, "BMX_RERANK_IN_ENGINE": "1" if args.in_engine else "0"},
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

@@ -77,27 +77,35 @@ def script_params(
 ) -> dict[str, Any] | None:
     """The script's parameters for a text's analysed tokens (duplicates kept, each weighing 1), as
     `scoring.bmx` reads them; None when no document holds any of them (every hit would score 0)."""
-    df, raw = stats.lookup(list(tokens))
-    live = df > 0
-    if not live.any():
+    df, raw = (column.tolist() for column in stats.lookup(list(tokens)))
+    live = [i for i, d in enumerate(df) if d > 0]
+    if not live:
         return None
-    df, raw = df[live], raw[live]
-    entropy = raw / raw.max() if raw.max() > 0 else np.zeros_like(raw)
-    terms, first, inverse = np.unique(np.array(tokens)[live], return_index=True, return_inverse=True)
+    top = max(raw[i] for i in live)
+    entropy = {i: raw[i] / top if top > 0 else 0.0 for i in live}
+    # per distinct term (sorted): its df, its tokens' count (each weighs 1) and their summed entropy; a
+    # few tokens, so plain Python (numpy's unique and bincount cost more here)
+    terms: dict[str, list[float]] = {}
+    for i in live:
+        term = terms.setdefault(tokens[i], [df[i], 0.0, 0.0])
+        term[1] += 1.0
+        term[2] += entropy[i]
+    order = sorted(terms)
     alpha = scoring.default_alpha(stats.avgdl) if request.alpha is None else request.alpha
     beta = scoring.default_beta(stats.n_docs) if request.beta is None else request.beta
+    idf = scoring.idf(stats.n_docs, np.array([terms[t][0] for t in order]))
     return {
         "field": field,
         "length": f"{field}.{SUFFIX}",
-        "terms": terms.tolist(),
-        "idf1": (scoring.idf(stats.n_docs, df[first]) * (alpha + 1)).tolist(),
-        "count": np.bincount(inverse).astype(float).tolist(),  # also each term's tokens' summed weight
-        "weighted_entropy": np.bincount(inverse, weights=entropy).tolist(),
+        "terms": order,
+        "idf1": (idf * (alpha + 1)).tolist(),
+        "count": [terms[t][1] for t in order],  # also each term's tokens' summed weight
+        "weighted_entropy": [terms[t][2] for t in order],
         "alpha": alpha,
         "avgdl": stats.avgdl,
-        "alpha_ebar": alpha * float(entropy.mean()),
+        "alpha_ebar": alpha * sum(entropy.values()) / len(live),
         "beta": beta,
-        "m": int(live.sum()),
+        "m": len(live),
         "boost": boost,
     }
 

@@ -329,6 +329,8 @@ class Reranker:
             edge = asyncio.ensure_future(first_stage(in_engine.edge_search(plan), search_params))
         cutoff = why = None
         try:
+            if edge is not None:
+                await lean.on_the_wire()
             scripted = await self._script_params(index_expr, plan, leaf, headers)
             if scripted is not None and edge is not None:
                 found = (await edge).data
