@@ -123,6 +123,19 @@ def test_small_profile_run_reports_time_and_cpu_per_request(elasticsearch_url: s
     assert re.search(r"upstream search\s+[\d.]+ ms/request \(5 calls\)", run.stdout), run.stdout
 
 
+def test_small_profile_run_of_in_engine_scoring_over_several_shards(opensearch_url: str) -> None:
+    """`--in-engine` over 2 shards: each first sight two searches (the window's edge, then the rescore),
+    scored in the engine (or, where the edge tied, by the sidecar: counted)."""
+    args = ["--upstream", opensearch_url, "--mode", "first", "--requests", "5", "--profile-out", ""]
+    run = run_benchmark("profile_rerank", *args, "--shards", "2", "--in-engine")
+    assert run.returncode == 0, run.stderr[-2000:]
+    scored = re.search(r'bmx_in_engine_total\{outcome="scored"\} ([\d.]+)', run.stdout)
+    tied = re.search(r'bmx_in_engine_total\{outcome="edge_tied"\} ([\d.]+)', run.stdout)
+    assert scored and float(scored.group(1)) + float(tied.group(1) if tied else 0) == 5, run.stdout
+    calls = re.search(r"upstream search\s+[\d.]+ ms/request \((\d+) calls\)", run.stdout)
+    assert calls and int(calls.group(1)) >= 2 * float(scored.group(1)), run.stdout
+
+
 def test_small_side_by_side_run_compares_two_checkouts(elasticsearch_url: str) -> None:
     """benchmarks/ab_proxies.py with this checkout on both sides (once with its caches off on one side
     and on on the other): both proxies rerank, each line has its p50, its ratio to the plain search and
