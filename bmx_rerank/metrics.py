@@ -79,6 +79,14 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.in_engine_edges = Counter(
+            "bmx_in_engine_edges",
+            "Windows over several shards scored in the engine, by where their page came from: beside "
+            "(the search beside the edge's, its hits within the global window) or after (the search "
+            "that keeps to the edge, sent after it)",
+            ["page"],
+            registry=self.registry,
+        )
         self.page_ahead = Counter(
             "bmx_page_ahead",
             "Lean windows' pages by how the fetch of their likely documents while scoring served them "

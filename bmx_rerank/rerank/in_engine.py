@@ -7,8 +7,11 @@ Opt-in (`serve --in-engine`), and only where it gives what the sidecar's own rer
 - one index. A `rescore` window is per shard: each shard rescores its own best `window_size`. So a
   search that reaches one shard (an index of one, or one of several searched with one `routing` value,
   where the index has no `routing_partition_size`, or `preference=_shards:N`) is one search; one that
-  reaches several is two (`edge_search`, then the rescore): the first finds the first-stage score of
-  the global window's last hit, and the script scores 0 for a hit below it (`CUTOFF`), so that of each
+  reaches several is two: the first (`edge_search`) finds the first-stage score of the global window's
+  last hit. A first page is asked for beside it, each shard's window rescored, the caller's query
+  named (`speculated`): it stands when each of its hits' first-stage score (the name's) is within the
+  global window, as it is unless a hit below the window outranks the window's best (`within`). Else the
+  rescore goes after the edge, and the script scores 0 for a hit below it (`CUTOFF`), so that of each
   shard's window only the global window's hits are ranked. A window whose edge ties with the next hit
   (the cluster's tie-break draws that edge, no cutoff can) is the sidecar's;
 - a `token_count` sub-field `<field>.len` with the field's own analyzer and every token counted
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from bmx_rerank import scoring
 from bmx_rerank.rerank.plan import Plan
@@ -114,6 +118,7 @@ def script_params(
 # global window or below it. Compared as float32, as the engine scores: the cutoff comes back from JSON
 # as the shortest decimal of a float32, which as a double may lie above it.
 CUTOFF = "if ((float) _score < (float) params.cutoff) { return 0; }\n"
+FIRST = "_bmx_first_stage"  # the caller's query's name in a `speculated` search
 # What the search of the window's edge leaves out of the caller's: nothing that picks or scores hits.
 NOT_EDGE = frozenset(
     "aggs aggregations _source stored_fields docvalue_fields fields script_fields highlight explain "
@@ -150,6 +155,39 @@ def window_edge(data: Mapping[str, Any]) -> tuple[float | None, str | None]:
     if len(scores) == 2 and np.float32(scores[0]) == np.float32(scores[1]):
         return None, "edge_tied"
     return (float(scores[0]) if len(scores) == 2 else None), None
+
+
+def speculates(plan: Plan, params: Mapping[str, str]) -> bool:
+    """Whether a search over several shards is asked for beside its edge (`speculated`): a first page
+    (every hit before it checked too), no query name of the caller's (whose `matched_queries` the name
+    would change), the engine's own statistics (under `dfs_query_then_fetch` a hit's named score may
+    be its shard's)."""
+    assert plan.body is not None
+    dfs = params.get("search_type") == "dfs_query_then_fetch"
+    return plan.from_ == 0 and not dfs and b'"_name"' not in orjson.dumps(plan.body)
+
+
+def speculated(plan: Plan, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`rescored` with each shard's window (no cutoff), the caller's query named `FIRST`: each page
+    hit's `matched_queries` score (`tf_probe.PARAM`) is its first-stage score, for `within`."""
+    assert plan.body is not None
+    query = plan.body.get("query", {"match_all": {}})
+    return {**rescored(plan, params), "query": {"bool": {"must": [query], "_name": FIRST}}}
+
+
+def within(data: Mapping[str, Any], cutoff: float | None) -> bool:
+    """Whether every hit of a `speculated` answer is in the global window: its first-stage score at
+    or above `cutoff` (None: every hit is), compared as float32. Each hit's `FIRST` score is taken out
+    of it either way (the caller named no query: `speculates`)."""
+    held = True
+    for hit in (data.get("hits") or {}).get("hits") or []:
+        named = hit.pop("matched_queries", None)
+        score = named.get(FIRST) if isinstance(named, dict) else None
+        if not isinstance(score, (int, float)):
+            held = False
+        elif cutoff is not None and np.float32(score) < np.float32(cutoff):
+            held = False
+    return held
 
 
 def rescored(plan: Plan, params: Mapping[str, Any], cutoff: float | None = None) -> dict[str, Any]:

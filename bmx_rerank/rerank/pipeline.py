@@ -141,6 +141,20 @@ class Marker:
         return f"skipped; reason={self.reason}" if self.kind == "skipped" else self.kind
 
 
+def _refusal(answer: Answer) -> str:
+    """Why the engine refused a search carrying the script: a document without a length, or else."""
+    return "no_length" if in_engine.no_length(answer.raw) else "refused"
+
+
+def _drop(call: asyncio.Future[Answer] | None) -> None:
+    """A search sent beside, no longer needed: cancelled, or its failure read (the sidecar's own rerank
+    meets a failing cluster again)."""
+    if call is not None and not call.done():
+        call.cancel()
+    elif call is not None and not call.cancelled():
+        call.exception()
+
+
 def skipped(reason: str) -> Marker:
     return Marker("skipped", reason)
 
@@ -323,43 +337,31 @@ class Reranker:
             self.metrics.in_engine.labels(why).inc()
             return None
         assert isinstance(leaf, Text)
-        _, search_params = window_request(index_expr, plan, digest)  # both searches on the same copies
+        _, search_params = window_request(index_expr, plan, digest)  # every search on the same copies
         edge = None  # several shards: the global window's edge searched first, while the terms are read
         if layout.edged(plan.params):
             edge = asyncio.ensure_future(first_stage(in_engine.edge_search(plan), search_params))
-        cutoff = why = None
         try:
             if edge is not None:
                 await lean.on_the_wire()
             scripted = await self._script_params(index_expr, plan, leaf, headers)
-            if scripted is not None and edge is not None:
-                found = (await edge).data
-                cutoff, why = in_engine.window_edge(found) if found is not None else (None, "edge_refused")
+            if scripted is None:
+                return None
+            params, view = scripted
+            answer, why = await self._engine_scored(plan, params, edge, first_stage, search_params)
         finally:
-            if edge is not None and not edge.done():
-                edge.cancel()
-            elif edge is not None and not edge.cancelled():
-                edge.exception()  # retrieved: a failure left unread is the sidecar's to meet again
-        if why is not None:
-            self.metrics.in_engine.labels(why).inc()
-        if scripted is None or why is not None:
-            return None
-        params, view = scripted
-        answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
-        if answer.status >= 300 or answer.data is None:
-            why = "no_length" if in_engine.no_length(answer.raw) else "refused"
-            self.layouts[who, index_expr, leaf.field] = in_engine.Layout(why)
+            _drop(edge)
+        if answer is None:
+            if why in ("no_length", "refused"):  # the index is not tried again for a while
+                self.layouts[who, index_expr, leaf.field] = in_engine.Layout(why)
             self.metrics.in_engine.labels(why).inc()
             return None
+        assert answer.data is not None
         hits_obj = dict(answer.data.get("hits", {}))
         hits = hits_obj.get("hits", [])
         best = hits_obj.get("max_score")  # the rescored window's best (OpenSearch sets it after a rescore)
         if hits and not (best if best is not None else any(h.get("_score") for h in hits)):
             self.metrics.in_engine.labels("no_match").inc()  # nothing matched: declined, as the sidecar does
-            return None
-        if cutoff is not None and any(h.get("_score") == 0 for h in hits):
-            # a hit below the window's edge, or one of it that holds no query term: which, no score says
-            self.metrics.in_engine.labels("zero").inc()
             return None
         if not plan.wants_seq_no:
             hits_obj["hits"] = [strip(h, keep_seq=False) for h in hits]
@@ -380,6 +382,49 @@ class Reranker:
             self.engine_scored[seen] = self.engine_scored.get(seen, 0) + 1
         self.metrics.reranks.labels("reranked").inc()
         return Outcome(answer, filter_path.apply(body, plan.filter_path), Marker(spec.mode))
+
+    async def _engine_scored(
+        self,
+        plan: Plan,
+        params: Mapping[str, Any],
+        edge: asyncio.Future[Answer] | None,
+        first_stage: FirstStage,
+        search_params: Mapping[str, str],
+    ) -> tuple[Answer, None] | tuple[None, str]:
+        """The engine's answer, its window scored by the script; or why the sidecar scores it. Over
+        several shards (`edge`: its search on the way), a first page is asked for beside the edge with
+        each shard's window (`in_engine.speculated`), and stands when its hits are within the global
+        window; else the search that keeps to the edge's cutoff goes after it."""
+        beside = None
+        if edge is not None and in_engine.speculates(plan, search_params):
+            named = {**search_params, tf_probe.PARAM: "true"}
+            beside = asyncio.ensure_future(first_stage(in_engine.speculated(plan, params), named))
+        try:
+            cutoff = None
+            if edge is not None:
+                found = (await edge).data
+                cutoff, why = in_engine.window_edge(found) if found is not None else (None, "edge_refused")
+                if why is not None:
+                    return None, why
+            if beside is not None:
+                answer = await beside
+                if answer.data is None:
+                    return None, _refusal(answer)
+                held = in_engine.within(answer.data, cutoff)
+                self.metrics.in_engine_edges.labels("beside" if held else "after").inc()
+                if held:
+                    return answer, None
+            elif edge is not None:
+                self.metrics.in_engine_edges.labels("after").inc()
+            answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
+            if answer.data is None:
+                return None, _refusal(answer)
+            hits = answer.data.get("hits", {}).get("hits", [])
+            if cutoff is not None and any(h.get("_score") == 0 for h in hits):
+                return None, "zero"  # a hit below the edge, or one of the window with no query term
+            return answer, None
+        finally:
+            _drop(beside)
 
     async def _script_params(
         self, index_expr: str, plan: Plan, leaf: Text, headers: Mapping[str, str]

@@ -90,6 +90,14 @@ def _outcomes(proxy: ProxyThread) -> dict[str, float]:
     }
 
 
+def _edges(proxy: ProxyThread) -> dict[str, float]:
+    """Windows over several shards the engine scored, by where their page came from."""
+    counter = proxy.app.state.metrics.in_engine_edges
+    return {
+        s.labels["page"]: s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")
+    }
+
+
 def _stats(proxy: ProxyThread, engine: EngineClient, stats: FixedStats, index: str) -> None:
     stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
 
@@ -246,6 +254,24 @@ def test_a_window_over_several_shards_is_scored_in_the_engine(
             return
         assert outcomes["scored"] + outcomes.get("edge_tied", 0) == 96, outcomes
         assert outcomes["scored"] >= 3 * 3 * 8 + 12, ("most windows over 3 shards untied", outcomes)
+        # unrouted: first pages asked for beside the edge (each shard's window held the page every
+        # time at a window of 40 here), the window's last page after it
+        edges = _edges(scored)
+        assert edges["beside"] >= 12 and edges["after"] >= 6, edges
+        assert edges["beside"] + edges["after"] == 24 - outcomes.get("edge_tied", 0), edges
+        # a window of 10 over 3 shards: each shard's window often holds a hit below the global
+        # window's edge that outranks it, so the search that keeps to the edge goes after
+        small = {"bmx": {"field": "body", "window_size": 10}}
+        for text in _queries()[:8]:
+            body = {"query": {"match": {"body": text}}, "size": 10, "ext": small}
+            a, b = (
+                EngineClient(engine.kind, p.url).ok("POST", f"/{index}/_search", body)
+                for p in (scored, reference)
+            )
+            _same_page(a, b)
+            assert "matched_queries" not in a["hits"]["hits"][0], "the first stage's name never shows"
+        more = _edges(scored)
+        assert more["after"] > edges["after"] and sum(more.values()) - sum(edges.values()) <= 8, more
         # no statistics for the index: the edge's search, sent before the terms were read, is dropped
         # and the sidecar's rerank says what it says when it has none
         del stats.table[(index, "body")]

@@ -185,6 +185,41 @@ def test_the_windows_edge_and_the_rescore_that_keeps_to_it() -> None:
     assert scored["script"]["params"] == {"terms": ["lung"], "cutoff": 5.25}
 
 
+def test_a_first_page_asked_for_beside_the_edge_stands_when_its_hits_are_within_the_window() -> None:
+    """Each shard's window rescored, the caller's query named: its hits' named scores are their
+    first-stage scores, compared with the edge's cutoff as float32, and never shown to the caller.
+    Not for a later page, a caller's own named query, or `dfs_query_then_fetch`."""
+    plan = replace(_plan(window_size=40), body={"query": {"match": {"body": "lung cancer"}}, "size": 10})
+    assert in_engine.speculates(plan, {})
+    assert not in_engine.speculates(replace(plan, from_=10), {})
+    assert not in_engine.speculates(plan, {"search_type": "dfs_query_then_fetch"})
+    named = {"query": {"match": {"body": {"query": "lung", "_name": "mine"}}}}
+    assert not in_engine.speculates(replace(plan, body=named), {})
+    body = in_engine.speculated(plan, {"terms": ["lung"]})
+    assert body["query"] == {"bool": {"must": [{"match": {"body": "lung cancer"}}], "_name": in_engine.FIRST}}
+    rescore = body["rescore"]["query"]["rescore_query"]["script_score"]
+    assert rescore["query"] == {"match_all": {}} and rescore["script"]["source"] == in_engine.SCRIPT
+
+    def answer(*firsts: Any) -> dict:
+        hits = [
+            {"_id": str(i), "_score": 9.0, "matched_queries": {in_engine.FIRST: x}}
+            for i, x in enumerate(firsts)
+        ]
+        return {"hits": {"hits": hits}}
+
+    for firsts, cutoff, held in [
+        ((7.5, 5.25), 5.25, True),
+        ((7.5, 5.0), 5.25, False),  # a hit below the edge outranks the window's
+        ((7.5, 0.10000000149011612), 0.1, True),  # one float32
+        ((7.5, 1.0), None, True),  # no hit after the window's last: every hit is in it
+        ((7.5, None), None, False),
+    ]:
+        data = answer(*firsts)
+        assert in_engine.within(data, cutoff) is held, (firsts, cutoff)
+        assert all("matched_queries" not in h for h in data["hits"]["hits"])
+    assert in_engine.within({"hits": {"hits": [{"_id": "a", "_score": 1.0}]}}, None) is False
+
+
 def _plan(tree: Text | Combine | None = None, **spec: Any) -> Plan:
     body = {"query": {"match": {"body": "lung cancer"}}, "size": 100}
     scored = tree or Text("body", "lung cancer")
