@@ -348,7 +348,9 @@ class Reranker:
             if scripted is None:
                 return None
             params, view = scripted
-            answer, why = await self._engine_scored(plan, params, edge, first_stage, search_params)
+            answer, why = await self._engine_scored(
+                plan, params, edge, layout.shards, first_stage, search_params
+            )
         finally:
             _drop(edge)
         if answer is None:
@@ -388,6 +390,7 @@ class Reranker:
         plan: Plan,
         params: Mapping[str, Any],
         edge: asyncio.Future[Answer] | None,
+        shards: int,
         first_stage: FirstStage,
         search_params: Mapping[str, str],
     ) -> tuple[Answer, None] | tuple[None, str]:
@@ -396,7 +399,7 @@ class Reranker:
         each shard's window (`in_engine.speculated`), and stands when its hits are within the global
         window; else the search that keeps to the edge's cutoff goes after it."""
         beside = None
-        if edge is not None and in_engine.speculates(plan, search_params):
+        if edge is not None and in_engine.speculates(plan, search_params, shards):
             named = {**search_params, tf_probe.PARAM: "true"}
             beside = asyncio.ensure_future(first_stage(in_engine.speculated(plan, params), named))
         try:

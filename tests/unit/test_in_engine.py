@@ -188,13 +188,17 @@ def test_the_windows_edge_and_the_rescore_that_keeps_to_it() -> None:
 def test_a_first_page_asked_for_beside_the_edge_stands_when_its_hits_are_within_the_window() -> None:
     """Each shard's window rescored, the caller's query named: its hits' named scores are their
     first-stage scores, compared with the edge's cutoff as float32, and never shown to the caller.
-    Not for a later page, a caller's own named query, or `dfs_query_then_fetch`."""
+    Not for a later page, a window whose shards' windows hold many more hits, a caller's own named
+    query, or `dfs_query_then_fetch`."""
     plan = replace(_plan(window_size=40), body={"query": {"match": {"body": "lung cancer"}}, "size": 10})
-    assert in_engine.speculates(plan, {})
-    assert not in_engine.speculates(replace(plan, from_=10), {})
-    assert not in_engine.speculates(plan, {"search_type": "dfs_query_then_fetch"})
+    assert in_engine.speculates(plan, {}, 3)
+    assert not in_engine.speculates(replace(plan, from_=10), {}, 3)
+    assert not in_engine.speculates(plan, {"search_type": "dfs_query_then_fetch"}, 3)
     named = {"query": {"match": {"body": {"query": "lung", "_name": "mine"}}}}
-    assert not in_engine.speculates(replace(plan, body=named), {})
+    assert not in_engine.speculates(replace(plan, body=named), {}, 3)
+    # each shard's window scored whole: not where that is many more hits than the global window
+    assert in_engine.speculates(plan, {}, 1 + in_engine.SPECULATED_HITS // 40)
+    assert not in_engine.speculates(plan, {}, 2 + in_engine.SPECULATED_HITS // 40)
     body = in_engine.speculated(plan, {"terms": ["lung"]})
     assert body["query"] == {"bool": {"must": [{"match": {"body": "lung cancer"}}], "_name": in_engine.FIRST}}
     rescore = body["rescore"]["query"]["rescore_query"]["script_score"]
