@@ -1072,7 +1072,7 @@ def targets(rows: list[dict], engine: str) -> list[tuple[str, str, str]]:
         ),
         (
             "passthrough p50 - direct p50 (one client)",
-            f"+{p['p50'] - d['p50']:.2f} ms" if p and d else "n/a",
+            f"{p['p50'] - d['p50']:+.2f} ms" if p and d else "n/a",
             "<= +0.3 ms",
         ),
         (
