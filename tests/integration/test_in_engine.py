@@ -23,7 +23,7 @@ from bmx_rerank.stats import length_field
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import Cluster
 from tests.integration.test_proxy_clients import official_client
-from tests.support.corpora import SCIFACT_MAPPINGS, exact_stats, index_scifact
+from tests.support.corpora import SCIFACT_MAPPINGS, bulk, exact_stats, index_scifact
 from tests.support.data import scifact_records
 from tests.support.engine_client import EngineClient
 from tests.support.proxy_thread import ProxyThread
@@ -281,7 +281,7 @@ def test_a_window_over_several_shards_is_scored_in_the_engine(
         assert a["_bmx"] == b["_bmx"] and _outcomes(scored)["unread"] == 1, (a["_bmx"], _outcomes(scored))
         # identical documents scored with the index's statistics tie at the window's edge
         twins = {f"twin-{i}": {"body": "lung cancer cells divide"} for i in range(60)}
-        engine.ok("POST", "/_bulk?refresh=true", _bulk_lines(index, twins))
+        bulk(engine, index, twins)
         _stats(scored, engine, stats, index)
         body = {"query": {"match": {"body": "divide"}}, "size": 10, "ext": bmx}
         path = f"/{index}/_search?search_type=dfs_query_then_fetch"
@@ -291,13 +291,6 @@ def test_a_window_over_several_shards_is_scored_in_the_engine(
         assert a["_bmx"]["tf"] != "engine" and _outcomes(scored)["edge_tied"] == tied + 1, _outcomes(scored)
     finally:
         engine.call("DELETE", f"/{index}")
-
-
-def _bulk_lines(index: str, docs: dict[str, dict]) -> str:
-    return "".join(
-        json.dumps({"index": {"_index": index, "_id": i}}) + "\n" + json.dumps(d) + "\n"
-        for i, d in docs.items()
-    )
 
 
 def test_searches_it_does_not_score_in_the_engine_say_why(engine: EngineClient, proxies) -> None:
