@@ -104,14 +104,16 @@ def painless(q: str, window: int, params: dict[str, Any], cutoff: float | None =
 
 
 def global_cutoff(engine: Http, index: str, q: str, window: int) -> tuple[float, bool]:
-    """The first-stage score of the global window's last hit (0 when fewer hits match), and whether
+    """The first-stage score of the global window's last hit (0 when no hit follows it), and whether
     the next hit ties with it (then the window's edge is the cluster's tie-break, which no cutoff can
-    draw: a product would serve that search its own way). One search that reads no stored field, as the
-    proxy's lean first stage does."""
+    draw: `serve --in-engine` leaves that search to the sidecar), read as the product reads it
+    (`in_engine.window_edge`). One search that reads no stored field, as the proxy's lean first stage
+    does."""
     body = {**plain(q, 2), "from": window - 1, "_source": False, "stored_fields": "_none_"}
-    hits = engine.ok("POST", f"/{index}/_search", {**body, "track_total_hits": False})["hits"]["hits"]
-    scores = [float(h["_score"]) for h in hits]
-    return (scores[0] if scores else 0.0), len(scores) == 2 and scores[0] == scores[1]
+    cutoff, why = in_engine.window_edge(
+        engine.ok("POST", f"/{index}/_search", {**body, "track_total_hits": False})
+    )
+    return (0.0 if cutoff is None else cutoff), why == "edge_tied"
 
 
 def in_window(engine: Http, index: str, q: str, window: int, params: dict[str, Any]) -> tuple[dict, bool]:

@@ -56,7 +56,7 @@ from bmx_rerank.rerank.term_vector_cache import (
     TermVectorCache,
 )
 from bmx_rerank.rerank.widen import widen
-from bmx_rerank.rerank.window import Tokens, Window, known_index, window_digest, window_request
+from bmx_rerank.rerank.window import Tokens, Window, drop, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.scan import index_path, index_settings
 from bmx_rerank.stats.source import StatsSource
@@ -144,15 +144,6 @@ class Marker:
 def _refusal(answer: Answer) -> str:
     """Why the engine refused a search carrying the script: a document without a length, or else."""
     return "no_length" if in_engine.no_length(answer.raw) else "refused"
-
-
-def _drop(call: asyncio.Future[Answer] | None) -> None:
-    """A search sent beside, no longer needed: cancelled, or its failure read (the sidecar's own rerank
-    meets a failing cluster again)."""
-    if call is not None and not call.done():
-        call.cancel()
-    elif call is not None and not call.cancelled():
-        call.exception()
 
 
 def skipped(reason: str) -> Marker:
@@ -352,7 +343,7 @@ class Reranker:
                 plan, params, edge, layout.shards, first_stage, search_params
             )
         finally:
-            _drop(edge)
+            drop(edge)
         if answer is None:
             if why in ("no_length", "refused"):  # the index is not tried again for a while
                 self.layouts[who, index_expr, leaf.field] = in_engine.Layout(why)
@@ -427,7 +418,7 @@ class Reranker:
                 return None, "zero"  # a hit below the edge, or one of the window with no query term
             return answer, None
         finally:
-            _drop(beside)
+            drop(beside)
 
     async def _script_params(
         self, index_expr: str, plan: Plan, leaf: Text, headers: Mapping[str, str]

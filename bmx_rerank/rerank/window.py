@@ -72,12 +72,7 @@ class Window:
         not warn about them)."""
         ahead = self.ahead.task if self.ahead is not None else None
         for task in (self.tokens, *self.stats.values(), ahead):
-            if task is None:
-                continue
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled():
-                task.exception()
+            drop(task)
 
     def msearch_header(self, header: Mapping[str, Any], url_preference: str | None = None) -> dict[str, Any]:
         """An `_msearch` item header with the window's preference, unless the caller set one (in the
@@ -85,6 +80,17 @@ class Window:
         if "preference" in header or url_preference is not None:
             return dict(header)
         return {**header, "preference": self.params["preference"]}
+
+
+def drop(task: asyncio.Future[Any] | None) -> None:
+    """A call no longer needed: cancelled while it runs, else its failure retrieved (so asyncio does not
+    warn about it; whoever needs the cluster meets a failing one again)."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()
 
 
 def window_digest(index_expr: str, plan: Plan) -> str:
