@@ -280,6 +280,22 @@ def field_analyzer(text: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
     return "default" if any(k.startswith(DEFAULT_ANALYZER) for k in settings) else "standard"
 
 
-def no_length(error: Any) -> bool:
-    """Whether a refused search's error is the script's own: a document without a length."""
-    return NO_LENGTH in str(error)
+def incomplete(data: Mapping[str, Any]) -> str | None:
+    """Why a scored answer is not its whole window (None: it is): a shard failed, on a document without
+    a length (`no_length`: that shard's hits are missing) or otherwise (`shard_failed`), or the search
+    timed out (`timed_out`)."""
+    shards = data.get("_shards") or {}
+    if shards.get("failed"):
+        return "no_length" if NO_LENGTH in str(shards.get("failures")) else "shard_failed"
+    return "timed_out" if data.get("timed_out") else None
+
+
+def refusal(error: Any) -> str:
+    """Why the cluster refused a search carrying the script, from its error: a document without a
+    length (`no_length`), the script itself (`refused`: scripts off, no painless), or the search as the
+    caller sent it (`search_refused`: the caller's own search gets the same answer from the sidecar's
+    way). The first two keep the index from the engine for a while; the last does not."""
+    text = str(error)
+    if NO_LENGTH in text:
+        return "no_length"
+    return "refused" if "script" in text.lower() else "search_refused"

@@ -38,7 +38,7 @@ from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, UpstreamError, timed_out
 from bmx_rerank.identity import IDENTITY_HEADERS, caller
 from bmx_rerank.metrics import Metrics
-from bmx_rerank.rerank import filter_path, in_engine, lean, shards, tf_probe
+from bmx_rerank.rerank import in_engine, lean, shards, tf_probe
 from bmx_rerank.rerank.analysis import Analysis, AnalysisCache, AnalysisDeclined
 from bmx_rerank.rerank.augment import LLMConfig, LLMProvider, feedback_terms, resolve_llm
 from bmx_rerank.rerank.frequencies import HitTerms, Nameless, ProbedTerms, TermFrequencies, probed_bytes
@@ -139,11 +139,6 @@ class Marker:
 
     def __str__(self) -> str:
         return f"skipped; reason={self.reason}" if self.kind == "skipped" else self.kind
-
-
-def _refusal(answer: Answer) -> str:
-    """Why the engine refused a search carrying the script: a document without a length, or else."""
-    return "no_length" if in_engine.no_length(answer.raw) else "refused"
 
 
 def skipped(reason: str) -> Marker:
@@ -374,7 +369,7 @@ class Reranker:
         if seen is not None:
             self.engine_scored[seen] = self.engine_scored.get(seen, 0) + 1
         self.metrics.reranks.labels("reranked").inc()
-        return Outcome(answer, filter_path.apply(body, plan.filter_path), Marker(spec.mode))
+        return Outcome(answer, plan.shaped(body), Marker(spec.mode))
 
     async def _engine_scored(
         self,
@@ -403,7 +398,9 @@ class Reranker:
             if beside is not None:
                 answer = await beside
                 if answer.data is None:
-                    return None, _refusal(answer)
+                    return None, in_engine.refusal(answer.raw)
+                if (why := in_engine.incomplete(answer.data)) is not None:
+                    return None, why
                 held = in_engine.within(answer.data, cutoff)
                 self.metrics.in_engine_edges.labels("beside" if held else "after").inc()
                 if held:
@@ -412,7 +409,9 @@ class Reranker:
                 self.metrics.in_engine_edges.labels("after").inc()
             answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
             if answer.data is None:
-                return None, _refusal(answer)
+                return None, in_engine.refusal(answer.raw)
+            if (why := in_engine.incomplete(answer.data)) is not None:
+                return None, why
             hits = answer.data.get("hits", {}).get("hits", [])
             if cutoff is not None and any(h.get("_score") == 0 for h in hits):
                 return None, "zero"  # a hit below the edge, or one of the window with no query term
@@ -706,7 +705,7 @@ class Reranker:
         try:
             body = await self._score(window, response, columns, frequencies, who, headers)
             self.metrics.reranks.labels("reranked").inc()
-            return filter_path.apply(body, plan.filter_path), Marker(plan.spec.mode)
+            return plan.shaped(body), Marker(plan.spec.mode)
         except lean.Miss:
             raise
         except WindowDeclined as declined:
@@ -714,9 +713,7 @@ class Reranker:
                 raise lean.Miss from None
             self.metrics.reranks.labels("declined").inc()
             marker = {**declined.marker, "reranked": False, "skipped": declined.reason}
-            return filter_path.apply(fallback(response, plan, marker), plan.filter_path), skipped(
-                declined.reason
-            )
+            return plan.shaped(fallback(response, plan, marker)), skipped(declined.reason)
         except Exception as exc:  # any failure of the rerank itself: the policy decides
             if window.lean:
                 raise lean.Miss from exc
@@ -738,7 +735,7 @@ class Reranker:
                 **plan.spec.marker(),
                 "error": {"type": kind, "reason": reason},
             }
-            return filter_path.apply(fallback(response, plan, marker), plan.filter_path), Marker("fallback")
+            return plan.shaped(fallback(response, plan, marker)), Marker("fallback")
         finally:
             window.close()
 
@@ -755,7 +752,7 @@ class Reranker:
         self.metrics.reranks.labels("deadline").inc()
         log.warning("rerank past its deadline", extra={"fields": {"index": window.index_expr}})
         marker = {**plan.spec.marker(), "reranked": False, "skipped": "deadline"}
-        return filter_path.apply(fallback(response, plan, marker), plan.filter_path), skipped("deadline")
+        return plan.shaped(fallback(response, plan, marker)), skipped("deadline")
 
     async def _finish_item(self, window: Window, item: Any, who: str, headers: Mapping[str, str]) -> Any:
         """One `_msearch` item: reranked, or the cluster's item when it is an error or has no hits."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from bmx_rerank import defaults
 from bmx_rerank.errors import SearchError, bad_request
+from bmx_rerank.rerank import filter_path as filter_paths
 from bmx_rerank.rerank.query import Declined, Node, Text, fields, on_fields, restrict, understand, weigh
 from bmx_rerank.rerank.spec import DEFAULT_WINDOW, MAX_WINDOW, RerankSpec, parse_spec
 from bmx_rerank.rerank.widen import text_clause, widen
@@ -37,6 +38,17 @@ class Plan:
     skipped: str | None = None
     filter_path: str | None = None  # the client's, applied to the reranked answer (see filter_path)
     scoring: Node | None = None  # what is scored and how the parts combine (see `query`)
+    no_stored_fields: bool = False  # the client's `stored_fields: _none_`, applied to the reranked answer
+
+    def shaped(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """A reranked (or paged) answer as the caller asked for it: its hits without the stored fields
+        `stored_fields: _none_` leaves out, then its `filter_path`."""
+        if self.no_stored_fields:
+            hits = answer.get("hits")
+            if isinstance(hits, dict) and isinstance(hits.get("hits"), list):
+                page = [{k: v for k, v in h.items() if k not in STORED} for h in hits["hits"]]
+                answer = {**answer, "hits": {**hits, "hits": page}}
+        return filter_paths.apply(answer, self.filter_path)
 
     @property
     def scored(self) -> Node:
@@ -51,6 +63,10 @@ class Plan:
 OTHER_SCORING = ("knn", "sub_searches", "rank", "retriever", "rescore", "indices_boost", "min_score")
 ALWAYS_DECLINED = ("collapse",)
 RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage besides `query`
+# A hit's stored fields, which `stored_fields: _none_` leaves out of the answer: the window needs each
+# hit's `_id`, so the first stage reads none of them but these (no `_source`), and the sidecar drops them.
+NONE = "_none_"
+STORED = ("_id", "_routing", "_ignored")
 
 
 def plan_search(
@@ -121,6 +137,16 @@ def plan_search(
     first = dict(source)
     params_out.pop("from", None)
     params_out.pop("size", None)
+    # never with `_source` asked for: the cluster refuses the two together, as it will the caller
+    sources = (params.get("_source"), params.get("_source_includes"))
+    wants_source = source.get("_source") not in (None, False) or any(
+        v not in (None, "false") for v in sources
+    )
+    no_stored = NONE in (source.get("stored_fields"), params.get("stored_fields")) and not wants_source
+    if no_stored:
+        first.pop("stored_fields", None)
+        params_out.pop("stored_fields", None)
+        first["_source"] = False
     # The window needs _index, _id, _score and _seq_no, which a filter_path may drop: it is applied to
     # the answer instead, after the rerank.
     filter_path = params_out.pop("filter_path", None)
@@ -138,7 +164,16 @@ def plan_search(
     first["seq_no_primary_term"] = True
     text = scoring.text if isinstance(scoring, Text) else ""
     return Plan(
-        first, params_out, spec, text, from_, size, wants_seq_no, filter_path=filter_path, scoring=scoring
+        first,
+        params_out,
+        spec,
+        text,
+        from_,
+        size,
+        wants_seq_no,
+        filter_path=filter_path,
+        scoring=scoring,
+        no_stored_fields=no_stored,
     )
 
 

@@ -6,6 +6,7 @@ sidecar's rerank answers as it always did."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -198,6 +199,53 @@ def test_what_the_engine_cannot_score_exactly_the_sidecar_does(engine: EngineCli
         assert outcomes == {"no_length" if opensearch else "no_length_field": 5}, outcomes
     finally:
         engine.call("DELETE", f"/{added}")
+
+
+def test_a_shard_whose_documents_have_no_length_leaves_the_window_to_the_sidecar(
+    engine: EngineClient, proxies, engine_only: ProxyThread
+) -> None:
+    """Documents without a length on one shard of three (indexed there, routed, before the length
+    sub-field; as while `lengths add` fills an index shard by shard): the script throws on that shard
+    alone, and the cluster answers with the other shards' hits and `_shards.failed`. No such partial
+    page is the engine's: a search that reaches only shards whose documents all have a length is the
+    engine's; one that reaches that shard, its first page beside the edge or its last after it, is the
+    sidecar's whole page."""
+    stats, _, reference = proxies
+    scored = engine_only
+    index = f"bmxtest-inengine-{uuid.uuid4().hex[:10]}"
+    engine.ok("PUT", f"/{index}", {"settings": {"number_of_shards": 3, "number_of_replicas": 0}})
+    engine.ok("PUT", f"/{index}/_mapping", WITHOUT)
+    records = scifact_records("corpus.jsonl", DOCS)
+    docs = {d["_id"]: {"body": f"{d.get('title', '')} {d['text']}"} for d in records}
+    ids = list(docs)
+    bulk(engine, index, {i: docs[i] for i in ids[:150]}, routing="before")
+    if engine.kind == "opensearch":  # Elasticsearch's integ-test build has no `token_count`
+        engine.ok("PUT", f"/{index}/_mapping", WITH_LENGTH)
+    bulk(engine, index, {i: docs[i] for i in ids[150:]})
+    try:
+        _stats(scored, engine, stats, index)
+        (shard,) = {
+            s[0]["shard"] for s in engine.ok("GET", f"/{index}/_search_shards?routing=before")["shards"]
+        }
+        bmx = {"bmx": {"field": "body", "window_size": 40}}
+        asks = [(f"preference=_shards:{(shard + 1) % 3}", {"size": 10, "ext": bmx})]
+        asks += [("", {"size": 10, "ext": bmx}), ("", {"from": 30, "size": 10, "ext": bmx})]
+        for text in _queries()[:4]:
+            for ask, extra in asks:
+                body = {"query": {"match": {"body": text}}, **extra}
+                path = f"/{index}/_search?{ask}"
+                a, b = (EngineClient(engine.kind, p.url).ok("POST", path, body) for p in (scored, reference))
+                _same_page(a, b)
+                assert a["_shards"] == b["_shards"], (a["_shards"], b["_shards"])
+                healthy = bool(ask) and engine.kind == "opensearch" and text == _queries()[0]
+                assert (a["_bmx"]["tf"] == "engine") == healthy, (ask, a["_bmx"])
+        outcomes = _outcomes(scored)
+        if engine.kind == "opensearch":  # after the first refusal the index is not tried for a while
+            assert outcomes == {"scored": 1, "no_length": 11}, outcomes
+        else:
+            assert outcomes == {"no_length_field": 12}, outcomes
+    finally:
+        engine.call("DELETE", f"/{index}")
 
 
 def test_a_window_over_several_shards_is_scored_in_the_engine(
@@ -481,4 +529,96 @@ def test_the_client_wrapper_scores_in_the_engine_too(engine: EngineClient, proxi
             assert (a["_bmx"]["tf"] == "engine") == opensearch, a["_bmx"]
     finally:
         client.close()
+        engine.call("DELETE", f"/{index}")
+
+
+PARAMS = (
+    "",
+    "routing=a,b",
+    "preference=_shards:0,1",
+    "preference=_local",
+    "search_type=dfs_query_then_fetch",
+    "timeout=10s",
+    "track_total_hits=false",
+    "rest_total_hits_as_int=true",
+    "typed_keys=true&seq_no_primary_term=true&version=true",
+    "allow_partial_search_results=false",
+    "terminate_after=50",
+    "filter_path=hits.hits._id,hits.total",
+    "stored_fields=_none_",
+)
+BODIES: tuple[dict[str, Any], ...] = (
+    {"size": 10},
+    {"from": 5, "size": 10},
+    {"size": 0},
+    {"size": 10, "post_filter": {"range": {"body.len": {"lte": 250}}}},
+    {"size": 10, "track_total_hits": 20},
+    {"size": 10, "terminate_after": 30},
+    {"size": 10, "_source": ["body"], "highlight": {"fields": {"body": {}}}},
+    {"size": 10, "timeout": "5s", "docvalue_fields": ["body.len"], "stored_fields": "_none_"},
+    {"size": 10, "sort": ["_score"], "aggs": {"l": {"stats": {"field": "body.len"}}}},
+    {"size": 10, "collapse": {"field": "body.len"}},
+    {"size": 10, "script_fields": {"x": {"script": "doc['body.len'].value * 2"}}},
+)
+
+
+def _alike(a: Any, b: Any, at: str = "") -> None:
+    """Two answers alike: the same keys and values, numbers to 1e-6 relative, but for `took`."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) - {"took"} == set(b) - {"took"}, (at, sorted(a), sorted(b))
+        for key in set(a) - {"took", "_bmx"}:
+            _alike(a[key], b[key], f"{at}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), (at, a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _alike(x, y, f"{at}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), (at, a, b)
+    else:
+        assert a == b, (at, a, b)
+
+
+def test_every_search_option_is_answered_alike_by_the_engine_and_the_sidecar(
+    engine: EngineClient, proxies, engine_only: ProxyThread
+) -> None:
+    """The options a search may carry, each query parameter with each body (routing to several shards,
+    `dfs_query_then_fetch`, partial results, totals, `post_filter`, `terminate_after`, fields asked for,
+    `stored_fields: _none_`, aggregations, `collapse`), on an index of three shards and on an alias of it
+    with a filter: under `--in-engine` the answer is the sidecar's, whichever scored it (status, hits,
+    scores to 1e-6, totals, aggregations, shards), and most were the engine's. A search the cluster
+    refuses as sent is refused alike, and keeps no index from the engine."""
+    stats, _, reference = proxies
+    scored = engine_only
+    opensearch = engine.kind == "opensearch"
+    index = _index(engine, WITH_LENGTH if opensearch else WITHOUT, shards=3)
+    alias = {
+        "index": index,
+        "alias": f"{index}-some",
+        "filter": {"bool": {"must_not": {"match": {"body": "cells"}}}},
+    }
+    engine.ok("POST", "/_aliases", {"actions": [{"add": alias}]})
+    bmx = {"bmx": {"field": "body", "window_size": 40}}
+    text = _queries()[1]
+    try:
+        _stats(scored, engine, stats, index)
+        stats.table[(alias["alias"], "body")] = stats.table[(index, "body")]
+        names = (index, alias["alias"])
+        for name, params, extra in itertools.product(names, PARAMS, BODIES):
+            body = {"query": {"match": {"body": text}}, **extra, "ext": bmx}
+            path = f"/{name}/_search?{params}"
+            a, b = (EngineClient(engine.kind, p.url).call("POST", path, body) for p in (scored, reference))
+            assert a.status == b.status, (path, extra, a.body, b.body)
+            if a.status >= 400:  # a refusal's details may differ between two asks (which shard spoke)
+                assert a.body["error"]["type"] == b.body["error"]["type"], (path, extra, a.body, b.body)
+            else:
+                _alike(a.body, b.body, f"{path} {extra}")
+        outcomes = _outcomes(scored)
+        if not opensearch:
+            assert set(outcomes) <= {"no_length_field", "request"}, outcomes
+            return
+        assert outcomes.get("scored", 0) >= len(names) * len(PARAMS) * len(BODIES) // 2, outcomes
+        assert set(outcomes) <= {"scored", "request", "edge_partial", "edge_tied", "search_refused"}, outcomes
+        # an inexact total asked for as an integer, and `_source` with `stored_fields=_none_`
+        assert outcomes["search_refused"] == 2 * len(names), outcomes
+    finally:
         engine.call("DELETE", f"/{index}")

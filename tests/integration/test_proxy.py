@@ -204,6 +204,31 @@ def test_filter_path_applies_to_the_reranked_answer(small):
     }
 
 
+def test_no_stored_fields_is_reranked_and_its_hits_show_what_the_clusters_show(small):
+    """`stored_fields: _none_` (in the body or the URL) leaves each hit's `_id` out, which the window
+    needs: the page is the same reranked page, its hits with the fields the cluster shows (no `_id`,
+    `_routing` or `_source`; `docvalue_fields` and `_seq_no` as asked). With `_source` asked for too,
+    the cluster's own refusal answers."""
+    engine, index, proxy, _ = small
+    client = _via(engine, proxy)
+    ext = {"field": "body", "query": "t0 t3", "window_size": 30}
+    extra = {"size": 5, "docvalue_fields": ["tag"], "seq_no_primary_term": True}
+    full = client.ok("POST", f"/{index}/_search", {**extra, "ext": {"bmx": ext}})
+    direct = engine.ok("POST", f"/{index}/_search", {**extra, "stored_fields": "_none_"})["hits"]["hits"]
+    assert direct and all("_id" not in h for h in direct)
+    for body, params in (({"stored_fields": "_none_"}, {}), ({}, {"stored_fields": "_none_"})):
+        resp = client.call("POST", f"/{index}/_search", {**extra, **body, "ext": {"bmx": ext}}, params)
+        assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "bmx", resp.body
+        hits = resp.body["hits"]["hits"]
+        assert [h["_score"] for h in hits] == [h["_score"] for h in full["hits"]["hits"]]
+        assert [h["fields"] for h in hits] == [h["fields"] for h in full["hits"]["hits"]]
+        assert all(set(h) == set(direct[0]) for h in hits), (hits[0], direct[0])
+    asked = {**extra, "stored_fields": "_none_", "_source": True}
+    resp, direct_resp = (c.call("POST", f"/{index}/_search", asked) for c in (client, engine))
+    assert resp.status == direct_resp.status >= 400, (resp.body, direct_resp.body)  # OpenSearch says 500
+    assert resp.body["error"] == direct_resp.body["error"]
+
+
 def test_yaml_answer_is_not_reranked_nor_widened(small):
     engine, index, proxy, _ = small
     body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 30}}}

@@ -18,15 +18,21 @@ from tests.support.engine_client import EngineClient
 
 
 def bulk(
-    engine: EngineClient, index: str, docs: dict[str, Any], refresh: bool = True, chunk: int = 0
+    engine: EngineClient,
+    index: str,
+    docs: dict[str, Any],
+    refresh: bool = True,
+    chunk: int = 0,
+    routing: str | None = None,
 ) -> None:
-    """Index `docs` (id -> source) with `_bulk`, `chunk` documents a request (0: all in one), refreshed
-    by default so that searches see them; every item must succeed."""
+    """Index `docs` (id -> source) with `_bulk`, `chunk` documents a request (0: all in one), each with
+    `routing` if given, refreshed by default so that searches see them; every item must succeed."""
+    action = {"_index": index} | ({"routing": routing} if routing is not None else {})
     items = list(docs.items())
     step = chunk or max(len(items), 1)
     for start in range(0, len(items), step):
         lines = "".join(
-            json.dumps({"index": {"_index": index, "_id": doc_id}}) + "\n" + json.dumps(source) + "\n"
+            json.dumps({"index": {**action, "_id": doc_id}}) + "\n" + json.dumps(source) + "\n"
             for doc_id, source in items[start : start + step]
         )
         answer = engine.ok("POST", "/_bulk", lines, {"refresh": refresh})

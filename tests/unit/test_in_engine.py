@@ -54,7 +54,35 @@ def test_the_scripts_parameters_give_the_cores_bmx(request_: Request) -> None:
     assert f"'{in_engine.NO_LENGTH}'" in in_engine.SCRIPT, (
         "what the script throws is what a refusal is read by"
     )
-    assert in_engine.no_length((None, b'{"error":{"reason":"bmx: a document has no length"}}'))
+    thrown = (
+        None,
+        b'{"error":{"root_cause":[{"type":"script_exception","reason":"bmx: a document has no length"}]}}',
+    )
+    assert in_engine.refusal(thrown) == "no_length"
+
+
+def test_a_refusal_or_a_partial_answer_says_why_the_sidecar_scores_the_window() -> None:
+    """The script refused (no painless, scripts off) keeps the index from the engine a while; the
+    search refused as the caller sent it does not. A scored answer with a failed shard or timed out is
+    not the window's whole: a shard that threw on a document without a length says so."""
+    off = (
+        None,
+        b'{"error":{"type":"illegal_argument_exception","reason":"cannot execute [inline] scripts"}}',
+    )
+    assert in_engine.refusal(off) == "refused"
+    totals = b'{"error":{"reason":"[rest_total_hits_as_int] cannot be used if the tracking of total hits is not accurate"}}'
+    assert in_engine.refusal((None, totals)) == "search_refused"
+    whole = {"timed_out": False, "_shards": {"total": 3, "successful": 3, "failed": 0}, "hits": {"hits": []}}
+    assert in_engine.incomplete(whole) is None
+    assert in_engine.incomplete({**whole, "timed_out": True}) == "timed_out"
+    failure = {
+        "shard": 1,
+        "reason": {"type": "script_exception", "caused_by": {"reason": in_engine.NO_LENGTH}},
+    }
+    failed = {**whole, "_shards": {"total": 3, "successful": 2, "failed": 1, "failures": [failure]}}
+    assert in_engine.incomplete(failed) == "no_length"
+    failed["_shards"]["failures"] = [{"shard": 1, "reason": {"type": "node_not_connected_exception"}}]
+    assert in_engine.incomplete(failed) == "shard_failed"
 
 
 def _mapping(length: dict | None, analyzer: str | None = "standard") -> dict:

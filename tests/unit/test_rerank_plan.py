@@ -74,6 +74,38 @@ def test_seq_no_kept_when_the_client_asked():
 
 
 @pytest.mark.parametrize(
+    ("body", "params"),
+    [
+        ({"stored_fields": "_none_"}, {}),
+        ({}, {"stored_fields": "_none_"}),
+        ({"stored_fields": "_none_"}, {"_source": "false"}),
+    ],
+)
+def test_no_stored_fields_reads_ids_without_source_and_leaves_them_out_of_the_answer(body, params):
+    """The window needs each hit's `_id`, which `stored_fields: _none_` leaves out: the first stage
+    reads it (and no `_source`), and the answer's hits come without it, as the cluster's would."""
+    ext = {"query": {"match": {"body": "a"}}, "ext": {"bmx": {"field": "body"}}}
+    plan = plan_search({**ext, **body}, {**params, "filter_path": "hits.hits"})
+    assert plan.no_stored_fields and plan.body is not None and plan.body["_source"] is False
+    assert "stored_fields" not in plan.body and "stored_fields" not in plan.params
+    hit = {"_index": "i", "_id": "1", "_routing": "r", "_score": 2.0, "fields": {"n": [1]}}
+    answer = {"took": 1, "hits": {"total": {"value": 1}, "hits": [hit]}, "_bmx": {}}
+    assert plan.shaped(answer) == {"hits": {"hits": [{"_index": "i", "_score": 2.0, "fields": {"n": [1]}}]}}
+    assert hit["_id"] == "1", "the hits are not mutated"
+
+
+@pytest.mark.parametrize(
+    ("body", "params"), [({"_source": True}, {}), ({"_source": ["t"]}, {}), ({}, {"_source_includes": "t"})]
+)
+def test_no_stored_fields_with_source_goes_as_sent_for_the_cluster_to_refuse(body, params):
+    ext = {"query": {"match": {"body": "a"}}, "stored_fields": "_none_", "ext": {"bmx": {"field": "body"}}}
+    plan = plan_search({**ext, **body}, params)
+    assert not plan.no_stored_fields and plan.body is not None and plan.body["stored_fields"] == "_none_"
+    answer = {"hits": {"hits": [{"_id": "1"}]}}
+    assert plan.shaped(answer) == answer
+
+
+@pytest.mark.parametrize(
     ("body", "params", "reason"),
     [
         ({"sort": [{"date": "desc"}]}, {}, "sort"),
