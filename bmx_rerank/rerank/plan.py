@@ -137,12 +137,13 @@ def plan_search(
     first = dict(source)
     params_out.pop("from", None)
     params_out.pop("size", None)
-    # never with `_source` asked for: the cluster refuses the two together, as it will the caller
-    sources = (params.get("_source"), params.get("_source_includes"))
-    wants_source = source.get("_source") not in (None, False) or any(
-        v not in (None, "false") for v in sources
-    )
-    no_stored = NONE in (source.get("stored_fields"), params.get("stored_fields")) and not wants_source
+    # not with `_source` or `fields` asked for (the cluster refuses either with it, as it will the
+    # caller), nor with `highlight` (the cluster's hits then carry `_id` after all); the URL's
+    # `stored_fields` and `_source*` stand for the body's
+    sources = [v for k, v in params.items() if k in ("_source", "_source_includes", "_source_excludes")]
+    reads = any(v != "false" for v in sources) if sources else source.get("_source") not in (None, False)
+    reads = reads or "fields" in source or "highlight" in source
+    no_stored = params.get("stored_fields", source.get("stored_fields")) == NONE and not reads
     if no_stored:
         first.pop("stored_fields", None)
         params_out.pop("stored_fields", None)

@@ -79,6 +79,7 @@ def test_seq_no_kept_when_the_client_asked():
         ({"stored_fields": "_none_"}, {}),
         ({}, {"stored_fields": "_none_"}),
         ({"stored_fields": "_none_"}, {"_source": "false"}),
+        ({"stored_fields": "_id", "_source": True}, {"stored_fields": "_none_", "_source": "false"}),
     ],
 )
 def test_no_stored_fields_reads_ids_without_source_and_leaves_them_out_of_the_answer(body, params):
@@ -95,9 +96,19 @@ def test_no_stored_fields_reads_ids_without_source_and_leaves_them_out_of_the_an
 
 
 @pytest.mark.parametrize(
-    ("body", "params"), [({"_source": True}, {}), ({"_source": ["t"]}, {}), ({}, {"_source_includes": "t"})]
+    ("body", "params"),
+    [
+        ({"_source": True}, {}),
+        ({"_source": ["t"]}, {}),
+        ({}, {"_source_includes": "t"}),
+        ({}, {"_source_excludes": "t"}),
+        ({"fields": ["t"]}, {}),
+        ({"highlight": {"fields": {"t": {}}}}, {}),
+        ({}, {"stored_fields": "_id"}),  # the URL's stands for the body's
+    ],
 )
 def test_no_stored_fields_with_source_goes_as_sent_for_the_cluster_to_refuse(body, params):
+    """With `_source` or `fields` the cluster refuses it; with `highlight` its hits carry `_id`."""
     ext = {"query": {"match": {"body": "a"}}, "stored_fields": "_none_", "ext": {"bmx": {"field": "body"}}}
     plan = plan_search({**ext, **body}, params)
     assert not plan.no_stored_fields and plan.body is not None and plan.body["stored_fields"] == "_none_"
