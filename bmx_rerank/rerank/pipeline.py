@@ -786,6 +786,8 @@ class Reranker:
             window.close()
             marker = {"reranked": True, **base, "estimated": None, "stale": None, "candidates": 0}
             return fallback(response, plan, {**marker, "dropped": 0, "unmatched": 0})
+        if not window.lean and any("_id" not in h for h in hits):  # hidden by the caller's stored_fields
+            raise WindowDeclined("stored_fields", {"reranked": True, **base, "candidates": len(hits)})
         if columns is None:
             columns = HitColumns.of(hits)
         try:

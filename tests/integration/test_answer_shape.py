@@ -1,7 +1,7 @@
 """A reranked answer has the cluster's own shape, whatever the search asks for besides its query: each
 of 21 sets of query parameters with each of 21 bodies (fields asked for or left out, versions, totals,
 explanations, aggregations, suggestions, highlights, `stored_fields`, `min_score`, score sorts), through
-the proxy with `ext.bmx` and straight to the cluster without it. The order and scores differ (that is
+the proxy (with `ext.bmx`, or under a policy) and straight to the cluster without it. The order and scores differ (that is
 the rerank); the status, the keys of the answer and of each hit, each hit's fields, the totals, the
 aggregations and the suggestions do not."""
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bmx_rerank.policy import parse_rules
 from bmx_rerank.stats.source import FixedStats
 from tests.support.corpora import bulk, exact_stats
 from tests.support.data import scifact_records
@@ -79,7 +80,11 @@ def _shape_of(hit: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in hit.items() if k not in SCORED}
 
 
-def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(engine: EngineClient) -> None:
+@pytest.mark.parametrize("asked", ["ext", "policy"])
+def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
+    engine: EngineClient, asked: str
+) -> None:
+    """Asked for with `ext.bmx`, or by a `--policy` on the index (a client that never asked)."""
     index = f"bmxtest-shape-{uuid.uuid4().hex[:10]}"
     settings = {"number_of_shards": 3, "number_of_replicas": 0}
     mappings = {"properties": {"body": {"type": "text"}, "n": {"type": "long"}}}
@@ -91,7 +96,8 @@ def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
         {d["_id"]: {"body": f"{d['title']} {d['text']}", "n": i % 5} for i, d in enumerate(records)},
     )
     stats = FixedStats({})
-    proxy = ProxyThread(engine.url, stats)
+    policies = parse_rules([f"{index}=body,window_size={WINDOW}"] if asked == "policy" else [])
+    proxy = ProxyThread(engine.url, stats, policies=policies)
     via = EngineClient(engine.kind, proxy.url)
     text = "cancer cells in the lung"
     try:
@@ -105,13 +111,14 @@ def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
             bmx |= {"query": text} if params.startswith("q=") else {}
             path = f"/{index}/_search?{params}"
             plain = {k: v for k, v in body.items() if k != "ext"}
-            a, b = via.call("POST", path, {**body, "ext": {"bmx": bmx}}), engine.call("POST", path, plain)
+            sent = {**body, "ext": {"bmx": bmx}} if asked == "ext" else plain
+            a, b = via.call("POST", path, sent), engine.call("POST", path, plain)
             said = (path, extra, str(a.body)[:400], str(b.body)[:400])
             assert a.status == b.status, said
             if a.status >= 300:
                 assert a.body["error"]["type"] == b.body["error"]["type"], said
                 continue
-            reranked += a.headers["X-BMX-Rerank"] == "bmx"
+            reranked += a.headers.get("X-BMX-Rerank") == "bmx"
             assert set(a.body) - {"took", "_bmx"} == set(b.body) - {"took"}, said
             assert set(a.body["hits"]) == set(b.body["hits"]), said
             assert a.body["hits"].get("total") == b.body["hits"].get("total"), said

@@ -223,6 +223,15 @@ def test_no_stored_fields_is_reranked_and_its_hits_show_what_the_clusters_show(s
         assert [h["_score"] for h in hits] == [h["_score"] for h in full["hits"]["hits"]]
         assert [h["fields"] for h in hits] == [h["fields"] for h in full["hits"]["hits"]]
         assert all(set(h) == set(direct[0]) for h in hits), (hits[0], direct[0])
+    # with `highlight` it goes as sent: Elasticsearch's hits carry `_id` then, OpenSearch's do not (the
+    # cluster's own page, and why)
+    lit = {**extra, "stored_fields": "_none_", "highlight": {"fields": {"body": {}}}}
+    resp = client.call("POST", f"/{index}/_search", {**lit, "ext": {"bmx": ext}})
+    direct = engine.ok("POST", f"/{index}/_search", lit)["hits"]["hits"]
+    said = "bmx" if "_id" in direct[0] else "skipped; reason=stored_fields"
+    assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == said, (resp.headers, resp.body)
+    shown = set(direct[0]) - {"highlight"}  # on the hits that match, which differ here
+    assert all(set(h) - {"highlight"} == shown for h in resp.body["hits"]["hits"]), (resp.body, direct[0])
     asked = {**extra, "stored_fields": "_none_", "_source": True}
     resp, direct_resp = (c.call("POST", f"/{index}/_search", asked) for c in (client, engine))
     assert resp.status == direct_resp.status >= 400, (resp.body, direct_resp.body)  # OpenSearch says 500
