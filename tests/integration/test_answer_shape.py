@@ -103,7 +103,8 @@ def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
     try:
         stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
         reranked = 0
-        for params, extra in itertools.product(PARAMS, BODIES):
+        asks = PARAMS if asked == "ext" else PARAMS[::2]  # a policy's with every other set (CI's time)
+        for params, extra in itertools.product(asks, BODIES):
             body = {"query": {"match": {"body": text}}, **extra}
             if params.startswith("q="):
                 del body["query"]
@@ -132,7 +133,7 @@ def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
                     assert _shape_of(hit) == shown[hit["_id"]], (said, hit, shown[hit["_id"]])
                 else:
                     assert set(_shape_of(hit)) == set(_shape_of(window[0])), (said, hit, window[0])
-        assert reranked >= len(PARAMS) * len(BODIES) * 3 // 4, reranked
+        assert reranked >= len(asks) * len(BODIES) * 3 // 4, reranked
     finally:
         proxy.close()
         engine.call("DELETE", f"/{index}")
