@@ -43,9 +43,15 @@ SUFFIX = "len"  # the length sub-field: `<field>.len`
 DEFAULT_ANALYZER = "index.analysis.analyzer.default."  # a flat setting's prefix: the index defines one
 NO_LENGTH = "bmx: a document has no length"  # what the script throws (its search goes the sidecar's way)
 # Each document's BMX score from `script_params`'s parameters, on one field and its length sub-field.
+# A field of several values has a length for each (`token_count` indexes each value): the document's is
+# their sum, as its norm counts every token.
 SCRIPT = """
-if (doc[params.length].size() == 0) { throw new IllegalArgumentException('bmx: a document has no length'); }
-double lnorm = params.alpha * doc[params.length].value / params.avgdl + params.alpha_ebar;
+def lengths = doc[params.length];
+int values = lengths.size();
+if (values == 0) { throw new IllegalArgumentException('bmx: a document has no length'); }
+double dl = lengths.value;
+for (int j = 1; j < values; ++j) { dl += lengths.get(j); }
+double lnorm = params.alpha * dl / params.avgdl + params.alpha_ebar;
 double tf_part = 0; double entropy = 0; double matched = 0;
 for (int i = 0; i < params.terms.length; ++i) {
   double tf = termFreq(params.field, params.terms[i]);

@@ -248,6 +248,35 @@ def test_a_shard_whose_documents_have_no_length_leaves_the_window_to_the_sidecar
         engine.call("DELETE", f"/{index}")
 
 
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_field_of_several_values_is_as_long_as_all_its_tokens(
+    engine: EngineClient, proxies, engine_only: ProxyThread, shards: int
+) -> None:
+    """A text field given as an array (every other document here, one value empty) has a length in
+    the sub-field for each value: the document's is their sum, as its norm and the sidecar's length
+    count every token (the script once read the smallest value alone, and scored such documents as if
+    they were short)."""
+    stats, _, reference = proxies
+    scored = engine_only
+    opensearch = engine.kind == "opensearch"
+    index = f"bmxtest-inengine-{uuid.uuid4().hex[:10]}"
+    settings = {"number_of_shards": shards, "number_of_replicas": 0}
+    engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": WITH_LENGTH if opensearch else WITHOUT})
+    records = scifact_records("corpus.jsonl", 400)
+    parts = {d["_id"]: [d.get("title", ""), d["text"], ""] for d in records}
+    bulk(engine, index, {i: {"body": p if n % 2 else " ".join(p)} for n, (i, p) in enumerate(parts.items())})
+    try:
+        _stats(scored, engine, stats, index)
+        for text in _queries()[:10]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+            _same_page(a, b)
+            assert (a["_bmx"]["tf"] == "engine") == opensearch, a["_bmx"]
+        assert _outcomes(scored).get("scored", 0) >= (8 if opensearch else 0), _outcomes(scored)
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
 def test_a_window_over_several_shards_is_scored_in_the_engine(
     engine: EngineClient, proxies, engine_only: ProxyThread
 ) -> None:
