@@ -72,7 +72,7 @@ class Metrics:
             "bmx_in_engine",
             "Searches under --in-engine: scored by the engine (scored), else why the sidecar scored them "
             "(shape, scoring, options, augment, request, indices, settings, no_length_field, "
-            "length_field_differs, unread: the query's analysis or statistics failed, over several shards "
+            "length_field_differs, no_frequencies, unread: the query's analysis or statistics failed, over several shards "
             "edge_refused, edge_partial, edge_tied: the search of the window's edge, zero: a hit of the page "
             "scored 0, no_length, refused: the script, search_refused: the search as sent, shard_failed, timed_out, no_match, "
             "kept: the sidecar kept the window whole, repeated: the engine scored it often lately, so the sidecar keeps it)",

@@ -16,7 +16,7 @@ Opt-in (`serve --in-engine`), and only where it gives what the sidecar's own rer
   (the cluster's tie-break draws that edge, no cutoff can) is the sidecar's;
 - a `token_count` sub-field `<field>.len` with the field's own analyzer and every token counted
   (`enable_position_increments: false`): each document's length from doc values (`bmx-rerank lengths
-  add` makes and fills it);
+  add` makes and fills it); a field that indexes its frequencies (not `index_options: docs`);
 - a search scoring one text on that field with BMX, the scores replaced (no `combine`, augmentation,
   explanation, `min_score` or normalization).
 
@@ -269,6 +269,8 @@ def layout(field: str, mapping: Mapping[str, Any], settings: Mapping[str, Any] |
         return Layout("no_length_field")
     if length != length_mapping(field_analyzer(text, settings)):
         return Layout("length_field_differs")
+    if text.get("index_options") == "docs":  # no frequencies: `termFreq` reads 1, the sidecar the text's
+        return Layout("no_frequencies")
     return Layout(None, shards, partition)
 
 

@@ -277,6 +277,36 @@ def test_a_field_of_several_values_is_as_long_as_all_its_tokens(
         engine.call("DELETE", f"/{index}")
 
 
+@pytest.mark.parametrize("options", [{"index_options": "freqs", "norms": False}, {"index_options": "docs"}])
+def test_a_field_without_positions_or_frequencies(
+    engine: EngineClient, proxies, engine_only: ProxyThread, options: dict
+) -> None:
+    """A field indexed without positions (or norms) is scored in the engine as the sidecar scores it.
+    One indexed without frequencies (`index_options: docs`) is not: the engine reads each as 1, the
+    sidecar counts them in the text; its searches are the sidecar's (`no_frequencies`)."""
+    stats, _, reference = proxies
+    scored = engine_only
+    opensearch = engine.kind == "opensearch"
+    body = {
+        "type": "text",
+        "analyzer": "standard",
+        **options,
+        **({"fields": {"len": LENGTH}} if opensearch else {}),
+    }
+    index = _index(engine, {"properties": {"body": body}}, docs=300)
+    try:
+        _stats(scored, engine, stats, index)
+        for text in _queries()[:6]:
+            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+            _same_page(a, b)
+        frequencies = options["index_options"] != "docs"
+        expected = ("scored" if frequencies else "no_frequencies") if opensearch else "no_length_field"
+        assert _outcomes(scored) == {expected: 6}, _outcomes(scored)
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
 def test_a_window_over_several_shards_is_scored_in_the_engine(
     engine: EngineClient, proxies, engine_only: ProxyThread
 ) -> None:

@@ -93,6 +93,12 @@ def _mapping(length: dict | None, analyzer: str | None = "standard") -> dict:
     return {"i": {"mappings": fields}}
 
 
+def _with_text(mapping: dict, **more: Any) -> dict:
+    """`mapping` with more of the text field's own options."""
+    text = mapping["i"]["mappings"]["body"]["mapping"]["body"]
+    return {"i": {"mappings": {**mapping["i"]["mappings"], "body": {"mapping": {"body": {**text, **more}}}}}}
+
+
 def _settings(shards: int = 1, **more: str) -> dict:
     """An index's flat settings, as `stats.scan.index_settings` reads them."""
     return {"index.number_of_shards": str(shards), **more}
@@ -119,6 +125,8 @@ COUNTS = {"type": "token_count", "analyzer": "standard", "enable_position_increm
             _settings(),
             "length_field_differs",
         ),  # a removed stop word would count as a hole
+        (_with_text(_mapping(COUNTS), index_options="docs"), _settings(), "no_frequencies"),
+        (_with_text(_mapping(COUNTS), index_options="freqs", norms=False), _settings(), None),
         # the index's own default analyzer analyses a field that names none
         (
             _mapping(COUNTS, analyzer=None),
