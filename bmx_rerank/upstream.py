@@ -8,6 +8,7 @@ error passes through as `UpstreamError`, an unreachable cluster is a 502 and a s
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,10 +56,15 @@ class FieldAnalyzers:
     quote: str | None
     standard: bool = False
     generation: str | None = None
+    vectors: bool = True  # whether `_mtermvectors` can give the field's terms (`readable`)
 
     @classmethod
     def of(
-        cls, spec: Mapping[str, Any], custom: Sequence[str] | None = None, generation: str | None = None
+        cls,
+        spec: Mapping[str, Any],
+        custom: Sequence[str] | None = None,
+        generation: str | None = None,
+        vectors: bool = True,
     ) -> FieldAnalyzers:
         """From a field's mapping with its defaults (a mapping read without them names only what it
         sets, and the rest falls back as the cluster's own defaults do), and the analyzers its index
@@ -66,7 +72,24 @@ class FieldAnalyzers:
         index = spec.get("analyzer")
         search = spec.get("search_analyzer", index)
         standard = custom is not None and search in BUILTIN_STANDARD and search not in custom
-        return cls(index, search, spec.get("search_quote_analyzer", search), standard, generation)
+        return cls(index, search, spec.get("search_quote_analyzer", search), standard, generation, vectors)
+
+
+def readable(field: str, spec: Mapping[str, Any], source: Mapping[str, Any] | None) -> bool:
+    """Whether the cluster can give a field's term vectors: stored (`term_vector`), or made again from
+    the field's stored value (`store`) or from `_source`, where `_source` keeps the field (not disabled,
+    not excluded, included where it names what it includes; a pattern names the field or an object
+    above it). `source`: the index's `_source` mapping (None: not read, taken as kept)."""
+    if spec.get("term_vector", "no") != "no" or spec.get("store") is True or source is None:
+        return True
+    if source.get("enabled") is False:
+        return False
+    parts = field.split(".")
+    paths = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    if any(fnmatch.fnmatchcase(p, pattern) for p in paths for pattern in source.get("excludes") or []):
+        return False
+    includes = source.get("includes") or []
+    return not includes or any(fnmatch.fnmatchcase(p, pattern) for p in paths for pattern in includes)
 
 
 class TermFreq(msgspec.Struct, gc=False):
@@ -275,7 +298,7 @@ class Cluster:
         answer, settings = await asyncio.gather(
             self.request(
                 "GET",
-                f"/{index}/_mapping/field/{field_name}?include_defaults=true",
+                f"/{index}/_mapping/field/{field_name},_source?include_defaults=true",
                 None,
                 headers,
                 retried=True,
@@ -289,11 +312,13 @@ class Cluster:
         found = set()
         for name, mapping in (answer or {}).items():
             leaf = mapping.get("mappings", {}).get(field_name, {}).get("mapping", {})
+            source = mapping.get("mappings", {}).get("_source", {}).get("mapping", {}).get("_source")
             analysis = (settings or {}).get(name, {}).get("settings", {}).get("index", {}).get("analysis", {})
             custom = None if settings is None else list(analysis.get("analyzer", {}))
             for spec in leaf.values():
                 if isinstance(spec, dict):
-                    found.add(FieldAnalyzers.of(spec, custom, generation))
+                    vectors = readable(field_name, spec, source if isinstance(source, dict) else None)
+                    found.add(FieldAnalyzers.of(spec, custom, generation, vectors))
         return found
 
     async def _analysis_settings(

@@ -125,7 +125,7 @@ class Analysis:
         out: Tokens = {}
         for leaf in leaves(plan.scored):
             resolved = self._analyzers.get((index, leaf.field))
-            if not isinstance(resolved, FieldAnalyzers) or not resolved.standard:
+            if not isinstance(resolved, FieldAnalyzers) or not resolved.standard or not resolved.vectors:
                 return None
             if _quoted_apart(leaf, resolved):
                 return None
@@ -140,7 +140,7 @@ class Analysis:
         """What analyses the field's query texts, if its mapping was read already and names one
         (None: not yet, or not one)."""
         known = self._analyzers.get((index, field), _UNREAD)
-        if known is _UNREAD or known is None:
+        if known is _UNREAD or known is None or not known.vectors:  # type: ignore[union-attr]
             return None
         return _analyzer(index, field, known)  # type: ignore[arg-type]
 
@@ -196,6 +196,8 @@ def _searched_with(field: str, analyzers: FieldAnalyzers | None, tree: Node) -> 
     """The analyzers of the field's query texts, where one analyzer makes them."""
     if analyzers is None:
         raise AnalysisDeclined("analyzers_differ")  # the indices searched analyse the field differently
+    if not analyzers.vectors:  # no hit's frequencies or length can be read (`upstream.readable`)
+        raise AnalysisDeclined("no_term_vectors")
     if any(_quoted_apart(leaf, analyzers) for leaf in leaves(tree) if leaf.field == field):
         raise AnalysisDeclined("search_quote_analyzer")
     return analyzers

@@ -32,7 +32,9 @@ def empty_corpus(index: str, field: str) -> StatisticsError:
     return StatisticsError(
         400,
         "bmx_empty_corpus_exception",
-        f"[{index}] has no live document with a token in field [{field}]: nothing to build statistics from",
+        f"[{index}] has no live document with a token in field [{field}]: nothing to build statistics from "
+        "(if it holds documents, the cluster cannot give the field's term vectors: `_source` is disabled "
+        "or leaves the field out, and the field has neither `term_vector` nor `store`)",
     )
 
 

@@ -238,6 +238,63 @@ def test_no_stored_fields_is_reranked_and_its_hits_show_what_the_clusters_show(s
     assert resp.body["error"] == direct_resp.body["error"]
 
 
+@pytest.mark.parametrize(
+    ("source", "field", "reranked"),
+    [
+        ({"enabled": False}, {}, False),
+        ({"excludes": ["body"]}, {}, False),
+        ({"enabled": False}, {"store": True}, True),  # term vectors made from the stored value
+        ({"enabled": False}, {"term_vector": "yes"}, True),
+    ],
+)
+def test_a_field_whose_term_vectors_cannot_be_read_is_declined(
+    engine: EngineClient, source: dict, field: dict, reranked: bool
+) -> None:
+    """Without `_source` (or with it leaving the field out), and with neither `term_vector` nor `store`,
+    the cluster gives no term vectors of the field: no hit's length could be read (the probes would
+    give its frequencies, and a length of 0 a wrong score), so the search is declined, saying why.
+    Where the field stores its value or its term vectors, it is reranked, as on an index that keeps
+    `_source` (the same scores)."""
+    docs = {str(i): {"body": " ".join(toks)} for i, toks in enumerate(VECTORS["corpus"])}
+    names = {}
+    for kind, mappings in (
+        ("kept", MAPPINGS),
+        ("other", {"_source": source, "properties": {"body": {"type": "text", **field}}}),
+    ):
+        names[kind] = f"bmxtest-vectors-{uuid.uuid4().hex[:10]}"
+        settings = {"number_of_shards": 1, "number_of_replicas": 0}
+        engine.ok("PUT", f"/{names[kind]}", {"settings": settings, "mappings": mappings})
+        bulk(engine, names[kind], docs)
+    stats = FixedStats({})
+    proxy = ProxyThread(engine.url, stats)
+    try:
+        table = proxy.run(exact_stats(engine.url, names["kept"], "body"))
+        stats.table[(names["kept"], "body")] = stats.table[(names["other"], "body")] = table
+        ext = {"field": "body", "query": "t0 t3", "window_size": 30}
+        kept, other = (
+            _via(engine, proxy).call("POST", f"/{names[k]}/_search", {"size": 5, "ext": {"bmx": ext}})
+            for k in ("kept", "other")
+        )
+        assert kept.headers["X-BMX-Rerank"] == "bmx"
+        if reranked:
+            assert other.headers["X-BMX-Rerank"] == "bmx", other.body
+            assert [h["_score"] for h in other.body["hits"]["hits"]] == [
+                h["_score"] for h in kept.body["hits"]["hits"]
+            ]
+        else:
+            assert other.headers["X-BMX-Rerank"] == "skipped; reason=no_term_vectors", other.body
+            plain = engine.ok(
+                "POST", f"/{names['other']}/_search", {"size": 5, "query": {"match": {"body": "t0 t3"}}}
+            )
+            assert [h["_score"] for h in other.body["hits"]["hits"]] == [
+                h["_score"] for h in plain["hits"]["hits"]
+            ]
+    finally:
+        proxy.close()
+        for name in names.values():
+            engine.call("DELETE", f"/{name}")
+
+
 def test_yaml_answer_is_not_reranked_nor_widened(small):
     engine, index, proxy, _ = small
     body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 30}}}

@@ -123,10 +123,9 @@ class FakeCluster:
     async def mapping(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") == "Basic no-metadata":
             return web.json_response({"error": {"type": "security_exception"}, "status": 403}, status=403)
-        index, name = request.match_info["index"], request.match_info["field"]
+        index = request.match_info["index"]
         leaf = {"type": "text", **({"search_analyzer": self.search_analyzer} if self.search_analyzer else {})}
-        mapping = {name: {"full_name": name, "mapping": {name: leaf}}}
-        return web.json_response({index: {"mappings": mapping}})
+        return web.json_response({index: {"mappings": _field_mappings(request.match_info["field"], leaf)}})
 
     async def analyze(self, request: web.Request) -> web.Response:
         self.analyze_calls += 1
@@ -248,9 +247,10 @@ class TaggingCluster:
         return web.json_response({"acknowledged": True})
 
     async def mapping(self, request: web.Request) -> web.Response:
-        index, name = request.match_info["index"], request.match_info["field"]
-        mapping = {name: {"full_name": name, "mapping": {name: {"type": "text"}}}}
-        return web.json_response({index: {"mappings": mapping}})
+        index = request.match_info["index"]
+        return web.json_response(
+            {index: {"mappings": _field_mappings(request.match_info["field"], {"type": "text"})}}
+        )
 
     async def analyze(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -323,3 +323,12 @@ async def post(client, url, body, **kw):
     """POST `body` as JSON: (status, headers, parsed answer)."""
     async with client.post(url, json=body, **kw) as resp:
         return resp.status, dict(resp.headers), await resp.json(content_type=None)
+
+
+def _field_mappings(names: str, leaf: dict) -> dict:
+    """`GET <index>/_mapping/field/<names>` of text fields (`leaf`), as the cluster answers it: each name
+    given, `_source` as an index that keeps it maps it."""
+    found = {}
+    for name in names.split(","):
+        found[name] = {"full_name": name, "mapping": {} if name == "_source" else {name: leaf}}
+    return found
