@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -298,7 +299,7 @@ class Cluster:
         answer, settings = await asyncio.gather(
             self.request(
                 "GET",
-                f"/{index}/_mapping/field/{field_name},_source?include_defaults=true",
+                f"/{index}/_mapping/field/{quote(field_name, safe='')},_source?include_defaults=true",
                 None,
                 headers,
                 retried=True,

@@ -6,6 +6,7 @@ import uuid
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from bmx_rerank import scoring
 from bmx_rerank.client import BMXClient
@@ -29,7 +30,8 @@ def _expected(query: list[str]) -> dict[str, float]:
     return {str(i): s for i, s in enumerate(scores) if s > 0}
 
 
-def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
+@pytest.mark.parametrize("field", ["body", "body#1?x&y"])  # a name a URL must escape
+def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient, field: str):
     index = f"bmx-test-analyzer-{uuid.uuid4().hex[:8]}"
     settings = {
         "number_of_shards": 2,
@@ -38,14 +40,14 @@ def test_a_search_analyzer_decides_the_query_tokens(engine: EngineClient):
             "analyzer": {"no_t3": {"type": "custom", "tokenizer": "standard", "filter": ["drop_t3"]}},
         },
     }
-    mappings = {"properties": {"body": {"type": "text", "analyzer": "standard", "search_analyzer": "no_t3"}}}
+    mappings = {"properties": {field: {"type": "text", "analyzer": "standard", "search_analyzer": "no_t3"}}}
     try:
-        index_vectors(engine, index, settings, mappings)
+        index_vectors(engine, index, settings, mappings, field)
         # `_analyze` with the field keeps t3: the index analyzer, not the one the match query used.
-        field_tokens = engine.ok("POST", f"/{index}/_analyze", {"field": "body", "text": "t0 t3"})["tokens"]
+        field_tokens = engine.ok("POST", f"/{index}/_analyze", {"field": field, "text": "t0 t3"})["tokens"]
         assert [t["token"] for t in field_tokens] == ["t0", "t3"]
 
-        body = {"size": 30, "query": {"match": {"body": "t0 t3"}}, "ext": {"bmx": {"field": "body"}}}
+        body = {"size": 30, "query": {"match": {field: "t0 t3"}}, "ext": {"bmx": {"field": field}}}
         with BMXClient(official_client(engine.kind, engine.url, asynchronous=False)) as bmx:
             answer = bmx.search(index=index, body=body)
         got = {h["_id"]: h["_score"] for h in answer["hits"]["hits"]}

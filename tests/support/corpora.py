@@ -66,13 +66,15 @@ async def exact_stats(base: str, index: str, field: str) -> CorpusStats:
         return await stats_build.build(Cluster(session, base), index, field, {})
 
 
-def index_vectors(engine: EngineClient, index: str, settings: dict, mappings: dict) -> None:
-    """Create `index`, bulk-index the test-vector corpus into `body` and build its statistics."""
+def index_vectors(
+    engine: EngineClient, index: str, settings: dict, mappings: dict, field: str = "body"
+) -> None:
+    """Create `index`, bulk-index the test-vector corpus into `field` and build its statistics."""
     engine.ok("PUT", f"/{index}", {"settings": {"number_of_replicas": 0, **settings}, "mappings": mappings})
-    bulk(engine, index, {str(i): {"body": " ".join(tokens)} for i, tokens in enumerate(vectors()["corpus"])})
+    bulk(engine, index, {str(i): {field: " ".join(tokens)} for i, tokens in enumerate(vectors()["corpus"])})
 
     async def build() -> None:
         async with aiohttp.ClientSession() as session:
-            await build_snapshots(Cluster(session, engine.url), index, "body", {})
+            await build_snapshots(Cluster(session, engine.url), index, field, {})
 
     asyncio.run(build())
