@@ -76,6 +76,12 @@ class FieldAnalyzers:
         return cls(index, search, spec.get("search_quote_analyzer", search), standard, generation, vectors)
 
 
+def index_path(index_expr: str) -> str:
+    """An index expression as a path segment (commas and wildcards kept, as the cluster expects; a
+    date-math name's `<`, `{`, `/` and `>` escaped)."""
+    return quote(index_expr, safe=",*-_.:")
+
+
 def readable(field: str, spec: Mapping[str, Any], source: Mapping[str, Any] | None) -> bool:
     """Whether the cluster can give a field's term vectors: stored (`term_vector`), or made again from
     the field's stored value (`store`) or from `_source`, where `_source` keeps the field (not disabled,
@@ -283,7 +289,7 @@ class Cluster:
         (`_analyze` with `field` ignores a mapping's `search_analyzer`, on both engines; see
         `search_analyzer`)."""
         body = {"analyzer": analyzer, "text": text} if analyzer else {"field": field_name, "text": text}
-        answer = await self.request("POST", f"/{index}/_analyze", body, headers, retried=True)
+        answer = await self.request("POST", f"/{index_path(index)}/_analyze", body, headers, retried=True)
         return [(tok["token"], int(tok.get("start_offset", -1))) for tok in answer.get("tokens", [])]
 
     async def field_analyzers(
@@ -299,7 +305,7 @@ class Cluster:
         answer, settings = await asyncio.gather(
             self.request(
                 "GET",
-                f"/{index}/_mapping/field/{quote(field_name, safe='')},_source?include_defaults=true",
+                f"/{index_path(index)}/_mapping/field/{quote(field_name, safe='')},_source?include_defaults=true",
                 None,
                 headers,
                 retried=True,
@@ -326,7 +332,7 @@ class Cluster:
         self, index: str, headers: Mapping[str, str] | None
     ) -> dict[str, Any] | None:
         """Each index's uuid and analysis settings (None: the caller may not read them)."""
-        path = f"/{index}/_settings?filter_path=*.settings.index.uuid,*.settings.index.analysis"
+        path = f"/{index_path(index)}/_settings?filter_path=*.settings.index.uuid,*.settings.index.analysis"
         try:
             return await self.request("GET", path, None, headers, retried=True) or {}
         except UpstreamError:

@@ -111,7 +111,9 @@ async def call(
     with `params`, the client's headers (identity encoding) and a body the proxy wrote; the answer
     inflated when the cluster compressed it."""
     state = request.state
-    url = URL(state.base + ("/_msearch" if msearch else request.path), encoded=False).with_query(params)
+    # the path as the client wrote it (a date-math name's escaped `/` stays escaped), the query the proxy's
+    path = "/_msearch" if msearch else request.raw_path.split("?", 1)[0]
+    url = URL(state.base + path, encoded=True).with_query(params)
     headers = json_headers(request)
     if msearch:  # the client's JSON type as its NDJSON twin (a versioned type keeps its version)
         headers["Content-Type"] = NDJSON.sub("x-ndjson", headers["Content-Type"], count=1)

@@ -39,7 +39,7 @@ from bmx_rerank.rerank.term_vector_cache import numbered_in
 from bmx_rerank.rerank.window import Window
 from bmx_rerank.stats.cache import StatsView
 from bmx_rerank.stats.routing import routed_shards, routing_keys
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.upstream import Cluster, index_path
 
 # What a lean window may carry: what shapes its hits (the query phase) and what a page fetch can
 # reproduce for the page. Anything else (highlight, script_fields, inner hits, sort, collapse, explain,
@@ -252,7 +252,9 @@ async def _each_shard(
                 return answers
 
     async def search(shard: int, body: dict[str, Any]) -> dict[str, Any]:
-        path = f"/{window.index_expr}/_search" + ("?" + urlencode(q) if (q := query(shard)) else "")
+        path = f"/{index_path(window.index_expr)}/_search" + (
+            "?" + urlencode(q) if (q := query(shard)) else ""
+        )
         return await cluster.request("POST", path, body, headers)  # type: ignore[no-any-return]
 
     return list(await asyncio.gather(*(search(shard, body) for shard, body in searches.items())))
@@ -418,7 +420,7 @@ def beside(cluster: Cluster, window: Window, headers: Mapping[str, str]) -> Ahea
         **shown,
         "seq_no_primary_term": True,
     }
-    path = f"/{window.index_expr}/_search" + ("?" + urlencode(params) if params else "")
+    path = f"/{index_path(window.index_expr)}/_search" + ("?" + urlencode(params) if params else "")
 
     async def searched() -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
         try:

@@ -58,9 +58,9 @@ from bmx_rerank.rerank.term_vector_cache import (
 from bmx_rerank.rerank.widen import widen
 from bmx_rerank.rerank.window import Tokens, Window, drop, known_index, window_digest, window_request
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.stats.scan import index_path, index_settings
+from bmx_rerank.stats.scan import index_settings
 from bmx_rerank.stats.source import StatsSource
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.upstream import Cluster, index_path
 
 log = logging.getLogger("bmx_rerank.proxy")
 
@@ -582,7 +582,7 @@ class Reranker:
                 try:
                     await self.cluster.request(
                         "POST",
-                        f"/{window.index_expr}/_search?preference={pref}",
+                        f"/{index_path(window.index_expr)}/_search?preference={pref}",
                         tf_probe.MATCH_NONE,
                         headers,
                     )

@@ -21,7 +21,7 @@ from bmx_rerank.rerank import tf_probe
 from bmx_rerank.rerank.analysis import AnalysisDeclined
 from bmx_rerank.rerank.window import Tokens, Window
 from bmx_rerank.stats.cache import StatsView
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.upstream import Cluster, index_path
 
 PROBE_MODES = ("auto", "on", "off")
 # Seconds (at most a quarter of --timeout) the first stage may wait for what its probes need (the
@@ -167,7 +167,7 @@ class Prober:
         >= 2.13): asked once with an empty search, with the caller's credentials. Only the cluster's
         refusal of the parameter is remembered; any other failure means no probes for this search."""
         if self._named_scores is None:
-            path = f"/{index}/_search?{tf_probe.PARAM}=true"
+            path = f"/{index_path(index)}/_search?{tf_probe.PARAM}=true"
             try:
                 await self.metrics.timed(
                     "probe_check",

@@ -20,9 +20,9 @@ import orjson
 
 from bmx_rerank.errors import SearchError, bad_request
 from bmx_rerank.rerank import in_engine
-from bmx_rerank.stats.scan import close_scroll, index_path, index_settings
+from bmx_rerank.stats.scan import close_scroll, index_settings
 from bmx_rerank.stats.sweep import Progress
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.upstream import Cluster, index_path
 
 SCROLL = "2m"  # one batch's write fits in it: a scroll context lives this long between batches
 MAX_BATCH = 10_000  # documents a scroll page and a `_bulk` hold: a bound on the command's memory

@@ -20,12 +20,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 
 from bmx_rerank.errors import SearchError, UpstreamError
-from bmx_rerank.upstream import Cluster, DocRef
+from bmx_rerank.upstream import Cluster, DocRef, index_path
 
 KEEP_ALIVE = "5m"
 Part = tuple[int, int]  # (slice id, number of slices)
@@ -307,8 +306,3 @@ def swept_ref(hit: Mapping[str, Any], shard: int | None = None) -> SweptRef:
         hit.get("_version"),
         shard,
     )
-
-
-def index_path(index_expr: str) -> str:
-    """An index expression as a path segment (commas and wildcards kept, as the cluster expects)."""
-    return quote(index_expr, safe=",*-_.:")

@@ -31,8 +31,8 @@ from bmx_rerank.stats.errors import field_missing, no_index, not_text_field
 from bmx_rerank.stats.freshness import IndexMarks, parse_shard_stats, same_state
 from bmx_rerank.stats.lengths import MAX_LENGTH_DOCS, DocLengths, LengthRecorder, doc_key
 from bmx_rerank.stats.routing import RoutingCheck, routing_candidates
-from bmx_rerank.stats.scan import Part, SweptRef, index_path, index_settings, scan_ids
-from bmx_rerank.upstream import Cluster, DocRef
+from bmx_rerank.stats.scan import Part, SweptRef, index_settings, scan_ids
+from bmx_rerank.upstream import Cluster, DocRef, index_path
 
 TEXT_TYPES = ("text", "match_only_text")
 

@@ -4,18 +4,24 @@ msearch, policies and failures. The proxy runs in-process, on an ephemeral port,
 
 from __future__ import annotations
 
+import asyncio
+import datetime
 import json
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bmx_rerank.policy import parse_rules
+from bmx_rerank.stats import build as stats_build
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.corpus import CorpusStats
 from bmx_rerank.stats.source import FixedStats
+from bmx_rerank.upstream import Cluster
 from tests.support.corpora import bulk, exact_stats
 from tests.support.data import vectors
 from tests.support.engine_client import EngineClient
@@ -293,6 +299,45 @@ def test_a_field_whose_term_vectors_cannot_be_read_is_declined(
         proxy.close()
         for name in names.values():
             engine.call("DELETE", f"/{name}")
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_a_date_math_index_name_is_reranked_as_the_index_it_names(engine: EngineClient, probes: bool) -> None:
+    """`<name-{now/d}>` (escaped in the URL as clients send it, its `/` too) names today's index: the
+    search is reranked, with that index's statistics, as a search of the index by its own name is;
+    with the first stage's probes and with term vectors."""
+    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y.%m.%d")
+    prefix = f"bmxtest-dm-{uuid.uuid4().hex[:6]}"
+    index, store = f"{prefix}-{day}", f"{prefix}-store"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {"settings": {"number_of_shards": 2, "number_of_replicas": 0}, "mappings": MAPPINGS},
+    )
+    bulk(engine, index, {str(i): {"body": " ".join(toks)} for i, toks in enumerate(VECTORS["corpus"])})
+    named = urllib.parse.quote(f"<{prefix}-{{now/d}}>", safe="")
+    asyncio.run(_built(engine.url, urllib.parse.unquote(named), store))
+    proxy = ProxyThread(
+        engine.url, lambda session, base: StatsCache(session, base, store=store), tf_probes=probes
+    )
+    try:
+        body = {"size": 5, "ext": {"bmx": {"field": "body", "query": "t0 t3", "window_size": 30}}}
+        by_math, by_name = (_via(engine, proxy).call("POST", f"/{n}/_search", body) for n in (named, index))
+        assert by_math.status == by_name.status == 200, by_math.body
+        assert by_math.headers["X-BMX-Rerank"] == by_name.headers["X-BMX-Rerank"] == "bmx"
+        assert by_math.body["_bmx"]["estimated"] is False, by_math.body["_bmx"]
+        assert [(h["_id"], h["_score"]) for h in by_math.body["hits"]["hits"]] == [
+            (h["_id"], h["_score"]) for h in by_name.body["hits"]["hits"]
+        ]
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")
+
+
+async def _built(base: str, index_expr: str, store: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        await stats_build.build_snapshots(Cluster(session, base), index_expr, "body", {}, store=store)
 
 
 def test_yaml_answer_is_not_reranked_nor_widened(small):
