@@ -7,6 +7,8 @@ honour (a non-score `sort`, `scroll`, a point in time, `search_after`) pass thro
 from __future__ import annotations
 
 import copy
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -66,6 +68,8 @@ RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage beside
 # A hit's stored fields, which `stored_fields: _none_` leaves out of the answer: the window needs each
 # hit's `_id`, so the first stage reads none of them but these (no `_source`), and the sidecar drops them.
 NONE = "_none_"
+DIGITS = re.compile(r"[+-]?[0-9]+")  # an integer in the URL
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # a number in a body's string
 STORED = ("_id", "_routing", "_ignored")
 
 
@@ -317,12 +321,17 @@ def score_sorted(sort: Any) -> bool:
 
 
 def _int_param(params: Mapping[str, str], body: Mapping[str, Any], name: str, default: int) -> int:
-    value: Any = params.get(name, body.get(name, default))
+    """`from` or `size`, from the URL (an integer) or else the body, read as the cluster reads a body's
+    integer: a number or a numeric string, a fraction cut off (`5.5` and `"5"` are 5)."""
+    value: Any = params[name] if name in params else body.get(name, default)
     if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise bad_request(f"Failed to parse int parameter [{name}] with value [{value}]") from None
+        text = value.strip()
+        number = DIGITS if name in params else NUMBER
+        if not number.fullmatch(text):
+            raise bad_request(f"Failed to parse int parameter [{name}] with value [{value}]")
+        value = int(text) if name in params else int(float(text))
+    elif isinstance(value, float) and math.isfinite(value):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise bad_request(f"[{name}] parameter must be a non-negative integer, got [{value}]")
     return value

@@ -1,9 +1,10 @@
 """A reranked answer has the cluster's own shape, whatever the search asks for besides its query: each
-of 21 sets of query parameters with each of 21 bodies (fields asked for or left out, versions, totals,
-explanations, aggregations, suggestions, highlights, `stored_fields`, `min_score`, score sorts), through
-the proxy (with `ext.bmx`, or under a policy) and straight to the cluster without it. The order and scores differ (that is
-the rerank); the status, the keys of the answer and of each hit, each hit's fields, the totals, the
-aggregations and the suggestions do not."""
+of 21 sets of query parameters with each of 22 bodies (fields asked for or left out, versions, totals,
+explanations, aggregations, suggestions, highlights, `stored_fields`, `min_score`, score sorts, paging
+written as the cluster reads it), through the proxy (with `ext.bmx`, or under a policy) and straight to
+the cluster without it. The order and scores differ (that is the rerank); the status, the keys of the
+answer and of each hit, each hit's fields, how many hits, the totals, the aggregations and the
+suggestions do not."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ PARAMS = (
 BODIES: tuple[dict[str, Any], ...] = (
     {"size": 10},
     {"size": 10, "from": 30},
+    {"size": "7.9", "from": 2.0},  # read as the cluster reads a body's integers: 7 hits from the third
     {"size": 10, "explain": True},
     {"size": 10, "version": True, "seq_no_primary_term": True},
     {"size": 10, "_source": {"excludes": ["body"]}},
@@ -123,6 +125,7 @@ def test_a_reranked_answer_has_the_clusters_shape_whatever_else_the_search_asks(
             assert set(a.body) - {"took", "_bmx"} == set(b.body) - {"took"}, said
             assert set(a.body["hits"]) == set(b.body["hits"]), said
             assert a.body["hits"].get("total") == b.body["hits"].get("total"), said
+            assert len(a.body["hits"]["hits"]) == len(b.body["hits"]["hits"]), said
             assert a.body.get("aggregations") == b.body.get("aggregations"), said
             assert a.body.get("suggest") == b.body.get("suggest"), said
             # each hit as the cluster shows it among the window's (by `_id` where hits carry one)

@@ -50,6 +50,20 @@ def test_window_overflow_is_a_400_like_rank_window_size():
     assert info.value.status == 400 and "window_size" in info.value.reason
 
 
+@pytest.mark.parametrize("size", [5, 5.0, 5.9, "5", " 5", "5.5", "005"])
+def test_a_bodys_size_is_read_as_the_cluster_reads_it(size):
+    """A number or a numeric string, a fraction cut off (Elasticsearch and OpenSearch answer 5 hits)."""
+    plan = plan_search({"size": size, "ext": {"bmx": {"field": "f", "query": "x"}}}, {})
+    assert plan.size == 5
+
+
+@pytest.mark.parametrize("size", ["x", True, -1, "1_0", float("inf"), None, [5]])
+def test_a_bodys_size_the_cluster_refuses_is_a_400(size):
+    with pytest.raises(SearchError) as err:
+        plan_search({"size": size, "ext": {"bmx": {"field": "f", "query": "x"}}}, {})
+    assert err.value.status == 400
+
+
 def test_bad_from_is_a_400():
     with pytest.raises(SearchError) as info:
         plan_search({"ext": {"bmx": {"field": "f", "query": "x"}}}, {"from": "abc"})
@@ -227,7 +241,7 @@ def test_size_zero_is_not_reranked():
     assert quiet.spec is None and quiet.skipped is None and quiet.params == {"size": "0"}
 
 
-@pytest.mark.parametrize("paging", [{"size": -1}, {"from": 1.0}, {"size": "ten"}])
+@pytest.mark.parametrize("paging", [{"size": -1}, {"from": True}, {"size": "ten"}])
 def test_a_policy_never_answers_for_paging_the_cluster_owns(paging):
     policy = parse_spec({"field": "body", "window_size": 30})
     body = {"query": {"match": {"body": "t1"}}, **paging}
