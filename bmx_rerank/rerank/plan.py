@@ -68,9 +68,11 @@ RETRIEVAL = ("knn", "sub_searches", "rank", "retriever")  # a first stage beside
 # A hit's stored fields, which `stored_fields: _none_` leaves out of the answer: the window needs each
 # hit's `_id`, so the first stage reads none of them but these (no `_source`), and the sidecar drops them.
 NONE = "_none_"
-DIGITS = re.compile(r"[+-]?[0-9]+")  # an integer in the URL
-NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # a number in a body's string
 STORED = ("_id", "_routing", "_ignored")
+# `from` and `size`: an integer in the URL; in the body, a number or a string of one (the cluster's
+# lenient read of a body's integer)
+DIGITS = re.compile(r"[+-]?[0-9]+")
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def plan_search(

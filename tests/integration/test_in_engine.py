@@ -103,6 +103,18 @@ def _stats(proxy: ProxyThread, engine: EngineClient, stats: FixedStats, index: s
     stats.table[(index, "body")] = proxy.run(exact_stats(engine.url, index, "body"))
 
 
+def _first_pages(scored: ProxyThread, reference: ProxyThread, index: str, queries: int) -> list[dict]:
+    """The first page of each of the first `queries` queries (window 40) through both proxies, alike;
+    the markers of `scored`'s."""
+    markers = []
+    for text in _queries()[:queries]:
+        extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
+        a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
+        _same_page(a, b)
+        markers.append(a["_bmx"])
+    return markers
+
+
 def test_a_window_scored_in_the_engine_is_the_sidecars_page(
     engine: EngineClient, proxies, engine_only: ProxyThread
 ) -> None:
@@ -190,11 +202,8 @@ def test_what_the_engine_cannot_score_exactly_the_sidecar_does(engine: EngineCli
         engine.ok("POST", f"/{added}/_doc/new?refresh=true", {"body": "cancer cells grow in the lung"})
     try:
         _stats(scored, engine, stats, added)
-        for text in _queries()[:5]:
-            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
-            a, b = search(scored.url, added, text, extra), search(reference.url, added, text, extra)
-            _same_page(a, b)
-            assert a["_bmx"]["tf"] != "engine", a["_bmx"]
+        markers = _first_pages(scored, reference, added, 5)
+        assert all(m["tf"] != "engine" for m in markers), markers
         outcomes = _outcomes(scored)
         assert outcomes == {"no_length" if opensearch else "no_length_field": 5}, outcomes
     finally:
@@ -267,11 +276,8 @@ def test_a_field_of_several_values_is_as_long_as_all_its_tokens(
     bulk(engine, index, {i: {"body": p if n % 2 else " ".join(p)} for n, (i, p) in enumerate(parts.items())})
     try:
         _stats(scored, engine, stats, index)
-        for text in _queries()[:10]:
-            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
-            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
-            _same_page(a, b)
-            assert (a["_bmx"]["tf"] == "engine") == opensearch, a["_bmx"]
+        markers = _first_pages(scored, reference, index, 10)
+        assert all((m["tf"] == "engine") == opensearch for m in markers), markers
         assert _outcomes(scored).get("scored", 0) >= (8 if opensearch else 0), _outcomes(scored)
     finally:
         engine.call("DELETE", f"/{index}")
@@ -296,10 +302,7 @@ def test_a_field_without_positions_or_frequencies(
     index = _index(engine, {"properties": {"body": body}}, docs=300)
     try:
         _stats(scored, engine, stats, index)
-        for text in _queries()[:6]:
-            extra = {"size": 10, "ext": {"bmx": {"field": "body", "window_size": 40}}}
-            a, b = search(scored.url, index, text, extra), search(reference.url, index, text, extra)
-            _same_page(a, b)
+        _first_pages(scored, reference, index, 6)
         frequencies = options["index_options"] != "docs"
         expected = ("scored" if frequencies else "no_frequencies") if opensearch else "no_length_field"
         assert _outcomes(scored) == {expected: 6}, _outcomes(scored)
