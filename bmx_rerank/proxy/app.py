@@ -162,14 +162,13 @@ def _collect_less_often() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, *older)
 
 
-def search_route(method: str, target: str) -> tuple[str, str | None] | None:
+def search_route(method: str, encoded_path: str) -> tuple[str, str | None] | None:
     """("search" | "msearch", index expression or None) for the endpoints the proxy may rerank, from
-    the request target as sent: split before it is decoded, as a date-math name's `/` is escaped
+    the path as sent: split before it is decoded, as a date-math name's `/` is escaped
     (`/%3Clogs-%7Bnow%2Fd%7D%3E/_search`)."""
     if method not in ("GET", "POST"):
         return None
-    path = target.split("?", 1)[0]
-    parts = [unquote(p) if "%" in p else p for p in path.split("/") if p]
+    parts = [unquote(p) if "%" in p else p for p in encoded_path.split("/") if p]
     if parts in (["_search"], ["_msearch"]):
         return parts[0][1:], None
     if len(parts) == 2 and parts[1] in ("_search", "_msearch") and not parts[0].startswith("_bmx"):
@@ -202,7 +201,7 @@ async def _dispatch(request: Request) -> Response:
             raise bad_request(
                 f"no handler found for uri [{request.target[:512]}] and method [{request.method}]"
             )
-        route = search_route(request.method, request.target)
+        route = search_route(request.method, request.encoded_path)
         if route is not None:
             kind, index = route
             request.account = state.memory.account()

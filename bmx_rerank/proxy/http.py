@@ -200,10 +200,15 @@ class Request:
         return self._url
 
     @property
+    def encoded_path(self) -> str:
+        """The path as sent, still encoded (a date-math name's `/` is `%2F` there, and its own)."""
+        return self.target.split("?", 1)[0]
+
+    @property
     def path(self) -> str:
         """The decoded path."""
         if self._path is None:
-            path = self.target.split("?", 1)[0]
+            path = self.encoded_path
             self._path = path if "%" not in path else self.url.path
         return self._path
 

@@ -112,7 +112,7 @@ async def call(
     inflated when the cluster compressed it."""
     state = request.state
     # the path as the client wrote it (a date-math name's escaped `/` stays escaped), the query the proxy's
-    path = "/_msearch" if msearch else request.raw_path.split("?", 1)[0]
+    path = "/_msearch" if msearch else request.encoded_path
     url = URL(state.base + path, encoded=True).with_query(params)
     headers = json_headers(request)
     if msearch:  # the client's JSON type as its NDJSON twin (a versioned type keeps its version)

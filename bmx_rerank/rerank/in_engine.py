@@ -158,8 +158,7 @@ def window_edge(data: Mapping[str, Any]) -> tuple[float | None, str | None]:
     is in the window, and in its shard's), or why there is none to draw: the next hit ties with the
     edge (`edge_tied`), or the search was not whole (`edge_partial`: timed out, a shard failed,
     terminated early)."""
-    shards = data.get("_shards") or {}
-    if data.get("timed_out") or data.get("terminated_early") or shards.get("failed"):
+    if incomplete(data) is not None or data.get("terminated_early"):
         return None, "edge_partial"
     scores = [h.get("_score") for h in (data.get("hits") or {}).get("hits") or []]
     if not all(isinstance(x, (int, float)) for x in scores):

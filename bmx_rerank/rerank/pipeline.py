@@ -141,6 +141,12 @@ class Marker:
         return f"skipped; reason={self.reason}" if self.kind == "skipped" else self.kind
 
 
+def _unscored(answer: Answer) -> str | None:
+    """Why a search carrying the script does not give its window's page (None: it does): refused
+    (`in_engine.refusal`), or answered in part (`in_engine.incomplete`)."""
+    return in_engine.refusal(answer.raw) if answer.data is None else in_engine.incomplete(answer.data)
+
+
 def skipped(reason: str) -> Marker:
     return Marker("skipped", reason)
 
@@ -397,9 +403,7 @@ class Reranker:
                     return None, why
             if beside is not None:
                 answer = await beside
-                if answer.data is None:
-                    return None, in_engine.refusal(answer.raw)
-                if (why := in_engine.incomplete(answer.data)) is not None:
+                if (why := _unscored(answer)) is not None:
                     return None, why
                 held = in_engine.within(answer.data, cutoff)
                 self.metrics.in_engine_edges.labels("beside" if held else "after").inc()
@@ -408,9 +412,7 @@ class Reranker:
             elif edge is not None:
                 self.metrics.in_engine_edges.labels("after").inc()
             answer = await first_stage(in_engine.rescored(plan, params, cutoff), search_params)
-            if answer.data is None:
-                return None, in_engine.refusal(answer.raw)
-            if (why := in_engine.incomplete(answer.data)) is not None:
+            if (why := _unscored(answer)) is not None:
                 return None, why
             hits = answer.data.get("hits", {}).get("hits", [])
             if cutoff is not None and any(h.get("_score") == 0 for h in hits):
