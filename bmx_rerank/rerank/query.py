@@ -106,7 +106,7 @@ def understand(query: Any, *, lenient: bool = False) -> Node | None:
     and `must_not`) are not in the tree: they stay with the first stage, untouched. A clause that scores
     in a way BMX cannot reproduce raises `Declined`, unless `lenient` (the caller combines BMX with the
     first stage's own score, which carries that clause): it is then left out of the tree."""
-    return _Reader(lenient).node(query, in_max=False, required=True, top=True)
+    return _Reader(lenient).node(query, in_max=False, required=True, whole=True, top=True)
 
 
 def on_fields(text: str, fields: Sequence[tuple[str, float]], how: How = "max") -> Node:
@@ -175,15 +175,21 @@ class _Reader:
         if not self.lenient:
             raise Declined(reason, detail)
 
-    def node(self, query: Any, *, in_max: bool, required: bool = False, top: bool = False) -> Node | None:
+    def node(
+        self, query: Any, *, in_max: bool, required: bool = False, whole: bool = False, top: bool = False
+    ) -> Node | None:
         """`required`: every hit of the whole query matches this clause (the query, and the `must`
-        clauses of a required `bool`), so a constant it scores is the same shift for every hit."""
+        clauses of a required `bool`), so a constant it scores is the same shift for every hit.
+        `whole`: the clause sits in the query itself or in a required `bool`, so a clause that matches
+        every document (`match_all`) adds its constant to every hit's sum."""
         if not isinstance(query, Mapping) or len(query) != 1:
             raise Declined("malformed", "a query is an object with one key: the cluster answers for it")
         kind, body = next(iter(query.items()))
         if kind == "match_all":
             if in_max:  # a constant inside a max is not a shift: it may win the max
                 self.decline("match_all", "match_all inside dis_max or best_fields")
+            elif not whole:  # only the hits that match its optional bool get it
+                self.decline("match_all", "match_all in a bool that not every hit matches")
             return None  # adds the same constant to every hit of a sum: left out
         if kind == "match_none" or _scores_zero(kind, body):
             return None  # only decides matching
@@ -252,7 +258,8 @@ class _Reader:
             node
             for clause in ("must", "should")  # filter and must_not only decide matching
             for item in _items(body.get(clause))
-            if (node := self.node(item, in_max=False, required=required and clause == "must")) is not None
+            if (node := self.node(item, in_max=False, required=required and clause == "must", whole=required))
+            is not None
         ]
         return _fold("sum", parts, 0.0, _boost(body))
 

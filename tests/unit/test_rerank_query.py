@@ -93,6 +93,14 @@ T, C = Text, Combine
         ),
         ({"bool": {"filter": [{"match": {"text": "a"}}]}}, None),
         ({"match_all": {}}, None),
+        (  # in the should of the query's own bool every hit gets it: the same shift for all
+            {"bool": {"should": [{"match_all": {"boost": 2}}, {"match": {"text": "a"}}]}},
+            T("text", "a"),
+        ),
+        (
+            {"bool": {"must": {"bool": {"should": [{"match_all": {}}, {"match": {"text": "a"}}]}}}},
+            T("text", "a"),
+        ),
         (
             {
                 "bool": {
@@ -226,6 +234,28 @@ def test_shapes_become_their_scoring_tree(query, tree):
         ({"hybrid": {"queries": [{"match": {"text": "a"}}]}}, "hybrid"),
         ({"bool": {"should": [{"match": {"text": "a"}}, {"term": {"k": 1}}]}}, "term"),
         ({"dis_max": {"queries": [{"match_all": {}}, {"match": {"text": "a"}}]}}, "match_all"),
+        (  # only the hits of the optional bool get match_all's constant: it reorders them against the rest
+            {
+                "bool": {
+                    "should": [
+                        {"bool": {"must": [{"match_all": {}}, {"match": {"text": "a"}}]}},
+                        {"match": {"text": "b"}},
+                    ]
+                }
+            },
+            "match_all",
+        ),
+        (  # the same in a best-of: the branch holding it may win the max for its constant alone
+            {
+                "dis_max": {
+                    "queries": [
+                        {"bool": {"should": [{"match_all": {}}, {"match": {"text": "a"}}]}},
+                        {"match": {"title": "b"}},
+                    ]
+                }
+            },
+            "match_all",
+        ),
         ({"match": {"text": "a"}, "term": {"k": 1}}, "malformed"),
         ({"no such query\r\nX-Evil: 1": {}}, "unknown_query"),
         ({"match": {"text": {"query": "a", "boost": "x"}}}, "malformed"),
