@@ -73,14 +73,17 @@ class Declined(Exception):
 READ = frozenset(
     "match match_phrase multi_match combined_fields query_string simple_query_string bool dis_max".split()
 )
-MULTI_MATCH_TYPES = {
-    "best_fields": "max",
-    "phrase": "max",  # each field's phrase scored on its terms, the best field plus tie_breaker x the rest
-    "most_fields": "sum",
-    # BMX has no blended or BM25F statistics: these are scored as most_fields, each field on its own
-    # statistics, weighted by its boost, summed (docs/proxy.md states the rule).
-    "cross_fields": "sum",
-    "combined_fields": "sum",
+# Each type's fields fold as the cluster folds them: the best field plus `tie_breaker` times the
+# others, the tie_breaker defaulting by type: 0 for a best-of, 1 (the sum) for most_fields. A query's
+# own tie_breaker stands for the default, most_fields' too (with 0.3 it is a best-of, as in the cluster).
+# None: BMX has no blended or BM25F statistics, so these are scored as a sum by rule, each field on its
+# own statistics, weighted by its boost (docs/proxy.md states the rule).
+MULTI_MATCH_TIES: dict[str, float | None] = {
+    "best_fields": 0.0,
+    "phrase": 0.0,  # each field's phrase scored on its terms
+    "most_fields": 1.0,
+    "cross_fields": None,
+    "combined_fields": None,
 }
 # Query types declined by name in a scoring position (docs/proxy.md lists them); any other is
 # `unknown_query`. Inside `filter`/`must_not` every query is fine: it only decides matching.
@@ -205,6 +208,13 @@ class _Reader:
             return None
         if not isinstance(body, Mapping):
             raise Declined("malformed", f"[{kind}] expects an object")
+        if not required and (condition := _condition(kind, body)) is not None:
+            # The cluster counts an optional clause's score only on the hits it matches; BMX scores its
+            # terms wherever they occur and cannot see the rest of what it asks.
+            self.decline(
+                "optional_condition", f"[{kind}] in a should or dis_max clause matches only {condition}"
+            )
+            return None
         if kind == "bool":
             return self._bool(body, required=required and not in_max)
         return read(body)
@@ -227,12 +237,12 @@ class _Reader:
         if kind in PREFIX_TYPES:
             self.decline(PREFIX_TYPES[kind], f"multi_match type [{kind}] expands terms")
             return None
-        if kind not in MULTI_MATCH_TYPES:
+        if kind not in MULTI_MATCH_TIES:
             raise Declined("malformed", f"unknown multi_match type [{kind}]")
-        return self._on_fields(body, body.get("fields"), MULTI_MATCH_TYPES[kind], quoted=kind == "phrase")
+        return self._on_fields(body, body.get("fields"), MULTI_MATCH_TIES[kind], quoted=kind == "phrase")
 
     def _combined_fields(self, body: Mapping[str, Any]) -> Node | None:
-        return self._on_fields(body, body.get("fields"), "sum")
+        return self._on_fields(body, body.get("fields"), None)
 
     def _query_string(self, body: Mapping[str, Any]) -> Node | None:
         if _QS_SYNTAX.search(_text(body.get("query"))):
@@ -240,18 +250,18 @@ class _Reader:
             return None
         fields = body.get("fields", [body["default_field"]] if "default_field" in body else None)
         kind = body.get("type", "best_fields")
-        if kind in PREFIX_TYPES or kind not in MULTI_MATCH_TYPES:
+        if kind in PREFIX_TYPES or kind not in MULTI_MATCH_TIES:
             self.decline("query_string", f"query_string type [{kind}]")
             return None
-        return self._on_fields(body, fields, MULTI_MATCH_TYPES[kind], quoted=kind == "phrase")
+        return self._on_fields(body, fields, MULTI_MATCH_TIES[kind], quoted=kind == "phrase")
 
     def _simple_query_string(self, body: Mapping[str, Any]) -> Node | None:
         plain = str(body.get("flags", "ALL")).upper() == "NONE"
         if not plain and _SQS_SYNTAX.search(_text(body.get("query"))):
             self.decline("simple_query_string", "simple_query_string syntax beyond plain words")
             return None
-        # The cluster sums every term on every field: per field, that is most_fields.
-        return self._on_fields(body, body.get("fields"), "sum")
+        # The cluster sums every term on every field (it has no tie_breaker): per field, a sum.
+        return self._on_fields(body, body.get("fields"), None)
 
     def _bool(self, body: Mapping[str, Any], required: bool = False) -> Node | None:
         parts = [
@@ -268,8 +278,10 @@ class _Reader:
         return _fold("max", parts, _number(body.get("tie_breaker", 0.0), "tie_breaker"), _boost(body))
 
     def _on_fields(
-        self, body: Mapping[str, Any], fields: Any, how: How, *, quoted: bool = False
+        self, body: Mapping[str, Any], fields: Any, tie_default: float | None, *, quoted: bool = False
     ) -> Node | None:
+        """`text` on each field, folded as the best plus `tie_breaker` times the rest (its default
+        `tie_default`; 1 is the sum), or summed by rule where `tie_default` is None."""
         if not self._plain_options(body):
             return None
         if fields is None or fields == []:
@@ -284,8 +296,11 @@ class _Reader:
             self.decline("field_pattern", "a field pattern expands to fields known only to the mapping")
             return None
         text = _text(body.get("query"))
-        tie = _number(body.get("tie_breaker", 0.0), "tie_breaker") if how == "max" else 0.0
-        return _fold(how, [Text(n, text, b, quoted) for n, b in weighted], tie, _boost(body))
+        tie = 1.0 if tie_default is None else _number(body.get("tie_breaker", tie_default), "tie_breaker")
+        how: How = "sum" if tie == 1.0 else "max"
+        return _fold(
+            how, [Text(n, text, b, quoted) for n, b in weighted], 0.0 if how == "sum" else tie, _boost(body)
+        )
 
     def _plain_options(self, options: Mapping[str, Any]) -> bool:
         fuzziness = options.get("fuzziness")
@@ -296,6 +311,38 @@ class _Reader:
             self.decline("analyzer", "the query names its own analyzer")
             return False
         return True
+
+
+# `minimum_should_match` values that ask for no more than one term or clause.
+_ONE_ENOUGH = (None, 0, 1, "0", "1")
+
+
+def _condition(kind: str, body: Mapping[str, Any]) -> str | None:
+    """What a text or `bool` clause asks of a hit beyond one of its terms occurring in it (a phrase,
+    every term, a filter, all of several `must` clauses), said for a reason's detail; None when one
+    term is enough, so that the clause matches exactly where BMX gives it a score."""
+    if kind == "bool":
+        if not _items(body.get("must")) and not _items(body.get("should")):
+            return None  # filters only: it scores 0 wherever it matches
+        if _items(body.get("filter")) or _items(body.get("must_not")):
+            return "the hits its filter and must_not let through"
+        musts = len(_items(body.get("must")))
+        if musts > 1 or (musts and _items(body.get("should"))):
+            return "the hits that match every one of its must clauses"
+        if body.get("minimum_should_match") not in _ONE_ENOUGH:
+            return "the hits that match enough of its should clauses"
+        return None
+    options: Any = body
+    if kind in ("match", "match_phrase"):
+        options = next(iter(body.values())) if len(body) == 1 else None
+        options = options if isinstance(options, Mapping) else {}
+    if kind == "match_phrase" or options.get("type") == "phrase":
+        return "the hits that hold its phrase"
+    if str(options.get("operator", options.get("default_operator", "or"))).lower() == "and":
+        return "the hits that hold every one of its terms"
+    if options.get("minimum_should_match") not in _ONE_ENOUGH:
+        return "the hits that hold enough of its terms"
+    return None
 
 
 def _scores_zero(kind: str, body: Any) -> bool:

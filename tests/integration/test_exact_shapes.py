@@ -187,7 +187,7 @@ def test_bool_of_two_fields_sums_its_clauses(exact):
             "bool": {
                 "should": [
                     {"match": {"title": {"query": "gamma delta", "boost": 2}}},
-                    {"match_phrase": {"text": "kappa"}},
+                    {"match": {"text": "kappa"}},
                 ],
                 "must_not": {"range": {"n": {"lt": 4}}},
             }

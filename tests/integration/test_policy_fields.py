@@ -98,13 +98,15 @@ def _as_naive(corpus: CorpusStats, terms: list[str]) -> tuple[int, float, dict, 
     return corpus.n_docs, corpus.avgdl, *by_term
 
 
-def _combine(kind: str, parts: list[float], tie_breaker: float) -> float:
-    if kind == "most_fields":
-        return sum(parts)
-    return max(parts) + tie_breaker * (sum(parts) - max(parts))
+def _combine(kind: str, parts: list[float], tie_breaker: float | None) -> float:
+    """As the cluster folds a multi_match's fields: the best plus tie_breaker times the rest, the
+    tie_breaker 0 by default for best_fields, 1 (the sum) for most_fields; a given one stands for it."""
+    tie = tie_breaker if tie_breaker is not None else (1.0 if kind == "most_fields" else 0.0)
+    return max(parts) + tie * (sum(parts) - max(parts))
 
 
-MULTI_MATCH = [("best_fields", 0.0), ("best_fields", 0.3), ("most_fields", 0.0)]
+# None: no tie_breaker in the query. most_fields with 0.3 is a best-of, in the cluster as here.
+MULTI_MATCH = [("best_fields", 0.0), ("best_fields", 0.3), ("most_fields", None), ("most_fields", 0.3)]
 
 
 @pytest.mark.parametrize(("kind", "tie_breaker"), MULTI_MATCH)
@@ -114,7 +116,9 @@ def test_multi_match_over_text_and_title_under_a_text_policy(
 ):
     engine, index, corpus, text_only, both = policy_fields
     side = both if title_snapshot else text_only
-    mm = {"query": Q, "fields": ["text^2", "title"], "type": kind, "tie_breaker": tie_breaker}
+    mm = {"query": Q, "fields": ["text^2", "title"], "type": kind}
+    if tie_breaker is not None:
+        mm["tie_breaker"] = tie_breaker
     body = {"query": {"multi_match": mm}, "size": WINDOW}
     resp = side.client.call("POST", f"/{index}/_search", body)
     assert resp.status == 200, resp.body

@@ -101,6 +101,14 @@ DECLINED = [
     ({"query": {"bool": {"must": [MATCH, {"term": {"tag": "odd"}}]}}}, "term"),
     ({"query": {"bool": {"should": [MATCH, {"match": {"title": "gamma"}}]}}}, "field"),
     ({"query": {"match": {"text": {"query": "alpha", "analyzer": "whitespace"}}}}, "analyzer"),
+    (  # the phrase boost counts only on hits holding the phrase, which BMX cannot see
+        {
+            "query": {
+                "bool": {"should": [MATCH, {"match_phrase": {"text": {"query": "alpha beta", "boost": 2}}}]}
+            }
+        },
+        "optional_condition",
+    ),
     (
         {
             "query": MATCH,

@@ -72,14 +72,14 @@ T, C = Text, Combine
             {
                 "bool": {
                     "must": [{"match": {"text": "a"}}],
-                    "should": {"match_phrase": {"title": "b"}},
+                    "should": {"match": {"title": "b"}},
                     "filter": [{"range": {"year": {"gte": 2000}}}, {"nested": {"path": "x", "query": {}}}],
                     "must_not": {"function_score": {}},
                     "minimum_should_match": 1,
                     "boost": 2,
                 }
             },
-            C("sum", (T("text", "a"), T("title", "b", quoted=True)), 0.0, 2.0),
+            C("sum", (T("text", "a"), T("title", "b")), 0.0, 2.0),
         ),
         ({"bool": {"must": {"match": {"text": "a"}}, "filter": {"term": {"k": 1}}}}, T("text", "a")),
         (
@@ -154,6 +154,29 @@ T, C = Text, Combine
             {"dis_max": {"queries": [{"bool": {"filter": {"term": {"k": 1}}}}, {"match": {"text": "a"}}]}},
             T("text", "a"),
         ),
+        (  # required clauses may ask anything: every hit of the window matches them
+            {
+                "bool": {
+                    "must": [
+                        {"match_phrase": {"title": "a b"}},
+                        {"match": {"text": {"query": "a b", "operator": "and"}}},
+                    ]
+                }
+            },
+            C("sum", (T("title", "a b", quoted=True), T("text", "a b"))),
+        ),
+        (  # optional clauses that one term matches: a should-only bool, at most one clause asked for
+            {
+                "bool": {
+                    "should": [
+                        {"bool": {"should": [{"match": {"text": "a"}}], "minimum_should_match": 1}},
+                        {"bool": {"must": {"match": {"title": {"query": "b", "minimum_should_match": "1"}}}}},
+                        {"bool": {"filter": {"term": {"k": 1}}}},
+                    ]
+                }
+            },
+            C("sum", (T("text", "a"), T("title", "b"))),
+        ),
     ],
 )
 def test_shapes_become_their_scoring_tree(query, tree):
@@ -227,18 +250,93 @@ def test_shapes_become_their_scoring_tree(query, tree):
                     ]
                 }
             },
-            "constant_score",
+            "optional_condition",  # its two must clauses are a condition of its own, read first
         ),
         ({"boosting": {"positive": {"match": {"text": "a"}}, "negative": {"term": {"k": 1}}}}, "boosting"),
         ({"knn": {"vec": {"vector": [1, 2], "k": 3}}}, "knn"),
         ({"hybrid": {"queries": [{"match": {"text": "a"}}]}}, "hybrid"),
         ({"bool": {"should": [{"match": {"text": "a"}}, {"term": {"k": 1}}]}}, "term"),
         ({"dis_max": {"queries": [{"match_all": {}}, {"match": {"text": "a"}}]}}, "match_all"),
+        # An optional clause counts only on the hits it matches; where that asks more than one of its
+        # terms, BMX would score hits the cluster does not count it on.
+        (
+            {"bool": {"should": [{"match_phrase": {"title": "a b"}}, {"match": {"text": "a b"}}]}},
+            "optional_condition",
+        ),
+        (
+            {
+                "dis_max": {
+                    "queries": [
+                        {"match": {"title": {"query": "a b", "operator": "AND"}}},
+                        {"match": {"text": "a"}},
+                    ]
+                }
+            },
+            "optional_condition",
+        ),
+        (
+            {
+                "bool": {
+                    "must": {"match": {"text": "a"}},
+                    "should": {"match": {"title": {"query": "a b c", "minimum_should_match": "2"}}},
+                }
+            },
+            "optional_condition",
+        ),
+        (
+            {
+                "bool": {
+                    "should": [
+                        {"multi_match": {"query": "a b", "fields": ["title", "text"], "type": "phrase"}},
+                        {"match": {"text": "a"}},
+                    ]
+                }
+            },
+            "optional_condition",
+        ),
+        (
+            {
+                "bool": {
+                    "should": [
+                        {"query_string": {"query": "a b", "fields": ["title"], "default_operator": "AND"}},
+                        {"match": {"text": "a"}},
+                    ]
+                }
+            },
+            "optional_condition",
+        ),
+        (  # the lang-per-field pattern: each field's score counts only where its filter holds
+            {
+                "bool": {
+                    "should": [
+                        {"bool": {"filter": {"term": {"lang": "en"}}, "must": {"match": {"text": "a"}}}},
+                        {"bool": {"filter": {"term": {"lang": "de"}}, "must": {"match": {"title": "a"}}}},
+                    ]
+                }
+            },
+            "optional_condition",
+        ),
+        (
+            {
+                "bool": {
+                    "should": [
+                        {
+                            "bool": {
+                                "should": [{"match": {"text": "a"}}, {"match": {"title": "b"}}],
+                                "minimum_should_match": 2,
+                            }
+                        },
+                        {"match": {"text": "c"}},
+                    ]
+                }
+            },
+            "optional_condition",
+        ),
         (  # only the hits of the optional bool get match_all's constant: it reorders them against the rest
             {
                 "bool": {
                     "should": [
-                        {"bool": {"must": [{"match_all": {}}, {"match": {"text": "a"}}]}},
+                        {"bool": {"should": [{"match_all": {}}, {"match": {"text": "a"}}]}},
                         {"match": {"text": "b"}},
                     ]
                 }

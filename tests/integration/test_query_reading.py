@@ -1,0 +1,150 @@
+"""The reading of a query (`query.understand`) checked against the cluster itself, on random queries.
+
+For every query the rerank reads into a tree, the tree is written back as plain `match`, `bool` and
+`dis_max` queries and both are scored by the cluster's own BM25. If the reading is right, every hit of
+the original query scores what the written-back tree scores, up to one constant for all of them (a
+`match_all` or a required `constant_score` left out): BMX then replaces each leaf's score and keeps the
+ranking the query's structure makes. A clause read wrong (a boost, a tie_breaker, a constant that only
+some hits get) shows as a difference that varies from hit to hit. Queries the rerank declines are
+counted: most must be read."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bmx_rerank.rerank.query import Declined, Node, Text, understand
+from tests.support.corpora import bulk
+from tests.support.engine_client import EngineClient
+
+WORDS = "alpha beta gamma delta epsilon zeta theta kappa".split()
+FIELDS = ("title", "text")
+QUERIES = 250
+
+
+@pytest.fixture(scope="module")
+def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
+    """60 short documents (exact norms: Lucene encodes lengths below 24 without loss) on one shard."""
+    index = f"bmxtest-reading-{uuid.uuid4().hex[:10]}"
+    engine.ok(
+        "PUT",
+        f"/{index}",
+        {
+            "settings": {"number_of_shards": 1, "number_of_replicas": 0},
+            "mappings": {
+                "properties": {"title": {"type": "text"}, "text": {"type": "text"}, "n": {"type": "integer"}}
+            },
+        },
+    )
+    rng = random.Random(5)
+    docs = {
+        str(i): {
+            "title": " ".join(rng.choices(WORDS, k=rng.randint(1, 4))),
+            "text": " ".join(rng.choices(WORDS, k=rng.randint(2, 12))),
+            "n": i,
+        }
+        for i in range(60)
+    }
+    bulk(engine, index, docs)
+    try:
+        yield engine, index
+    finally:
+        engine.call("DELETE", f"/{index}")
+
+
+class Queries:
+    """Random queries of the shapes users write, text clauses nested in `bool` and `dis_max`."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def words(self) -> str:
+        return " ".join(self.rng.sample(WORDS, self.rng.randint(1, 3)))
+
+    def boost(self, into: dict[str, Any]) -> dict[str, Any]:
+        if self.rng.random() < 0.3:
+            into["boost"] = self.rng.choice([0.5, 2, 3.5])
+        return into
+
+    def fields(self) -> list[str]:
+        picked = self.rng.sample(FIELDS, self.rng.randint(1, 2))
+        return [f"{f}^{self.rng.choice([2, 0.5])}" if self.rng.random() < 0.4 else f for f in picked]
+
+    def text(self) -> dict[str, Any]:
+        kind = self.rng.choice(["match", "match", "multi_match", "query_string", "simple_query_string"])
+        if kind == "match":
+            field = self.rng.choice(FIELDS)
+            options = {"query": self.words(), "operator": self.rng.choice(["or", "or", "and"])}
+            return {"match": {field: self.boost(options)}}
+        body: dict[str, Any] = {"query": self.words(), "fields": self.fields()}
+        if kind != "simple_query_string":
+            body["type"] = self.rng.choice(["best_fields", "most_fields"])
+            if self.rng.random() < 0.5:
+                body["tie_breaker"] = self.rng.choice([0.0, 0.3, 1.0])
+        return {kind: self.boost(body)}
+
+    def constant(self) -> dict[str, Any]:
+        if self.rng.random() < 0.5:
+            return {"match_all": self.boost({})}
+        return {"constant_score": self.boost({"filter": {"range": {"n": {"gte": self.rng.randint(0, 59)}}}})}
+
+    def query(self, depth: int = 0) -> dict[str, Any]:
+        roll = self.rng.random()
+        if depth >= 3 or roll < 0.35:
+            return self.constant() if self.rng.random() < 0.12 else self.text()
+        if roll < 0.55:
+            queries = [self.query(depth + 1) for _ in range(self.rng.randint(1, 3))]
+            return {"dis_max": self.boost({"queries": queries, "tie_breaker": self.rng.choice([0.0, 0.4])})}
+        body: dict[str, Any] = {}
+        for clause in ("must", "should", "filter", "must_not"):
+            count = self.rng.choice([0, 0, 1, 2]) if clause != "must_not" else self.rng.choice([0, 0, 0, 1])
+            if count:
+                body[clause] = [self.query(depth + 1) for _ in range(count)]
+        if not body.get("must") and not body.get("should"):
+            body["should"] = [self.text()]
+        return {"bool": self.boost(body)}
+
+
+def written(node: Node) -> dict[str, Any]:
+    """A tree as the plain query the cluster scores the same way."""
+    if isinstance(node, Text):
+        return {"match": {node.field: {"query": node.text, "boost": node.boost}}}
+    parts = [written(part) for part in node.parts]
+    if node.how == "sum":
+        return {"bool": {"should": parts, "boost": node.boost}}
+    return {"dis_max": {"queries": parts, "tie_breaker": node.tie_breaker, "boost": node.boost}}
+
+
+def scores(engine: EngineClient, index: str, query: dict[str, Any]) -> dict[str, float]:
+    hits = engine.ok("POST", f"/{index}/_search", {"query": query, "size": 60})["hits"]["hits"]
+    return {hit["_id"]: hit["_score"] for hit in hits}
+
+
+def test_every_query_read_scores_as_its_tree_up_to_one_constant(corpus):
+    engine, index = corpus
+    read = declined = 0
+    for number in range(QUERIES):
+        query = Queries(number).query()
+        try:
+            tree = understand(query)
+        except Declined:
+            declined += 1
+            continue
+        read += 1
+        original = scores(engine, index, query)
+        if not original:
+            continue
+        if tree is None:  # nothing scores text: every hit scores the same
+            assert max(original.values()) - min(original.values()) < 1e-4, query
+            continue
+        # every hit of the query, scored by the tree (0 where no leaf matches it)
+        ids = {"ids": {"values": list(original)}}
+        rebuilt = scores(engine, index, {"bool": {"should": [written(tree)], "filter": [ids]}})
+        shifts = [score - rebuilt.get(doc, 0.0) for doc, score in original.items()]
+        scale = max(1.0, *map(abs, original.values()))
+        assert max(shifts) - min(shifts) < 1e-5 * scale, (query, tree, sorted(shifts))
+    assert read >= QUERIES // 2, (read, declined)
