@@ -295,6 +295,12 @@ class _Reader:
         if any("*" in name for name, _ in weighted):
             self.decline("field_pattern", "a field pattern expands to fields known only to the mapping")
             return None
+        if tie_default is not None and len(weighted) > 1 and (condition := _asks_more(body)) is not None:
+            # each field's part is folded in only where that field matches on its own
+            self.decline(
+                "optional_condition", f"a field's part of a best-of or sum counts only on {condition}"
+            )
+            return None
         text = _text(body.get("query"))
         tie = 1.0 if tie_default is None else _number(body.get("tie_breaker", tie_default), "tie_breaker")
         how: How = "sum" if tie == 1.0 else "max"
@@ -332,11 +338,18 @@ def _condition(kind: str, body: Mapping[str, Any]) -> str | None:
         if body.get("minimum_should_match") not in _ONE_ENOUGH:
             return "the hits that match enough of its should clauses"
         return None
+    if kind == "match_phrase":
+        return "the hits that hold its phrase"
     options: Any = body
-    if kind in ("match", "match_phrase"):
+    if kind == "match":
         options = next(iter(body.values())) if len(body) == 1 else None
         options = options if isinstance(options, Mapping) else {}
-    if kind == "match_phrase" or options.get("type") == "phrase":
+    return _asks_more(options)
+
+
+def _asks_more(options: Mapping[str, Any]) -> str | None:
+    """What a text query's options ask of a hit (or of each field's part) beyond one of its terms."""
+    if options.get("type") == "phrase":
         return "the hits that hold its phrase"
     if str(options.get("operator", options.get("default_operator", "or"))).lower() == "and":
         return "the hits that hold every one of its terms"

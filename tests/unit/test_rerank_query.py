@@ -40,8 +40,8 @@ T, C = Text, Combine
             C("sum", (T("title", "q", 2.0), T("text", "q")), 0.0, 2.0),
         ),
         (
-            {"multi_match": {"query": "q", "fields": ["title", "text"], "type": "phrase"}},
-            C("max", (T("title", "q", quoted=True), T("text", "q", quoted=True))),
+            {"multi_match": {"query": "q r", "fields": ["title^2"], "type": "phrase"}},
+            T("title", "q r", 2.0, quoted=True),
         ),
         (
             {"multi_match": {"query": "q", "fields": ["title", "text^3"], "type": "cross_fields"}},
@@ -257,6 +257,19 @@ def test_shapes_become_their_scoring_tree(query, tree):
         ({"hybrid": {"queries": [{"match": {"text": "a"}}]}}, "hybrid"),
         ({"bool": {"should": [{"match": {"text": "a"}}, {"term": {"k": 1}}]}}, "term"),
         ({"dis_max": {"queries": [{"match_all": {}}, {"match": {"text": "a"}}]}}, "match_all"),
+        # Each field's part of a multi_match counts only where that field matches on its own.
+        (
+            {"multi_match": {"query": "a b", "fields": ["title", "text"], "type": "phrase"}},
+            "optional_condition",
+        ),
+        (
+            {"multi_match": {"query": "a b", "fields": ["title", "text"], "operator": "and"}},
+            "optional_condition",
+        ),
+        (
+            {"query_string": {"query": "a b", "fields": ["title", "text"], "minimum_should_match": 2}},
+            "optional_condition",
+        ),
         # An optional clause counts only on the hits it matches; where that asks more than one of its
         # terms, BMX would score hits the cluster does not count it on.
         (
