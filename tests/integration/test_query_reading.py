@@ -79,6 +79,8 @@ class Queries:
         if kind == "match":
             field = self.rng.choice(FIELDS)
             options = {"query": self.words(), "operator": self.rng.choice(["or", "or", "and"])}
+            if self.rng.random() < 0.15:
+                options["minimum_should_match"] = self.rng.choice([1, "2", "50%"])
             return {"match": {field: self.boost(options)}}
         body: dict[str, Any] = {"query": self.words(), "fields": self.fields()}
         if self.rng.random() < 0.25:  # every term asked for: of each field, or of the query
@@ -110,6 +112,8 @@ class Queries:
                 body[clause] = [self.query(depth + 1) for _ in range(count)]
         if not body.get("must") and not body.get("should"):
             body["should"] = [self.text()]
+        if len(body.get("should", [])) > 1 and self.rng.random() < 0.3:
+            body["minimum_should_match"] = self.rng.choice([1, 2])
         return {"bool": self.boost(body)}
 
 
