@@ -6,7 +6,12 @@ the original query scores what the written-back tree scores, up to one constant 
 `match_all` or a required `constant_score` left out): BMX then replaces each leaf's score and keeps the
 ranking the query's structure makes. A clause read wrong (a boost, a tie_breaker, a constant that only
 some hits get) shows as a difference that varies from hit to hit. Queries the rerank declines are
-counted: most must be read."""
+counted: most must be read.
+
+Then the same queries go through the proxy in `mode: bm25`: exact BM25 over the whole corpus, which on
+one shard of short documents (lengths below 24 are stored without loss) is the cluster's own BM25 (both
+keep the classic (k1 + 1) form), up to the same one constant. That checks the whole path (statistics, term frequencies,
+lengths, the tree folded in numpy) against the engine, not against a second copy of the formula."""
 
 from __future__ import annotations
 
@@ -18,8 +23,10 @@ from typing import Any
 import pytest
 
 from bmx_rerank.rerank.query import Declined, Node, Text, understand
-from tests.support.corpora import bulk
+from bmx_rerank.stats.source import FixedStats
+from tests.support.corpora import bulk, exact_stats
 from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa".split()
 FIELDS = ("title", "text")
@@ -54,6 +61,20 @@ def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
         yield engine, index
     finally:
         engine.call("DELETE", f"/{index}")
+
+
+@pytest.fixture(scope="module")
+def proxy(corpus: tuple[EngineClient, str]) -> Iterator[EngineClient]:
+    """A proxy in front of the corpus, with its two fields' exact statistics."""
+    engine, index = corpus
+    stats = FixedStats({})
+    proxy = ProxyThread(engine.url, stats)
+    for field in FIELDS:
+        stats.table[(index, field)] = proxy.run(exact_stats(engine.url, index, field))
+    try:
+        yield EngineClient(engine.kind, proxy.url)
+    finally:
+        proxy.close()
 
 
 class Queries:
@@ -117,6 +138,29 @@ class Queries:
         return {"bool": self.boost(body)}
 
 
+def read_queries() -> Iterator[dict[str, Any]]:
+    """The random queries `understand` reads (counted: most of them)."""
+    read = 0
+    for number in range(QUERIES):
+        query = Queries(number).query()
+        try:
+            understand(query)
+        except Declined:
+            continue
+        read += 1
+        yield query
+    assert read >= QUERIES * 2 // 5, read
+
+
+def same_up_to_one_constant(got: dict[str, float], want: dict[str, float], why: Any) -> None:
+    assert set(got) == set(want), why
+    if not want:
+        return
+    shifts = [got[doc] - want[doc] for doc in want]
+    scale = max(1.0, *map(abs, want.values()))
+    assert max(shifts) - min(shifts) < 1e-5 * scale, (why, sorted(shifts))
+
+
 def written(node: Node) -> dict[str, Any]:
     """A tree as the plain query the cluster scores the same way."""
     if isinstance(node, Text):
@@ -134,15 +178,8 @@ def scores(engine: EngineClient, index: str, query: dict[str, Any]) -> dict[str,
 
 def test_every_query_read_scores_as_its_tree_up_to_one_constant(corpus):
     engine, index = corpus
-    read = declined = 0
-    for number in range(QUERIES):
-        query = Queries(number).query()
-        try:
-            tree = understand(query)
-        except Declined:
-            declined += 1
-            continue
-        read += 1
+    for query in read_queries():
+        tree = understand(query)
         original = scores(engine, index, query)
         if not original:
             continue
@@ -152,7 +189,25 @@ def test_every_query_read_scores_as_its_tree_up_to_one_constant(corpus):
         # every hit of the query, scored by the tree (0 where no leaf matches it)
         ids = {"ids": {"values": list(original)}}
         rebuilt = scores(engine, index, {"bool": {"should": [written(tree)], "filter": [ids]}})
-        shifts = [score - rebuilt.get(doc, 0.0) for doc, score in original.items()]
-        scale = max(1.0, *map(abs, original.values()))
-        assert max(shifts) - min(shifts) < 1e-5 * scale, (query, tree, sorted(shifts))
-    assert read >= QUERIES * 2 // 5, (read, declined)
+        same_up_to_one_constant(original, {doc: rebuilt.get(doc, 0.0) for doc in original}, (query, tree))
+
+
+def test_every_query_read_is_the_clusters_bm25_through_the_proxy(corpus, proxy):
+    engine, index = corpus
+    ext = {"bmx": {"fields": list(FIELDS), "mode": "bm25", "window_size": 60}}
+    reranked = 0
+    for query in read_queries():
+        if understand(query) is None:
+            continue
+        direct = scores(engine, index, query)
+        answer = proxy.call("POST", f"/{index}/_search", {"query": query, "size": 60, "ext": ext})
+        assert answer.status == 200, answer.body
+        marker = answer.headers.get("X-BMX-Rerank")
+        if marker == "skipped; reason=no_text_match":  # hits that only a filter let through
+            assert direct and max(direct.values()) == 0, (query, direct)
+            continue
+        assert marker == "bm25", (query, marker)
+        got = {hit["_id"]: hit["_score"] for hit in answer.body["hits"]["hits"]}
+        same_up_to_one_constant(got, direct, query)
+        reranked += bool(direct)
+    assert reranked >= QUERIES // 3, reranked
