@@ -241,8 +241,9 @@ class Reranker:
         deadline = deadlines.current()
         window: Window | None = None
         answer: Answer | None = None
+        bound = _until(deadline)
         try:
-            async with _until(deadline):
+            async with bound:
                 plan = await self.augment(plan)
                 if self.scored_in_engine:
                     scored = await self._in_engine(index_expr, plan, headers, who, first_stage)
@@ -287,7 +288,7 @@ class Reranker:
                     return Outcome(answer, body, marker)
                 raise AssertionError("the full first stage never misses")
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
-            if deadline is None or not deadline.expired():
+            if deadline is None or not _past(deadline, bound):
                 raise
             # a lean answer names no document: it cannot stand for the cluster's
             lean_answer = window is not None and window.lean
@@ -613,8 +614,9 @@ class Reranker:
         deadline = deadlines.current()
         answer: Answer | None = None
         items: Any = None
+        bound = _until(deadline)
         try:
-            async with _until(deadline):
+            async with bound:
                 answer = await first_stage(windows)
                 items = (answer.data or {}).get("responses")
                 if answer.status >= 300 or not isinstance(items, list):
@@ -627,7 +629,7 @@ class Reranker:
                 )
                 return answer, dict(zip(windows, bodies, strict=True))
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
-            if deadline is None or not deadline.expired():
+            if deadline is None or not _past(deadline, bound):
                 raise
             if answer is None or not isinstance(items, list):
                 self.metrics.reranks.labels("deadline").inc()
@@ -1101,6 +1103,14 @@ def _until(deadline: deadlines.Deadline | None) -> contextlib.AbstractAsyncConte
         return contextlib.nullcontext()
     loop = asyncio.get_running_loop()
     return timeout_at(deadline.loop_time(loop.time()))
+
+
+def _past(deadline: deadlines.Deadline, bound: Any) -> bool:
+    """Whether a TimeoutError is the deadline's: its own bound fired (uvloop's clock runs in whole
+    milliseconds, so that timer may fire a little before the monotonic clock reaches the deadline),
+    or a call's timeout, cut to what was left, ended past it."""
+    fired = getattr(bound, "expired", False)  # asyncio.Timeout: a method; async_timeout: a property
+    return deadline.expired() or bool(fired() if callable(fired) else fired)
 
 
 def past_deadline(deadline: deadlines.Deadline) -> SearchError:

@@ -5,6 +5,7 @@ first stage in hand it answers with it (marked `skipped; reason=deadline`), else
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -96,6 +97,31 @@ async def test_past_the_deadline_before_the_first_stage_is_a_504(slow, config, b
         assert seconds < 0.2 + 0.3, seconds
         assert status == 504 and body["error"]["type"] == "bmx_upstream_timeout_exception", body
         assert "deadline" in body["error"]["reason"]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("path", ["/docs/_search", "/_msearch"])
+async def test_a_deadline_timer_that_fires_before_the_clock_reaches_it_is_the_deadlines_504(
+    slow, monkeypatch, path
+):
+    """uvloop's loop clock runs in whole milliseconds: its timer may fire a little before
+    `time.monotonic()` reaches the deadline. That is still the deadline, never a 500."""
+    fake, upstream = slow
+    monkeypatch.setattr(Deadline, "expired", lambda self: False)
+    runner, url = await run_proxy(upstream, timeout=5.0, deadline=0.2)
+    try:
+        async with aiohttp.ClientSession() as client:
+            if path == "/_msearch":
+                lines = '{"index": "docs"}\n' + json.dumps(search()) + "\n"
+                request = client.post(
+                    f"{url}{path}", data=lines, headers={"Content-Type": "application/x-ndjson"}
+                )
+            else:
+                request = client.post(f"{url}{path}", json=search())
+            async with request as resp:
+                status, body = resp.status, await resp.json()
+        assert status == 504 and body["error"]["type"] == "bmx_upstream_timeout_exception", body
     finally:
         await runner.cleanup()
 
