@@ -149,7 +149,8 @@ def plan_search(
     sources = [v for k, v in params.items() if k in ("_source", "_source_includes", "_source_excludes")]
     reads = any(v != "false" for v in sources) if sources else source.get("_source") not in (None, False)
     reads = reads or "fields" in source or "highlight" in source
-    no_stored = params.get("stored_fields", source.get("stored_fields")) == NONE and not reads
+    # `["_none_"]` is the same to the cluster, and what elasticsearch-py sends for a list
+    no_stored = params.get("stored_fields", source.get("stored_fields")) in (NONE, [NONE]) and not reads
     if no_stored:
         first.pop("stored_fields", None)
         params_out.pop("stored_fields", None)

@@ -67,6 +67,7 @@ BODIES: tuple[dict[str, Any], ...] = (
     {"size": 10, "highlight": {"fields": {"body": {}}}},
     {"size": 10, "aggs": {"t": {"terms": {"field": "_index"}}, "m": {"max": {"field": "n"}}}},
     {"size": 10, "docvalue_fields": ["n"], "stored_fields": "_none_"},
+    {"size": 10, "stored_fields": ["_none_"]},  # the list elasticsearch-py sends
     {"size": 10, "timeout": "1s"},
     {"size": 10, "terminate_after": 1000},
     {"size": 10, "min_score": 0.5, "ext": {"bmx": {"combine": "linear"}}},

@@ -222,7 +222,11 @@ def test_no_stored_fields_is_reranked_and_its_hits_show_what_the_clusters_show(s
     full = client.ok("POST", f"/{index}/_search", {**extra, "ext": {"bmx": ext}})
     direct = engine.ok("POST", f"/{index}/_search", {**extra, "stored_fields": "_none_"})["hits"]["hits"]
     assert direct and all("_id" not in h for h in direct)
-    for body, params in (({"stored_fields": "_none_"}, {}), ({}, {"stored_fields": "_none_"})):
+    for body, params in (
+        ({"stored_fields": "_none_"}, {}),
+        ({"stored_fields": ["_none_"]}, {}),
+        ({}, {"stored_fields": "_none_"}),
+    ):
         resp = client.call("POST", f"/{index}/_search", {**extra, **body, "ext": {"bmx": ext}}, params)
         assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "bmx", resp.body
         hits = resp.body["hits"]["hits"]

@@ -91,6 +91,7 @@ def test_seq_no_kept_when_the_client_asked():
     ("body", "params"),
     [
         ({"stored_fields": "_none_"}, {}),
+        ({"stored_fields": ["_none_"]}, {}),  # as elasticsearch-py sends stored_fields=["_none_"]
         ({}, {"stored_fields": "_none_"}),
         ({"stored_fields": "_none_"}, {"_source": "false"}),
         ({"stored_fields": "_id", "_source": True}, {"stored_fields": "_none_", "_source": "false"}),
