@@ -304,25 +304,26 @@ def bm25(stats: TermStats, cands: Candidates, query: Query, params: BM25Params |
     return part @ cols.per_term(cols.query.weights)
 
 
-def normalizer(m: int, n_docs: int, kind: str) -> float:
+def normalizer(m: int, n_docs: int, kind: str, mode: str = "bmx") -> float:
     """The per-query constant a normalized score is divided by (0 when there is nothing to score).
 
-    `paper`: m (ln(1 + (N - 0.5)/1.5) + 1) (the BMX paper's normalized BMX); `reference`: m ln(1 +
-    (N - 0.5)/1.5) (baguetter, and the paper's normalized BM25, appendix B); `none`: 1. Neither is a
-    strict bound: a normalized score can exceed 1. m counts the live (df > 0) tokens."""
+    `paper`: as the paper normalizes the mode's score, m (ln(1 + (N - 0.5)/1.5) + 1) for BMX and
+    m ln(1 + (N - 0.5)/1.5) for BM25 (its appendix B); `reference`: m ln(1 + (N - 0.5)/1.5)
+    (baguetter); `none`: 1. Neither is a strict bound: a normalized score can exceed 1. m counts the
+    live (df > 0) tokens."""
     _check_choice("normalize", kind, NORMALIZATIONS)
     if kind == "none":
         return 1.0
     if m == 0 or n_docs == 0:
         return 0.0
     top_idf = math.log1p((n_docs - 0.5) / 1.5)
-    return m * (top_idf + 1.0 if kind == "paper" else top_idf)
+    return m * (top_idf + 1.0 if kind == "paper" and mode == "bmx" else top_idf)
 
 
-def normalize(scores: np.ndarray, m: int, n_docs: int, kind: str) -> np.ndarray:
+def normalize(scores: np.ndarray, m: int, n_docs: int, kind: str, mode: str = "bmx") -> np.ndarray:
     """Scores divided by `normalizer` (all zero when it is 0)."""
     scores = np.asarray(scores, dtype=np.float64)
-    divisor = normalizer(m, n_docs, kind)
+    divisor = normalizer(m, n_docs, kind, mode)
     return scores / divisor if divisor > 0 else np.zeros_like(scores)
 
 
@@ -391,7 +392,7 @@ def _combine(stats, cands, queries, request, scorer, join) -> np.ndarray:
     else:
         out = join([scorer(stats, cands, _unit_weights(q)) * _query_weight(q) for q in queries])
     m = sum(live_tokens(stats, q).m for q in queries)
-    return normalize(out, m, stats.n_docs, request.normalize)
+    return normalize(out, m, stats.n_docs, request.normalize, request.mode)
 
 
 def merge(queries: Sequence[Query]) -> Query:

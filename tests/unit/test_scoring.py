@@ -206,6 +206,21 @@ def test_alpha_beta_overrides_change_scores_and_defaults_follow_the_corpus():
     assert scoring.default_alpha(120.0) == pytest.approx(1.2)
 
 
+def test_normalized_bm25_divides_by_m_times_the_top_idf_as_the_papers_appendix_b():
+    """BMX.md: the paper normalizes BMX by m (ln(1 + (N - 0.5)/1.5) + 1) and BM25 by m ln(...), without
+    the + 1 (its appendix B); `reference` divides both by m ln(...)."""
+    stats, cands = _simple()
+    q = [scoring.Query([0, 1])]
+    raw = scoring.score(stats, cands, q, scoring.Request(mode="bm25"))
+    top_idf = math.log1p((stats.n_docs - 0.5) / 1.5)
+    for kind in ("paper", "reference"):
+        got = scoring.score(stats, cands, q, scoring.Request(mode="bm25", normalize=kind))
+        np.testing.assert_allclose(got, raw / (2 * top_idf), rtol=1e-12)
+    bmx = scoring.score(stats, cands, q, scoring.Request())
+    paper = scoring.score(stats, cands, q, scoring.Request(normalize="paper"))
+    np.testing.assert_allclose(paper, bmx / (2 * (top_idf + 1)), rtol=1e-12)
+
+
 def test_score_terms_rows_sum_to_scores():
     stats, cands = _simple()
     qs = [scoring.Query([0, 1]), scoring.Query([1], np.array([0.5]))]
