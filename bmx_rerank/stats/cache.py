@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 MAX_ENTRIES = 4096  # (caller, expression, field) views kept at most
 LENGTH_WAIT = 10.0  # seconds a view waits for its length tables to be written before it goes without
 LENGTH_RETRY = 60.0  # seconds before a failed length table is written again
+# Seconds a search waits for its view's due check (three small calls, a few milliseconds) before it is
+# served the view unconfirmed, marked stale: the marker's `stale: false` is never a guess.
+CHECK_WAIT = 0.25
 
 
 class LengthTable(Protocol):
@@ -124,9 +127,9 @@ class StatsCache:
     security) are never shared. Callers are told apart by a digest of their authentication headers.
 
     Each view is checked for drift at most every `check_interval` seconds (pointer + markers: two
-    small calls), reloaded when another sidecar published a new snapshot. Past the interval the cached
-    view is served at once while one background refresh runs; only a caller with no view waits, and
-    never longer than `timeout`. Loaded snapshots are shared by snapshot id: a caller reaches one only
+    small calls), reloaded when another sidecar published a new snapshot. Past the interval one check
+    runs for every search; they wait for it at most `CHECK_WAIT` seconds, then are served the cached
+    view marked stale while it goes on; a caller with no view waits, never longer than `timeout`. Loaded snapshots are shared by snapshot id: a caller reaches one only
     through a pointer it read with its own credentials.
 
     Length tables are memory-mapped files under `lengths_dir` (default `length_index.default_dir()`),
@@ -163,6 +166,7 @@ class StatsCache:
         self._failed: dict[str, float] = {}  # file ident -> when its build failed
         self.length_wait = min(LENGTH_WAIT, timeout / 2)
         self.length_retry = LENGTH_RETRY
+        self.check_wait = CHECK_WAIT
 
     async def get(self, index_expr: str, field: str, headers: Mapping[str, str]) -> StatsView:
         """Statistics for an index expression (name, alias, or pattern) and field, summed over the
@@ -173,13 +177,17 @@ class StatsCache:
             return view
         key = (caller(headers, self.identity_headers), index_expr, field)
         entry = self._entries.get(key)
-        if entry is not None:  # checked `check_interval` ago or more
-            # in the background, never two at once for one key: this search gets the view now
-            self._refreshing.start(key, lambda: self._refreshed(key, dict(headers), entry))
-            # ... without its length tables: they are used only while the index UUID behind them
-            # was confirmed within `check_interval` (a re-created index would match old versions)
-            view = self._for_caller(index_expr, field, headers, entry)
-            return view if view.lengths is None else dataclasses.replace(view, lengths=None)
+        if entry is not None:  # checked `check_interval` ago or more: one check for every search
+            check = self._refreshing.start(key, lambda: self._refreshed(key, dict(headers), entry))
+            try:  # it says whether the index moved on since (the marker's `stale`)
+                checked = await asyncio.wait_for(asyncio.shield(check), self.check_wait)
+            except asyncio.TimeoutError:
+                # a slow cluster: the view as it was, not confirmed, so marked stale and without its
+                # length tables (used only while the index UUID behind them was confirmed within
+                # `check_interval`: a re-created index would match old versions); the check goes on
+                view = self._for_caller(index_expr, field, headers, entry)
+                return dataclasses.replace(view, stale=True, lengths=None)
+            return self._for_caller(index_expr, field, headers, checked)
         # Nothing yet: wait for the one load of this key (bounded by `timeout`); a caller giving up
         # does not cancel it for the others.
         fresh = await self._refreshing.run(key, lambda: self._refreshed(key, dict(headers), None))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,7 @@ from bmx_rerank.upstream import Cluster
 from tests.support.corpora import bulk
 from tests.support.data import SCIFACT
 from tests.support.engine_client import EngineClient
+from tests.support.proxy_thread import ProxyThread
 
 CORPUS = SCIFACT / "corpus.jsonl"
 FIELD = "body"
@@ -508,3 +510,29 @@ def test_cluster_going_away_mid_sweep_is_a_502_and_keeps_the_snapshot(
     assert "_mtermvectors" in error.reason
     view = run(lambda s: StatsCache(s, engine.url, store=store).get(small_index, FIELD, {}))
     assert view.built_at == good.built_at and view.corpus.n_docs == good.n_docs
+
+
+def test_the_first_search_after_a_quiet_spell_is_told_of_the_writes_made_in_it(engine: EngineClient) -> None:
+    """The marker's `stale: false` is never a guess: a search past `check_interval` waits for the one
+    check of its statistics (a few milliseconds), so the first search after writes made while nobody
+    searched says `stale: true`, and so does every one after it until a refresh."""
+    index, store = f"bmxtest-stats-quiet-{uuid.uuid4().hex[:8]}", f"bmxtest-store-{uuid.uuid4().hex[:8]}"
+    _create(engine, index, 1)
+    _bulk(engine, index, {str(i): f"alpha beta {'gamma ' * (i % 3)}" for i in range(20)})
+    run(lambda s: stats_build.build_snapshots(Cluster(s, engine.url), index, FIELD, {}, store=store))
+    proxy = ProxyThread(
+        engine.url, lambda session, base: StatsCache(session, base, store=store, check_interval=0.5)
+    )
+    client = EngineClient(engine.kind, proxy.url)
+    body = {"query": {"match": {FIELD: "alpha"}}, "ext": {"bmx": {"field": FIELD, "window_size": 30}}}
+    try:
+        first = client.ok("POST", f"/{index}/_search", body)["_bmx"]
+        assert first["reranked"] and first["stale"] is False and not first["estimated"]
+        _bulk(engine, index, {f"n{i}": "alpha alpha alpha delta" for i in range(20)})
+        time.sleep(0.8)  # past check_interval, nobody searching
+        assert client.ok("POST", f"/{index}/_search", body)["_bmx"]["stale"] is True
+        assert client.ok("POST", f"/{index}/_search", body)["_bmx"]["stale"] is True
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")

@@ -171,17 +171,13 @@ async def test_checks_drift_at_most_every_interval_and_loads_each_snapshot_once(
     assert fake.calls["stats"] == 1
 
     clock.now = 5.0
-    assert cache.cached("idx", "body", headers) is None, "due for a check: `get` serves and refreshes"
+    assert cache.cached("idx", "body", headers) is None, "due for a check: `get` checks"
     view = await cache.get("idx", "body", headers)
-    assert view.stale is False, "past the interval the cached view is served while a refresh runs"
-    await cache.settled()
-    view = await cache.get("idx", "body", headers)
-    assert view.stale is True and fake.calls["chunk"] == 2  # same snapshot: not reloaded
+    assert view.stale is True, "the first search past the interval is told of the write"
+    assert fake.calls["stats"] == 2 and fake.calls["chunk"] == 2  # same snapshot: not reloaded
 
     second = fake.publish("s2", [{"a": 1}, {"d": 4}])  # another sidecar refreshed
     clock.now = 10.0
-    await cache.get("idx", "body", headers)
-    await cache.settled()
     view = await cache.get("idx", "body", headers)
     assert view.corpus.same_as(second) and view.stale is False and fake.calls["chunk"] == 3
 
@@ -197,23 +193,17 @@ async def test_length_tables_serve_only_the_index_they_were_built_from_while_con
     assert view.lengths is not None and view.lengths["idx"].same_as(table)
     assert fake.calls["chunk"] == 1 + 3  # one term chunk, three length chunks (one entry each)
 
-    clock.now = 5.0  # due for a re-check: served at once, without tables until it confirmed the UUID
-    assert (await cache.get("idx", "body", headers)).lengths is None
-    await cache.settled()
+    clock.now = 5.0  # due for a re-check: it confirms the UUID, and the tables stay
     assert (await cache.get("idx", "body", headers)).lengths is not None
 
     fake.uuid = "u2"  # deleted and re-created under the same name: its _seq_no start again at 0
     clock.now = 10.0
-    await cache.get("idx", "body", headers)
-    await cache.settled()
     view = await cache.get("idx", "body", headers)
     assert view.lengths is None and view.stale is True and not view.corpus.same_as(CorpusStats.empty())
 
     fake.uuid = "u1"
     fake.publish("s2", [{"a": 1}])  # a snapshot without a table
     clock.now = 20.0
-    await cache.get("idx", "body", headers)
-    await cache.settled()
     view = await cache.get("idx", "body", headers)
     assert view.lengths is None and view.built_at == "2026-01-01T00:00:01+00:00"
 
@@ -347,25 +337,31 @@ async def test_a_hanging_field_caps_is_a_504_within_the_timeout(hanging):
     assert not cache._refreshing, "nothing left running"
 
 
-async def test_a_stale_view_is_served_while_one_background_refresh_runs(hanging):
+async def test_a_check_that_hangs_serves_the_view_unconfirmed_marked_stale(hanging):
+    """Searches wait for a due check at most `check_wait`; past it they are served the view they had,
+    marked stale (it could not be confirmed) and without length tables, while the one check goes on."""
     fake, session, url = hanging
     stats = fake.publish("s1", [{"a": 1}])
     clock = Clock()
     cache = StatsCache(session, url, timeout=0.5, clock=clock)
+    cache.check_wait = 0.05
     headers = {"Authorization": TOKEN}
     first = await cache.get("idx", "body", headers)
+    assert not first.stale
     fake.hang = True
     clock.now = 100.0
     started = time.monotonic()
-    views = [await cache.get("idx", "body", headers) for _ in range(20)]
-    assert time.monotonic() - started < 0.2, "no search waits for the refresh"
-    assert all(v.corpus.same_as(stats) for v in views) and views[0] is first
-    assert len(cache._refreshing) == 1, "one refresh for every search"
+    views = await asyncio.gather(*(cache.get("idx", "body", headers) for _ in range(20)))
+    assert time.monotonic() - started < 0.3, "every search waits for the same check, briefly"
+    assert all(v.corpus.same_as(stats) and v.stale and v.lengths is None for v in views)
+    assert len(cache._refreshing) == 1, "one check for every search"
     await cache.settled()  # it times out, and the cached view stays
-    assert (await cache.get("idx", "body", headers)) is first
+    fake.hang = False
+    view = await cache.get("idx", "body", headers)
+    assert view.corpus.same_as(stats) and not view.stale, "checked again, and confirmed"
 
 
-async def test_a_refused_background_refresh_drops_the_view(hanging):
+async def test_a_refused_check_drops_the_view(hanging):
     """Rights revoked between two checks: the next search asks again and gets the cluster's 403."""
     fake, session, url = hanging
     fake.publish("s1", [{"a": 1}])
@@ -374,9 +370,9 @@ async def test_a_refused_background_refresh_drops_the_view(hanging):
     await cache.get("idx", "body", {"Authorization": TOKEN})
     clock.now = 10.0
     fake.forbid = True
-    await cache.get("idx", "body", {"Authorization": TOKEN})  # served, refresh in the background
-    await cache.settled()
     with pytest.raises(UpstreamError):
+        await cache.get("idx", "body", {"Authorization": TOKEN})
+    with pytest.raises(UpstreamError):  # the view is gone: asked again
         await cache.get("idx", "body", {"Authorization": TOKEN})
 
 
