@@ -89,7 +89,15 @@ def drop(task: asyncio.Future[Any] | None) -> None:
         return
     if not task.done():
         task.cancel()
-    elif not task.cancelled():
+        # a task may still end with its own failure (a timeout of the same deadline, raised as the
+        # cancel arrived): retrieved then
+        task.add_done_callback(_retrieved)
+    else:
+        _retrieved(task)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
         task.exception()
 
 

@@ -5,6 +5,7 @@ first stage in hand it answers with it (marked `skipped; reason=deadline`), else
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 
@@ -13,6 +14,8 @@ import pytest
 from aiohttp import web
 
 from bmx_rerank.deadline import Deadline, budget, request_budget, time_value, within
+from bmx_rerank.errors import timed_out
+from bmx_rerank.rerank.window import drop
 from tests.support.fake_cluster import FakeCluster, run_proxy
 from tests.support.serving import serve_app
 
@@ -169,3 +172,27 @@ async def test_an_msearch_past_its_deadline_answers_its_items_marked(slow):
         assert "_bmx" not in second and len(second["hits"]["hits"]) == 2
     finally:
         await runner.cleanup()
+
+
+async def test_a_dropped_call_that_ends_with_its_own_failure_is_not_reported_as_never_retrieved():
+    """A call cancelled by `Window.close` may still end with its own failure (a timeout of the same
+    deadline raised as the cancel arrives): it is retrieved, so asyncio logs nothing."""
+    reported = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise timed_out("the same deadline") from None
+
+    task = asyncio.ensure_future(stubborn())
+    await asyncio.sleep(0)
+    drop(task)
+    await asyncio.sleep(0.01)
+    assert task.done() and not task.cancelled()
+    del task
+    gc.collect()
+    await asyncio.sleep(0)
+    assert reported == []
