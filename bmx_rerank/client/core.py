@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,8 @@ from bmx_rerank.client.transport import (
     search_index,
     split_transport,
 )
-from bmx_rerank.deadline import request_budget, within
+from bmx_rerank.deadline import request_budget, time_value, within
+from bmx_rerank.errors import no_index
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
@@ -65,13 +67,13 @@ class Core:
         self.applied: AppliedConfigs | None = None
 
     async def plan(
-        self, index: str, params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str]
+        self, index: str | None, params: Mapping[str, Any] | None, body: Any, headers: Mapping[str, str]
     ) -> Plan:
         """Read the search (raises SearchError on a bad `ext.bmx`, as the proxy answers 400): its own
         `ext.bmx`, else a policy, else the configuration applied to the index (`bmx-rerank eval --apply`);
-        within the same bounds as the proxy's."""
+        within the same bounds as the proxy's. `index` None: a search of `/_search`, as the proxy's."""
         body_map = dict(body) if isinstance(body, Mapping) else None
-        policy = match_policy(self.policies, index)
+        policy = match_policy(self.policies, index) if index else None
         if policy is None:
             self._ready()
             assert self.applied is not None
@@ -81,14 +83,20 @@ class Core:
     async def search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
         """One search the official client built (`send`: its transport's `perform_request`, awaitable),
         reranked when `ext.bmx` or a policy asks for it, else sent as planned."""
-        index = search_index(path)
-        assert index is not None
+        index = None if path.split("?", 1)[0].strip("/") == "_search" else search_index(path)
         params, transport = split_transport(kw.get("params"))
         headers = self.headers_for(request_headers(view, kw))
-        plan = await self.plan(index, params, kw.get("body"), headers)
+        body = decoded(kw.get("body"))
+        if body is None and kw.get("body") is not None:  # not a JSON object: the cluster answers for it
+            return await send(method, path, **kw)
+        plan = await self.plan(index, params, body, headers)
         if plan.spec is None:
+            if plan.body == body and plan.params == query_strings(params):  # as sent: the caller's own body
+                return declined(await send(method, path, **kw), plan)
             unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
             return declined(await send(method, path, **unchanged), plan)
+        if index is None:
+            raise no_index()
 
         async def first_stage(
             body: dict[str, Any] | None, first: Mapping[str, str], *, undecoded: bool = False
@@ -107,7 +115,8 @@ class Core:
         own = plan.spec.deadline if plan.spec is not None else None
         timeout = request_timeout(view, transport)
         limit = timeout + FIRST_STAGE_GRACE if isinstance(timeout, (int, float)) and timeout > 0 else None
-        with within(request_budget(0, limit, own)):
+        searched = (params or {}).get("timeout", body.get("timeout") if body is not None else None)
+        with within(request_budget(0, limit, own, time_value(searched))):
             return result(await self._ready().rerank(index, plan, headers, first_stage))
 
     def _ready(self) -> Reranker:
@@ -137,10 +146,27 @@ class Core:
         self.session = self.reranker = self.applied = None
 
 
+def decoded(body: Any) -> dict[str, Any] | None:
+    """A search body as a dict: the clients also take it as a JSON string or bytes (None: no body, or
+    not a JSON object)."""
+    if isinstance(body, (str, bytes, bytearray)):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return None
+    return dict(body) if isinstance(body, Mapping) else None
+
+
 def answered(response: Any) -> Answer:
-    """The official client's answer to a first stage (it raises for a status >= 400)."""
+    """The official client's answer to a first stage. It raises for a status >= 400, unless told to
+    ignore it: elasticsearch-py's answer then has the status in its meta, opensearch-py's is the error
+    body itself, with its `status`."""
     meta = getattr(response, "meta", None)
-    return Answer(getattr(meta, "status", 200), plain(response), response)
+    status = getattr(meta, "status", None)
+    if status is None:
+        error = isinstance(response, Mapping) and "error" in response and response.get("status")
+        status = error if isinstance(error, int) and not isinstance(error, bool) else 200
+    return Answer(status, plain(response), response)
 
 
 def refused(exc: Exception) -> Answer | None:

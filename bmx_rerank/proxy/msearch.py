@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from bmx_rerank.deadline import within
-from bmx_rerank.errors import bad_request
+from bmx_rerank.errors import no_index
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
@@ -94,7 +94,7 @@ async def msearch(request: Request, index: str | None) -> Response:
         plan = await state.admission.plan(ix, body, {}, headers, skip=skip, admit=False)
         if plan.spec is not None:
             if ix is None:
-                raise bad_request("[bmx] reranking needs an index (in the path or the msearch header)")
+                raise no_index("in the path or the msearch header")
             overloaded = overloaded or (reranked == 0 and state.admission.overloaded())
             reason = "overloaded" if overloaded else "max_msearch" if reranked >= config.max_msearch else None
             if reason:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from bmx_rerank.deadline import Deadline, request_budget, time_value, within
-from bmx_rerank.errors import bad_request
+from bmx_rerank.errors import no_index
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
@@ -63,7 +63,7 @@ async def search(request: Request, index: str | None) -> Response:
             return await forward(request, raw or None, extra=extra)
         return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
     if index is None:
-        raise bad_request("[bmx] reranking needs an index in the path: statistics are per index")
+        raise no_index()
     return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
 
 

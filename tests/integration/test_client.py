@@ -7,6 +7,7 @@ expected scores and leaves every other call to the wrapped client."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -132,3 +133,48 @@ def test_the_wrapper_probes_and_is_bounded_as_the_proxy_is(engine: EngineClient,
         assert err.value.status == 400 and "--max-window" in err.value.reason
         answer = bmx.search(index=corpus, body=_search_body(size=5, window_size=10))
         assert answer["_bmx"]["tf_probes"] == "off" and len(answer["hits"]["hits"]) == 5
+
+
+def test_a_body_given_as_json_text_is_the_same_search(engine: EngineClient, corpus: str):
+    """The official clients also take a body as a JSON string or bytes: the wrapper reads it so,
+    reranked or sent as given."""
+    client = official_client(engine.kind, engine.url, asynchronous=False)
+    plain = {"size": 30, "query": {"match": {"body": "t0 t3"}}}
+    with BMXClient(client) as bmx:
+        for encode in (json.dumps, lambda body: json.dumps(body).encode()):
+            _check_expected(bmx.search(index=corpus, body=encode(_search_body())))
+            got = bmx.search(index=corpus, body=encode(plain))
+            assert "_bmx" not in got
+            assert _scores_by_id(got) == _scores_by_id(client.search(index=corpus, body=plain))
+
+
+def test_an_error_the_client_is_told_to_ignore_is_its_answer_not_a_rerank(engine: EngineClient, corpus: str):
+    """elasticsearch-py's `ignore_status`, opensearch-py's `ignore`: the cluster's error comes back as
+    the answer, as without the wrapper, with no `_bmx` marker and no hits made up."""
+    client = official_client(engine.kind, engine.url, asynchronous=False)
+    missing = f"{corpus}-missing"
+    unasked = {k: v for k, v in _search_body().items() if k != "ext"}  # the cluster refuses `ext.bmx`
+    with BMXClient(client) as bmx:
+        if engine.kind == "elasticsearch":
+            got = bmx.options(ignore_status=404).search(index=missing, body=_search_body())
+            want = client.options(ignore_status=404).search(index=missing, body=unasked)
+        else:
+            got = bmx.search(index=missing, body=_search_body(), ignore=404)
+            want = client.search(index=missing, body=unasked, ignore=404)
+        assert got["status"] == want["status"] == 404 and got["error"]["type"] == "index_not_found_exception"
+        assert "_bmx" not in got and "hits" not in got
+
+
+def test_the_search_timeout_and_a_search_of_no_index_are_answered_as_the_proxy_answers(
+    engine: EngineClient, corpus: str
+):
+    """The search's own `timeout` lowers the rerank's deadline (a 504 once past it), and a rerank asked of
+    `/_search`, which names no index, is the proxy's 400: statistics are per index."""
+    client = official_client(engine.kind, engine.url, asynchronous=False)
+    with BMXClient(client) as bmx:
+        with pytest.raises(SearchError) as err:
+            bmx.search(index=corpus, body={**_search_body(), "timeout": "1nanos"})
+        assert err.value.status == 504 and err.value.type == "bmx_upstream_timeout_exception"
+        with pytest.raises(SearchError) as err:
+            bmx.search(body=_search_body())
+        assert err.value.status == 400 and "needs an index" in err.value.reason
