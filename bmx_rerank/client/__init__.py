@@ -9,6 +9,11 @@ or a policy matches, it plans the rerank (widens the window), sends the first st
 transport (its node pool, retries, TLS and credentials) and reranks the answer exactly as the proxy does.
 Every other attribute is the wrapped client's; `options(...)` returns a wrapper around `client.options(...)`.
 
+The wrapper's own errors (a bad `ext.bmx`, a rerank past its deadline) are raised as the client raises
+the cluster's: its own exception class for the status (`BadRequestError`/`RequestError`, ...), with the
+error body the proxy would answer, caused by a `bmx_rerank.errors.SearchError`; a status the client is
+told to ignore (`ignore_status`, `ignore`) is its answer instead.
+
 The sidecar's own calls (`_analyze`, `_mtermvectors`, statistics) go to the client's first node with the
 client's TLS settings (CA bundle, verification, client certificate) and the request's credentials
 (the `Authorization` the official client sends for that search); pass `url=` to send them elsewhere.

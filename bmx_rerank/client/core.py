@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 
 from bmx_rerank.applied import AppliedConfigs
+from bmx_rerank.client.errors import raised
 from bmx_rerank.client.sidecar import Sidecar
 from bmx_rerank.client.transport import (
     query_strings,
@@ -18,7 +19,7 @@ from bmx_rerank.client.transport import (
     split_transport,
 )
 from bmx_rerank.deadline import request_budget, time_value, within
-from bmx_rerank.errors import no_index
+from bmx_rerank.errors import SearchError, no_index
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
@@ -82,7 +83,14 @@ class Core:
 
     async def search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
         """One search the official client built (`send`: its transport's `perform_request`, awaitable),
-        reranked when `ext.bmx` or a policy asks for it, else sent as planned."""
+        reranked when `ext.bmx` or a policy asks for it, else sent as planned. The wrapper's own errors
+        (a bad `ext.bmx`, the deadline's 504) are raised as the client raises the cluster's."""
+        try:
+            return await self._search(view, send, method, path, kw)
+        except SearchError as error:
+            return raised(view, split_transport(kw.get("params"))[1], error)
+
+    async def _search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
         index = None if path.split("?", 1)[0].strip("/") == "_search" else search_index(path)
         params, transport = split_transport(kw.get("params"))
         headers = self.headers_for(request_headers(view, kw))
