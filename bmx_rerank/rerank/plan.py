@@ -105,7 +105,9 @@ def plan_search(
     def declined(reason: str) -> Plan:
         return Plan(body_out, params_out, skipped=reason)
 
-    skipped = skip or _unpageable(source, params) or _other_scoring(source, spec.combine)
+    # `q=` in the URL: a Lucene query string on the index's default field, read by the cluster only
+    skipped = skip or ("q" if "q" in params else None) or _unpageable(source, params)
+    skipped = skipped or _other_scoring(source, spec.combine)
     if skipped:
         return declined(skipped)
     try:

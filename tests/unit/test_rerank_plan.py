@@ -401,3 +401,12 @@ def test_mentions_finds_a_field_as_a_key_or_in_a_field_list():
     assert not mentions({"match": {"title": "body"}}, ["body"]), "a value is not a field"
     assert not mentions({"nested": {"path": "c", "query": {"match": {"c.body": "x"}}}}, ["body"])
     assert not mentions(None, ["body"])
+
+
+def test_a_url_query_string_is_declined_and_goes_to_the_cluster_as_its_search():
+    """`q=` is a Lucene query string on the index's default field, which the cluster reads; a rerank
+    asked of it is declined out loud (`reason=q`), not refused."""
+    body = {"ext": {"bmx": {"field": "body"}}, "size": 5}
+    plan = plan_search(body, {"q": "title:alpha beta"})
+    assert plan.spec is None and plan.skipped == "q"
+    assert plan.body == {"size": 5} and plan.params == {"q": "title:alpha beta"}
