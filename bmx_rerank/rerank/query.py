@@ -264,11 +264,21 @@ class _Reader:
         return self._on_fields(body, body.get("fields"), None)
 
     def _bool(self, body: Mapping[str, Any], required: bool = False) -> Node | None:
+        # A lone `should` beside no `must` or `filter` is asked of every hit that matches the bool
+        lone = (
+            not _items(body.get("must"))
+            and not _items(body.get("filter"))
+            and len(_items(body.get("should"))) == 1
+        )
         parts = [
             node
             for clause in ("must", "should")  # filter and must_not only decide matching
             for item in _items(body.get(clause))
-            if (node := self.node(item, in_max=False, required=required and clause == "must", whole=required))
+            if (
+                node := self.node(
+                    item, in_max=False, required=required and (clause == "must" or lone), whole=required
+                )
+            )
             is not None
         ]
         return _fold("sum", parts, 0.0, _boost(body))

@@ -34,19 +34,11 @@ QUERIES = 300
 
 
 @pytest.fixture(scope="module")
-def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
-    """60 short documents (exact norms: Lucene encodes lengths below 24 without loss) on one shard."""
-    index = f"bmxtest-reading-{uuid.uuid4().hex[:10]}"
-    engine.ok(
-        "PUT",
-        f"/{index}",
-        {
-            "settings": {"number_of_shards": 1, "number_of_replicas": 0},
-            "mappings": {
-                "properties": {"title": {"type": "text"}, "text": {"type": "text"}, "n": {"type": "integer"}}
-            },
-        },
-    )
+def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, dict[int, str]]]:
+    """60 short documents (exact norms: Lucene encodes lengths below 24 without loss), in an index of
+    one shard and in one of three: by shard count, the index."""
+    name = f"bmxtest-reading-{uuid.uuid4().hex[:10]}"
+    indices = {1: name, 3: f"{name}-3"}
     rng = random.Random(5)
     docs = {
         str(i): {
@@ -56,21 +48,27 @@ def corpus(engine: EngineClient) -> Iterator[tuple[EngineClient, str]]:
         }
         for i in range(60)
     }
-    bulk(engine, index, docs)
+    mappings = {"properties": {"title": {"type": "text"}, "text": {"type": "text"}, "n": {"type": "integer"}}}
+    for shards, index in indices.items():
+        settings = {"number_of_shards": shards, "number_of_replicas": 0}
+        engine.ok("PUT", f"/{index}", {"settings": settings, "mappings": mappings})
+        bulk(engine, index, docs)
     try:
-        yield engine, index
+        yield engine, indices
     finally:
-        engine.call("DELETE", f"/{index}")
+        for index in indices.values():
+            engine.call("DELETE", f"/{index}")
 
 
 @pytest.fixture(scope="module")
-def proxy(corpus: tuple[EngineClient, str]) -> Iterator[EngineClient]:
-    """A proxy in front of the corpus, with its two fields' exact statistics."""
-    engine, index = corpus
+def proxy(corpus: tuple[EngineClient, dict[int, str]]) -> Iterator[EngineClient]:
+    """A proxy in front of the corpus, with its two fields' exact statistics in either index."""
+    engine, indices = corpus
     stats = FixedStats({})
     proxy = ProxyThread(engine.url, stats)
-    for field in FIELDS:
-        stats.table[(index, field)] = proxy.run(exact_stats(engine.url, index, field))
+    for index in indices.values():
+        for field in FIELDS:
+            stats.table[(index, field)] = proxy.run(exact_stats(engine.url, index, field))
     try:
         yield EngineClient(engine.kind, proxy.url)
     finally:
@@ -171,13 +169,14 @@ def written(node: Node) -> dict[str, Any]:
     return {"dis_max": {"queries": parts, "tie_breaker": node.tie_breaker, "boost": node.boost}}
 
 
-def scores(engine: EngineClient, index: str, query: dict[str, Any]) -> dict[str, float]:
-    hits = engine.ok("POST", f"/{index}/_search", {"query": query, "size": 60})["hits"]["hits"]
+def scores(engine: EngineClient, index: str, query: dict[str, Any], params: Any = None) -> dict[str, float]:
+    hits = engine.ok("POST", f"/{index}/_search", {"query": query, "size": 60}, params)["hits"]["hits"]
     return {hit["_id"]: hit["_score"] for hit in hits}
 
 
 def test_every_query_read_scores_as_its_tree_up_to_one_constant(corpus):
-    engine, index = corpus
+    engine, indices = corpus
+    index = indices[1]
     for query in read_queries():
         tree = understand(query)
         original = scores(engine, index, query)
@@ -192,15 +191,18 @@ def test_every_query_read_scores_as_its_tree_up_to_one_constant(corpus):
         same_up_to_one_constant(original, {doc: rebuilt.get(doc, 0.0) for doc in original}, (query, tree))
 
 
-def test_every_query_read_is_the_clusters_bm25_through_the_proxy(corpus, proxy):
-    engine, index = corpus
+@pytest.mark.parametrize("shards", [1, 3])
+def test_every_query_read_is_the_clusters_bm25_through_the_proxy(corpus, proxy, shards):
+    """Over three shards the cluster scores with global statistics under `dfs_query_then_fetch`."""
+    engine, indices = corpus
+    index, dfs = indices[shards], {"search_type": "dfs_query_then_fetch"}
     ext = {"bmx": {"fields": list(FIELDS), "mode": "bm25", "window_size": 60}}
     reranked = 0
     for query in read_queries():
         if understand(query) is None:
             continue
-        direct = scores(engine, index, query)
-        answer = proxy.call("POST", f"/{index}/_search", {"query": query, "size": 60, "ext": ext})
+        direct = scores(engine, index, query, dfs)
+        answer = proxy.call("POST", f"/{index}/_search", {"query": query, "size": 60, "ext": ext}, params=dfs)
         assert answer.status == 200, answer.body
         marker = answer.headers.get("X-BMX-Rerank")
         if marker == "skipped; reason=no_text_match":  # hits that only a filter let through

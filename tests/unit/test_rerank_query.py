@@ -154,6 +154,10 @@ T, C = Text, Combine
             {"dis_max": {"queries": [{"bool": {"filter": {"term": {"k": 1}}}}, {"match": {"text": "a"}}]}},
             T("text", "a"),
         ),
+        (  # a lone should beside no must or filter: every hit matches it, as a must
+            {"bool": {"should": {"match_phrase": {"title": "a b"}}, "must_not": {"term": {"k": 1}}}},
+            T("title", "a b", quoted=True),
+        ),
         (  # required clauses may ask anything: every hit of the window matches them
             {
                 "bool": {
@@ -268,6 +272,10 @@ def test_shapes_become_their_scoring_tree(query, tree):
         ),
         (
             {"query_string": {"query": "a b", "fields": ["title", "text"], "minimum_should_match": 2}},
+            "optional_condition",
+        ),
+        (  # beside a filter a should is optional: the filter's other hits score 0 on it
+            {"bool": {"should": {"match_phrase": {"title": "a b"}}, "filter": {"term": {"k": 1}}}},
             "optional_condition",
         ),
         # An optional clause counts only on the hits it matches; where that asks more than one of its
