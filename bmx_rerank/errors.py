@@ -27,11 +27,6 @@ def bad_request(reason: str, type_: str = "illegal_argument_exception") -> Searc
     return SearchError(400, type_, reason)
 
 
-def no_index(where: str = "in the path") -> SearchError:
-    """A rerank asked of a search that names no index: statistics are kept per index."""
-    return bad_request(f"[bmx] reranking needs an index {where}: statistics are per index")
-
-
 @dataclass
 class UpstreamError(SearchError):
     """The cluster answered with an error; `payload` is its body, passed to the client unchanged."""

@@ -19,13 +19,13 @@ from bmx_rerank.client.transport import (
     split_transport,
 )
 from bmx_rerank.deadline import request_budget, time_value, within
-from bmx_rerank.errors import SearchError, no_index
+from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank.pipeline import Answer, Outcome, Reranker
-from bmx_rerank.rerank.plan import Bounds, Plan, bounded_plan
+from bmx_rerank.rerank.plan import NO_INDEX, Bounds, Plan, bounded_plan
 from bmx_rerank.rerank.term_vector_cache import TermVectorCache
 from bmx_rerank.stats.cache import StatsCache
 from bmx_rerank.stats.source import StatsFactory
@@ -79,7 +79,8 @@ class Core:
             self._ready()
             assert self.applied is not None
             policy = await self.applied.policy(index, body_map, headers)
-        return bounded_plan(body_map, query_strings(params), policy, self.bounds)
+        skip = NO_INDEX if index is None else None  # statistics are per index
+        return bounded_plan(body_map, query_strings(params), policy, self.bounds, skip=skip)
 
     async def search(self, view: Any, send: AsyncSend, method: str, path: str, kw: dict[str, Any]) -> Any:
         """One search the official client built (`send`: its transport's `perform_request`, awaitable),
@@ -103,8 +104,7 @@ class Core:
                 return declined(await send(method, path, **kw), plan)
             unchanged = {**kw, "params": {**plan.params, **transport}, "body": plan.body}
             return declined(await send(method, path, **unchanged), plan)
-        if index is None:
-            raise no_index()
+        assert index is not None
 
         async def first_stage(
             body: dict[str, Any] | None, first: Mapping[str, str], *, undecoded: bool = False

@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 
 from bmx_rerank.deadline import within
-from bmx_rerank.errors import no_index
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
@@ -36,7 +35,7 @@ from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.proxy.search import guard_length, search_deadline
 from bmx_rerank.rerank import filter_path
 from bmx_rerank.rerank.pipeline import Answer
-from bmx_rerank.rerank.plan import Plan, asks_bmx
+from bmx_rerank.rerank.plan import NO_INDEX, Plan, asks_bmx
 from bmx_rerank.rerank.window import Window
 
 
@@ -91,10 +90,9 @@ async def msearch(request: Request, index: str | None) -> Response:
                 raise TooDeep()
             plans.append((ix, None))
             continue
-        plan = await state.admission.plan(ix, body, {}, headers, skip=skip, admit=False)
+        unnamed = NO_INDEX if ix is None else None  # statistics are per index
+        plan = await state.admission.plan(ix, body, {}, headers, skip=skip or unnamed, admit=False)
         if plan.spec is not None:
-            if ix is None:
-                raise no_index("in the path or the msearch header")
             overloaded = overloaded or (reranked == 0 and state.admission.overloaded())
             reason = "overloaded" if overloaded else "max_msearch" if reranked >= config.max_msearch else None
             if reason:

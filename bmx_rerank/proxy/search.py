@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 
 from bmx_rerank.deadline import Deadline, request_budget, time_value, within
-from bmx_rerank.errors import no_index
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
@@ -33,7 +32,7 @@ from bmx_rerank.proxy.http import Request, Response
 from bmx_rerank.proxy.memory import charge
 from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.rerank.pipeline import Answer, skipped
-from bmx_rerank.rerank.plan import Plan, asks_bmx
+from bmx_rerank.rerank.plan import NO_INDEX, Plan, asks_bmx
 
 
 async def search(request: Request, index: str | None) -> Response:
@@ -53,7 +52,9 @@ async def search(request: Request, index: str | None) -> Response:
         return await forward(request, raw or None)  # the cluster answers such a body for itself
     headers = forwardable_headers(end_to_end(request))
     params = dict(request.query)
-    plan = await state.admission.plan(index, body, params, headers, skip=unreadable_format(request))
+    # statistics are per index: a search that names none is not reranked (said out loud)
+    skip = unreadable_format(request) or (NO_INDEX if index is None else None)
+    plan = await state.admission.plan(index, body, params, headers, skip=skip)
     if plan.spec is None:
         extra = None
         if plan.skipped:
@@ -62,8 +63,7 @@ async def search(request: Request, index: str | None) -> Response:
         if plan.body == body:  # a policy's search: its original bytes
             return await forward(request, raw or None, extra=extra)
         return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
-    if index is None:
-        raise no_index()
+    assert index is not None
     return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
 
 

@@ -75,6 +75,11 @@ DIGITS = re.compile(r"[+-]?[0-9]+")
 NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
+# The reason a search that names no index (`/_search`, an `_msearch` item without one) is not
+# reranked: statistics are kept per index.
+NO_INDEX = "no_index"
+
+
 def plan_search(
     body: Mapping[str, Any] | None,
     params: Mapping[str, str],

@@ -175,6 +175,25 @@ def test_msearch_through_the_proxy(small):
     assert all(int(h["_id"]) % 2 == 1 for h in second["hits"]["hits"])
 
 
+def test_a_rerank_of_no_index_is_declined_and_answered_by_the_cluster(small):
+    """Statistics are per index: `/_search`, and an `_msearch` item that names none, go without
+    `ext.bmx` and say why; the cluster answers them over every index it has."""
+    engine, index, proxy, _ = small
+    body = {"size": 3, "query": {"ids": {"values": ["1", "2"]}}, "ext": {"bmx": {"field": "body"}}}
+    got = _via(engine, proxy).call("POST", "/_search", body)
+    assert got.status == 200 and got.headers["X-BMX-Rerank"] == "skipped; reason=no_index", got.body
+    direct = engine.ok("POST", "/_search", {k: v for k, v in body.items() if k != "ext"})
+    assert got.body["hits"]["total"] == direct["hits"]["total"]
+    lines = [{}, body, {"index": index}, {**body, "ext": {"bmx": {"field": "body", "query": "t12"}}}]
+    answer = _via(engine, proxy).ok("POST", "/_msearch", "".join(json.dumps(x) + "\n" for x in lines))
+    unnamed, named = answer["responses"]
+    assert (
+        unnamed["_bmx"] == {"reranked": False, "skipped": "no_index"}
+        or unnamed["_bmx"]["skipped"] == "no_index"
+    )
+    assert named["_bmx"]["reranked"] is True
+
+
 def test_filter_path_applies_to_the_reranked_answer(small):
     """The window needs _index/_score/_seq_no, which `filter_path=hits.hits._id` drops: the proxy leaves
     filter_path out of the first stage and filters its own answer as the cluster would."""

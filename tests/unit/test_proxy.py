@@ -270,12 +270,6 @@ async def test_bad_ext_is_a_400_and_nothing_reaches_the_cluster(proxy, client):
     assert len(fake.searches) == before
 
 
-async def test_rerank_on_index_without_path_is_a_400(proxy, client):
-    _, url = proxy
-    status, _, body = await post(client, f"{url}/_search", {"ext": {"bmx": {"field": "body", "query": "t0"}}})
-    assert status == 400 and "index" in body["error"]["reason"]
-
-
 async def test_gzipped_search_body_is_read(proxy, client):
     fake, url = proxy
     raw = gzip.compress(json.dumps({"size": 1, "ext": {"bmx": {"field": "body", "query": "t3"}}}).encode())
