@@ -14,8 +14,8 @@ the cluster's: its own exception class for the status (`BadRequestError`/`Reques
 error body the proxy would answer, caused by a `bmx_rerank.errors.SearchError`; a status the client is
 told to ignore (`ignore_status`, `ignore`) is its answer instead.
 
-The sidecar's own calls (`_analyze`, `_mtermvectors`, statistics) go to the client's first node with the
-client's TLS settings (CA bundle, verification, client certificate) and the request's credentials
+The sidecar's own calls (`_analyze`, `_mtermvectors`, statistics) go to the client's nodes in turn, on to
+the next where one cannot be reached (as the proxy's own calls do), with the client's TLS settings (CA bundle, verification, client certificate) and the request's credentials
 (the `Authorization` the official client sends for that search); pass `url=` to send them elsewhere.
 """
 

@@ -22,6 +22,7 @@ from bmx_rerank.deadline import request_budget, time_value, within
 from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import credentials
 from bmx_rerank.metrics import Metrics
+from bmx_rerank.nodes import FailoverSession, NodePool
 from bmx_rerank.policy import Rule
 from bmx_rerank.policy import match as match_policy
 from bmx_rerank.rerank.pipeline import Answer, Outcome, Reranker
@@ -132,16 +133,18 @@ class Core:
             connector = aiohttp.TCPConnector(ssl=self.sidecar.ssl) if self.sidecar.ssl else None
             # no cookies kept: one set on a call for one request's caller never goes with another's
             self.session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+            # each call on the next of the client's nodes, on to another when one cannot be reached
+            calls: Any = FailoverSession(self.session, NodePool(self.sidecar.pool))
             self.reranker = Reranker(
-                Cluster(self.session, self.sidecar.url, self.timeout),
-                self.stats(self.session, self.sidecar.url),
+                Cluster(calls, self.sidecar.url, self.timeout),
+                self.stats(calls, self.sidecar.url),
                 self.metrics,
                 cache=TermVectorCache(self.cache_bytes),
                 on_error=self.on_rerank_error,
                 probes=self.tf_probes,
                 scored_in_engine=self.in_engine,
             )
-            self.applied = AppliedConfigs(self.session, self.sidecar.url, timeout=self.timeout)
+            self.applied = AppliedConfigs(calls, self.sidecar.url, timeout=self.timeout)
         return self.reranker
 
     def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:

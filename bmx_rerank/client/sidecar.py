@@ -1,4 +1,4 @@
-"""Where the sidecar's own calls go for a wrapped client: its first node, its TLS settings and its
+"""Where the sidecar's own calls go for a wrapped client: its nodes, its TLS settings and its
 credentials, read from the official client's configuration."""
 
 from __future__ import annotations
@@ -14,11 +14,18 @@ from bmx_rerank.identity import credentials
 
 @dataclass(frozen=True)
 class Sidecar:
-    """Where and how the sidecar's own calls go: the client's first node, its TLS and credentials."""
+    """Where and how the sidecar's own calls go: the client's nodes (`url` the first), its TLS and
+    credentials. The calls fail over from a node that cannot be reached to the next, as the client's
+    own requests do (`nodes.FailoverSession`)."""
 
     url: str
     ssl: ssl.SSLContext | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()  # every node's base URL, `url` first; () is `url` alone
+
+    @property
+    def pool(self) -> tuple[str, ...]:
+        return self.nodes or (self.url,)
 
 
 def is_elastic(client: Any) -> bool:
@@ -28,10 +35,18 @@ def is_elastic(client: Any) -> bool:
 
 def node_url(client: Any) -> str:
     """The first node's base URL of an official client (elasticsearch-py 8/9, opensearch-py 2/3)."""
+    return node_urls(client)[0]
+
+
+def node_urls(client: Any) -> tuple[str, ...]:
+    """Every node's base URL of an official client, in the order it was given them."""
     transport = client.transport
     if is_elastic(client):
-        return str(transport.node_pool.all()[0].base_url).rstrip("/")
-    host = transport.hosts[0]
+        return tuple(str(node.base_url).rstrip("/") for node in transport.node_pool.all())
+    return tuple(_opensearch_url(transport, host) for host in transport.hosts)
+
+
+def _opensearch_url(transport: Any, host: dict[str, Any]) -> str:
     scheme = "https" if host.get("use_ssl") or transport.kwargs.get("use_ssl") else host.get("scheme", "http")
     prefix = host.get("url_prefix", "")
     prefix = f"/{prefix.strip('/')}" if prefix.strip("/") else ""
@@ -65,8 +80,9 @@ def basic_auth(user_pass: str | Sequence[str]) -> str:
 
 
 def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
-    """The sidecar's target as the wrapped client would reach its first node."""
-    base = (url or node_url(client)).rstrip("/")
+    """The sidecar's target as the wrapped client reaches its nodes (`url`: that one alone)."""
+    nodes = (url.rstrip("/"),) if url else node_urls(client)
+    base = nodes[0]
     https = base.startswith("https:")
     if is_elastic(client):
         config = client.transport.node_pool.all()[0].config
@@ -79,7 +95,7 @@ def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
                 client_cert=config.client_cert,
                 client_key=config.client_key,
             )
-        return Sidecar(base, tls, credentials(client._headers))
+        return Sidecar(base, tls, credentials(client._headers), nodes)
     options = client.transport.kwargs
     tls = None
     if https:
@@ -99,4 +115,4 @@ def sidecar_of(client: Any, url: str | None = None) -> Sidecar:
         )
     if auth is not None:
         headers["authorization"] = basic_auth(auth)
-    return Sidecar(base, tls, headers)
+    return Sidecar(base, tls, headers, nodes)

@@ -202,3 +202,23 @@ def test_the_search_timeout_and_a_search_of_no_index_are_answered_as_the_proxy_a
         assert _raised(err, engine.kind, 504).type == "bmx_upstream_timeout_exception"
         unnamed = bmx.search(body={**_search_body(), "query": {"ids": {"values": ["1"]}}})
         assert unnamed["_bmx"] == {"reranked": False, "skipped": "no_index"}, unnamed["_bmx"]
+
+
+def test_the_sidecars_calls_fail_over_from_a_node_that_cannot_be_reached(engine: EngineClient, corpus: str):
+    """The wrapped client knows several nodes, the first one down: the sidecar's own calls (statistics,
+    term vectors, analysis) fail over to the next as the client's requests do, so the rerank stands."""
+    dead = "http://127.0.0.1:1"  # nothing listens: the connection is refused
+    if engine.kind == "elasticsearch":
+        from elasticsearch import Elasticsearch
+
+        client = Elasticsearch([dead, engine.url], max_retries=3, retry_on_timeout=True)
+    else:
+        from opensearchpy import OpenSearch
+
+        client = OpenSearch(hosts=[dead, engine.url], max_retries=3)
+    with BMXClient(client) as bmx:
+        assert set(bmx._core.sidecar.pool) == {dead, engine.url.rstrip("/")}
+        for size in (30, 5, 30):
+            answer = bmx.search(index=corpus, body=_search_body(size=size))
+            assert answer["_bmx"]["reranked"] is True and len(answer["hits"]["hits"]) == size
+        _check_expected(bmx.search(index=corpus, body=_search_body()))
