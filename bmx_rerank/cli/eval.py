@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from pathlib import Path
 
 import click
 import orjson
@@ -21,6 +22,7 @@ from bmx_rerank.evaluation.configs import (
     QUERIES_PER_CANDIDATE,
 )
 from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
+from bmx_rerank.stats.store import DEFAULT_STORE
 
 
 @click.command("eval")
@@ -106,7 +108,13 @@ from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
     "--llm-url", envvar="BMX_LLM_BASE_URL", help="OpenAI-compatible base URL: also try LLM augmentation."
 )
 @click.option("--llm-model", envvar="BMX_LLM_MODEL", default="gpt-4o-mini", show_default=True)
-@click.option("--folds", default=5, show_default=True, help="Cross-validation folds over queries.")
+@click.option(
+    "--folds",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Cross-validation folds over queries.",
+)
 @click.option(
     "--significance",
     default=1.0,
@@ -133,7 +141,20 @@ from bmx_rerank.evaluation.data import DataError, read_qrels, read_queries
 @click.option(
     "--size", default=100, show_default=True, help="Hits measured per query (recall@100 wants 100)."
 )
-@click.option("--concurrency", default=4, show_default=True, help="Queries in flight at once.")
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Queries in flight at once.",
+)
+@click.option(
+    "--stats-index",
+    envvar="BMX_STATS_INDEX",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="Index the statistics and applied configurations are stored in (as `serve --stats-index`).",
+)
 @click.option(
     "--keep-self/--drop-self",
     default=False,
@@ -172,6 +193,7 @@ def command(
     limit: int | None,
     size: int,
     concurrency: int,
+    stats_index: str,
     keep_self: bool,
     as_json: bool,
     save_path: str | None,
@@ -187,6 +209,16 @@ def command(
         raise click.ClickException(f"{exc}: install them with pip install 'bmx-rerank[eval]'") from exc
     from tqdm import tqdm
 
+    if do_apply and any(c in index for c in ",*?"):  # a proxy looks up the name it is sent
+        raise click.BadParameter(
+            "--apply stores the configuration of one index or alias name: a proxy looks up the name a "
+            "search names, never a pattern or a list",
+            param_hint="INDEX",
+        )
+    for path, option in ((save_path, "--save"), (plot_path, "--plot")):
+        folder = Path(path).resolve().parent if path else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            raise click.BadParameter(f"cannot write into {folder}", param_hint=option)  # before, not after
     if llm_url:
         os.environ["BMX_LLM_BASE_URL"] = llm_url  # the in-process proxy's reranker reads its LLM from there
         os.environ["BMX_LLM_MODEL"] = llm_model
@@ -225,6 +257,7 @@ def command(
         concurrency=concurrency,
         drop_self=not keep_self,
         headers=parse_headers(header_values),
+        store=stats_index,
     )
     from bmx_rerank.evaluation.configs import shrink
 
@@ -236,8 +269,7 @@ def command(
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except Exception as exc:  # noqa: BLE001 - the cluster's own errors, said plainly
-        reason = getattr(exc, "reason", None) or f"{exc.__class__.__name__}: {exc}"
-        raise click.ClickException(reason) from exc
+        raise click.ClickException(cluster_reason(exc)) from exc
     finally:
         bar.close()
     if plot_path:
@@ -252,7 +284,7 @@ def command(
         if plot_path:
             click.echo(f"plot: {plot_path}")
     if do_apply:
-        doc = asyncio.run(apply(report, upstream, parse_headers(header_values)))
+        doc = asyncio.run(apply(report, upstream, parse_headers(header_values), stats_index))
         what = (
             "pass through (the engine's ranking stays)" if not doc["info"]["rerank"] else doc["info"]["bmx"]
         )
@@ -260,3 +292,19 @@ def command(
             f"applied to {index}: {report.selection.chosen}: {what} (shown by `bmx-rerank applied {index}`)",
             err=as_json,
         )
+
+
+def cluster_reason(exc: Exception) -> str:
+    """An error said plainly: the cluster's root cause where it gave one (`all shards failed` names
+    none: its first failure's reason does, e.g. a query past `maxClauseCount`)."""
+    reason = getattr(exc, "reason", None) or f"{exc.__class__.__name__}: {exc}"
+    try:
+        error = orjson.loads(getattr(exc, "payload", b"") or b"{}").get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        return reason
+    causes = [c.get("reason") for c in error.get("root_cause") or [] if isinstance(c, dict)]
+    failed = [
+        f.get("reason", {}).get("reason") for f in error.get("failed_shards") or [] if isinstance(f, dict)
+    ]
+    detail = next((r for r in [*causes, *failed] if isinstance(r, str) and r and r != reason), None)
+    return f"{reason}: {detail}" if detail else reason

@@ -435,6 +435,7 @@ def command(
         identity_headers=identity,
         tf_probes="off" if no_tf_probes else tf_probes,
         in_engine=in_engine,
+        stats_index=stats_index,
     )
     serve_logs(log_level, sys.stderr)
     stats_source = statistics_source(stats_check_interval, stats_index, timeout, identity, lengths_dir)

@@ -121,16 +121,33 @@ def build(index: str, fields: tuple[str, ...], slices: int, **opts: Any) -> None
     """Sweep every live document of INDEX (name, alias or pattern) and publish a snapshot per index
     and field."""
     sweep = _sweep_settings(opts, slices)
-    sweeps = (
-        i for f in _distinct(fields) for i in _sweep(stats_build.build_snapshots, index, f, sweep, opts)
-    )
-    for info in sweeps:
-        click.echo(
-            f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
-            f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
-            + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
-            + _lengths_note(info)
-        )
+
+    def one(field: str) -> None:
+        for info in _sweep(stats_build.build_snapshots, index, field, sweep, opts):
+            click.echo(
+                f"{info.index} [{info.field}]: {info.n_docs} docs, avgdl {info.total_length / max(info.n_docs, 1):.2f}, "
+                f"{info.vocabulary_size} terms in {info.build_seconds:.1f}s -> snapshot {info.snapshot}"
+                + ("" if info.exact_marks else " (writes landed during the sweep: next refresh rebuilds)")
+                + _lengths_note(info)
+            )
+
+    _each_field(fields, one)
+
+
+def _each_field(fields: tuple[str, ...], run: Callable[[str], None]) -> None:
+    """`run` for every field, on to the next when one fails (its error said on its own line): a field
+    empty in every document (BEIR Quora's titles) leaves the others their statistics. Exits 1 after,
+    if one failed; an interrupt stops at once."""
+    failed = False
+    for field in _distinct(fields):
+        try:
+            run(field)
+        except SystemExit as exc:
+            if exc.code != 1:
+                raise
+            failed = True
+    if failed:
+        sys.exit(1)
 
 
 def _lengths_note(info: SnapshotInfo) -> str:
@@ -146,10 +163,13 @@ def _lengths_note(info: SnapshotInfo) -> str:
 def refresh(index: str, fields: tuple[str, ...], rebuild: bool, **opts: Any) -> None:
     """Bring the snapshots of INDEX up to date, per field (incremental when only appends happened)."""
     sweep = _sweep_settings(opts)
-    for field in _distinct(fields):
+
+    def one(field: str) -> None:
         for out in _sweep(stats_build.refresh, index, field, sweep, opts, force_rebuild=rebuild):
             snap = out.snapshot.snapshot if out.snapshot else "-"
             click.echo(f"{out.index} [{field}]: {out.action} ({out.reason}), snapshot {snap}")
+
+    _each_field(fields, one)
 
 
 @command.command()

@@ -34,6 +34,7 @@ from bmx_rerank.metrics import Metrics
 from bmx_rerank.policy import Rule
 from bmx_rerank.rerank.plan import Bounds
 from bmx_rerank.stats.source import StatsFactory
+from bmx_rerank.stats.store import DEFAULT_STORE
 
 __all__ = [
     "AsyncBMXClient",
@@ -58,6 +59,7 @@ class _Wrapper:
         policies: Sequence[Rule] = (),
         on_rerank_error: str = defaults.ON_RERANK_ERROR,
         stats: StatsFactory | None = None,
+        store: str = DEFAULT_STORE,
         timeout: float = defaults.TIMEOUT,
         cache_bytes: int = defaults.CACHE_BYTES,
         tf_probes: str = defaults.TF_PROBES,
@@ -65,13 +67,15 @@ class _Wrapper:
         in_engine: bool = False,
         _core: Core | None = None,
     ) -> None:
-        """`in_engine`: as `serve --in-engine`, a window OpenSearch can score exactly is scored there."""
+        """`store`: the index statistics and applied configurations are kept in (`serve --stats-index`);
+        `in_engine`: as `serve --in-engine`, a window OpenSearch can score exactly is scored there."""
         self.client = client
         self._core = _core or Core(
             sidecar_of(client, url),
             policies,
             on_rerank_error,
             stats,
+            store,
             timeout,
             cache_bytes,
             tf_probes,

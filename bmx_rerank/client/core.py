@@ -47,6 +47,7 @@ class Core:
         policies: Sequence[Rule],
         on_rerank_error: str,
         stats: StatsFactory | None,
+        store: str,
         timeout: float,
         cache_bytes: int,
         tf_probes: str,
@@ -57,7 +58,8 @@ class Core:
         self.sidecar = sidecar
         self.policies = list(policies)
         self.on_rerank_error = on_rerank_error
-        self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base))
+        self.stats: StatsFactory = stats or (lambda session, base: StatsCache(session, base, store=store))
+        self.store = store
         self.timeout = timeout
         self.cache_bytes = cache_bytes
         self.tf_probes = tf_probes
@@ -144,7 +146,7 @@ class Core:
                 probes=self.tf_probes,
                 scored_in_engine=self.in_engine,
             )
-            self.applied = AppliedConfigs(calls, self.sidecar.url, timeout=self.timeout)
+            self.applied = AppliedConfigs(calls, self.sidecar.url, store=self.store, timeout=self.timeout)
         return self.reranker
 
     def headers_for(self, request_headers: Mapping[str, str] | None) -> dict[str, str]:

@@ -11,13 +11,15 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
 from bmx_rerank.evaluation.configs import Candidate
 from bmx_rerank.proxy import ProxyConfig, make_app, start_server
 from bmx_rerank.stats.source import statistics_source
-from bmx_rerank.upstream import Cluster
+from bmx_rerank.stats.store import DEFAULT_STORE
+from bmx_rerank.upstream import Cluster, index_path
 
 Run = dict[str, dict[str, float]]  # query id -> {doc id: score}, the shape ir-measures reads
 
@@ -28,6 +30,7 @@ class Runs:
 
     runs: dict[str, Run] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    estimated: dict[str, int] = field(default_factory=dict)  # reranks without exact statistics
 
 
 def search_body(
@@ -70,16 +73,21 @@ async def run_all(
     drop_self: bool = True,
     progress: Callable[[int], None] | None = None,
     stats_factory: Callable[..., Any] | None = None,
+    store: str = DEFAULT_STORE,
 ) -> Runs:
-    """Every query under every candidate; `progress(n)` after each n searches."""
+    """Every query under every candidate; `progress(n)` after each n searches. `store`: where the
+    statistics are kept (`stats build --store`, `serve --stats-index`)."""
     upstream = upstream.rstrip("/")
-    app = make_app(ProxyConfig(upstream=upstream, applied_ttl=0), stats_factory or statistics_source(60.0))
+    config = ProxyConfig(upstream=upstream, applied_ttl=0, stats_index=store)
+    app = make_app(config, stats_factory or statistics_source(60.0, store))
     runner, proxy = await start_server(app)
-    out = Runs({c.name: {} for c in candidates}, {c.name: 0 for c in candidates})
+    names = [c.name for c in candidates]
+    out = Runs({n: {} for n in names}, dict.fromkeys(names, 0), dict.fromkeys(names, 0))
     gate = asyncio.Semaphore(concurrency)
     try:
         async with aiohttp.ClientSession() as session:
             engine, through_proxy = Cluster(session, upstream), Cluster(session, proxy)
+            await _has_fields(engine, index, field_name, headers)
 
             async def one(qid: str, text: str) -> None:
                 async with gate:
@@ -91,6 +99,8 @@ async def run_all(
                         marker = answer.get("_bmx") or {}
                         if marker.get("fallback"):
                             out.fallbacks[c.name] += 1
+                        if marker.get("estimated"):
+                            out.estimated[c.name] += 1
                         out.runs[c.name][qid] = ranking(answer, qid, drop_self)
                         if progress is not None:
                             progress(1)
@@ -99,3 +109,15 @@ async def run_all(
     finally:
         await runner.cleanup()
     return out
+
+
+async def _has_fields(
+    cluster: Cluster, index: str, field_name: str | Sequence[str], headers: Mapping[str, str] | None
+) -> None:
+    """ValueError for a field the index does not have: its every search would find nothing."""
+    names = [field_name] if isinstance(field_name, str) else list(field_name)
+    fields = ",".join(quote(n, safe="") for n in names)
+    caps = await cluster.request("GET", f"/{index_path(index)}/_field_caps?fields={fields}", None, headers)
+    missing = [n for n in names if n not in (caps.get("fields") or {})]
+    if missing:
+        raise ValueError(f"[{index}] has no field {', '.join(f'[{n}]' for n in missing)}")

@@ -16,7 +16,7 @@ from bmx_rerank.evaluation.gate import DEFAULT_CONFIDENCE
 from bmx_rerank.evaluation.report import Report, Row
 from bmx_rerank.evaluation.run import run_all
 from bmx_rerank.evaluation.selection import DEFAULT_SIGNIFICANCE, select
-from bmx_rerank.stats.store import now_iso
+from bmx_rerank.stats.store import DEFAULT_STORE, now_iso
 from bmx_rerank.upstream import Cluster
 
 
@@ -39,6 +39,7 @@ class Task:
     confidence: float = DEFAULT_CONFIDENCE
     shrink: bool = True  # fewer configurations when the judged queries are few (`configs.shrink`)
     fields: tuple[str, ...] = ()  # several fields: searched with a multi_match over them (`field` first)
+    store: str = DEFAULT_STORE  # where the statistics and applied configurations are kept
 
 
 def judged(task: Task) -> dict[str, str]:
@@ -68,6 +69,7 @@ async def evaluate(
         drop_self=task.drop_self,
         progress=progress,
         stats_factory=stats_factory,
+        store=task.store,
     )
     qrels = {q: dict(task.qrels[q]) for q in queries}
     scores = {c.name: measure.per_query(qrels, runs.runs[c.name]) for c in candidates}
@@ -101,10 +103,17 @@ async def evaluate(
         report.notes.append(
             "some reranks fell back to the engine's order (see the proxy log): fix that first"
         )
+    if estimated := sum(runs.estimated.values()):
+        report.notes.append(
+            f"{estimated} reranks scored with estimated statistics: [{task.store}] holds no snapshot of "
+            "the index or of a field (`bmx-rerank stats build`; --stats-index names another store)"
+        )
     return report
 
 
-async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+async def apply(
+    report: Report, upstream: str, headers: Mapping[str, str] | None = None, store: str = DEFAULT_STORE
+) -> dict[str, Any]:
     """Store the chosen configuration (with its evidence) as the index's configuration in the cluster."""
     chosen = report.row(report.selection.chosen)
     evidence = {
@@ -129,4 +138,6 @@ async def apply(report: Report, upstream: str, headers: Mapping[str, str] | None
         ),
     }
     async with aiohttp.ClientSession() as session:
-        return await write_config(Cluster(session, upstream), report.index, chosen.bmx, evidence, headers)
+        return await write_config(
+            Cluster(session, upstream), report.index, chosen.bmx, evidence, headers, store
+        )

@@ -129,6 +129,7 @@ class ProxyApp:
             sidecar,  # type: ignore[arg-type]
             state.base,
             ttl=config.applied_ttl,
+            store=config.stats_index,
             widen_default=config.widen,
             timeout=config.timeout,
         )

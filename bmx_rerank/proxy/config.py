@@ -19,6 +19,7 @@ from bmx_rerank.proxy.memory import InFlight
 from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.probing import PROBE_MODES
 from bmx_rerank.rerank.spec import MAX_WINDOW
+from bmx_rerank.stats.store import DEFAULT_STORE
 
 ON_OVERLOAD = ("fallback", "reject")
 
@@ -46,6 +47,7 @@ class ProxyConfig:
     upstream_key: str | None = None
     upstream_verify: bool = True
     applied_ttl: float = DEFAULT_TTL  # seconds an index's applied configuration is remembered (0: ignore)
+    stats_index: str = DEFAULT_STORE  # where snapshots and applied configurations are stored
     max_body: int = defaults.MAX_BODY  # bytes of a search/msearch body read to look for ext.bmx, inflated
     max_window: int = MAX_WINDOW  # hits a rerank may ask the cluster for
     max_augment: int = defaults.MAX_AUGMENT  # augmented queries (WQA) per search

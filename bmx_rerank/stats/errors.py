@@ -33,8 +33,8 @@ def empty_corpus(index: str, field: str) -> StatisticsError:
         400,
         "bmx_empty_corpus_exception",
         f"[{index}] has no live document with a token in field [{field}]: nothing to build statistics from "
-        "(if it holds documents, the cluster cannot give the field's term vectors: `_source` is disabled "
-        "or leaves the field out, and the field has neither `term_vector` nor `store`)",
+        "(the field is empty or missing in every document, or the cluster cannot give its term vectors: "
+        "`_source` is disabled or leaves the field out, and the field has neither `term_vector` nor `store`)",
     )
 
 

@@ -224,3 +224,25 @@ def test_prf_expands_from_the_window_without_widening(subset):
     assert got["hits"]["total"] == plain["hits"]["total"]
     scores = {h["_id"]: h["_score"] for h in plain["hits"]["hits"]}
     assert any(h["_score"] > scores.get(h["_id"], 0.0) for h in got["hits"]["hits"])
+
+
+def test_eval_reads_the_store_it_is_told_and_says_when_statistics_were_estimated(subset):
+    """`--stats-index` names where the snapshots are (as `serve --stats-index`); a store without them
+    gives estimated statistics, and the report says so instead of measuring them silently. A field the
+    index does not have is an error, not a report of zeros."""
+    engine, index, qfile, rfile = subset
+    base = ["eval", index, "--queries", qfile, "--qrels", rfile, "--upstream", engine.url, "--window", "50"]
+    base += ["--no-prf", "--fuse", "0", "--limit", "6", "--json"]
+    empty = f"bmxtest-store-{uuid.uuid4().hex[:8]}"
+    try:
+        result = CliRunner().invoke(main, [*base, "--field", "text", "--stats-index", empty])
+        assert result.exit_code == 0, result.output
+        notes = json.loads(result.stdout)["notes"]
+        assert any("estimated statistics" in n and empty in n for n in notes), notes
+        result = CliRunner().invoke(main, [*base, "--field", "text"])
+        assert result.exit_code == 0, result.output
+        assert not any("estimated" in n for n in json.loads(result.stdout)["notes"])
+        result = CliRunner().invoke(main, [*base, "--field", "nosuchfield"])
+        assert result.exit_code != 0 and "has no field [nosuchfield]" in result.output, result.output
+    finally:
+        engine.call("DELETE", f"/{empty}")

@@ -536,3 +536,26 @@ def test_the_first_search_after_a_quiet_spell_is_told_of_the_writes_made_in_it(e
         proxy.close()
         engine.call("DELETE", f"/{index}")
         engine.call("DELETE", f"/{store}")
+
+
+def test_a_field_empty_in_every_document_leaves_the_other_fields_their_statistics(
+    engine: EngineClient,
+) -> None:
+    """BEIR Quora's titles are all empty: `stats build --field title --field body` says so for the title
+    (exit 1) and still builds the body's snapshot."""
+    index, store = f"bmxtest-stats-notitle-{uuid.uuid4().hex[:8]}", f"bmxtest-store-{uuid.uuid4().hex[:8]}"
+    engine.ok(
+        "PUT", f"/{index}", {"mappings": {"properties": {"title": {"type": "text"}, FIELD: {"type": "text"}}}}
+    )
+    bulk(engine, index, {str(i): {"title": "", FIELD: f"alpha beta {i}"} for i in range(10)})
+    try:
+        args = ["build", index, "--field", "title", "--field", FIELD, "--upstream", engine.url]
+        result = CliRunner().invoke(stats_cli, [*args, "--store", store, "--no-progress"])
+        assert result.exit_code == 1, result.output
+        assert "bmx_empty_corpus_exception" in result.output and "empty or missing in every" in result.output
+        assert f"{index} [{FIELD}]: 10 docs" in result.output, "the next field is built all the same"
+        view = run(lambda s: StatsCache(s, engine.url, store=store).get(index, FIELD, {}))
+        assert view.corpus.n_docs == 10 and not view.estimated
+    finally:
+        engine.call("DELETE", f"/{index}")
+        engine.call("DELETE", f"/{store}")

@@ -28,6 +28,21 @@ def test_beir_and_trec_files_are_read(tmp_path):
         read_qrels(tmp_path / "bad.txt")
 
 
+def test_ids_with_spaces_a_byte_order_mark_and_queries_without_text(tmp_path):
+    """BEIR's tsv is tab-separated: an id may hold spaces (CQADupStack, Quora-like data). A file saved
+    with a byte-order mark reads the same; a query whose text is null or blank is not a query."""
+    (tmp_path / "q.jsonl").write_text(
+        '\ufeff{"_id": "a b", "text": "x"}\n{"_id": "n", "text": null}\n{"_id": "e", "text": "  "}\n', "utf-8"
+    )
+    assert read_queries(tmp_path / "q.jsonl") == {"a b": "x"}
+    (tmp_path / "q.tsv").write_text("id\ttext\n1\tx\n2\t \n")
+    assert read_queries(tmp_path / "q.tsv") == {"1": "x"}
+    (tmp_path / "beir.tsv").write_text(
+        "\ufeffquery-id\tcorpus-id\tscore\na b\tmy doc\t1\na b\tthree word id\t2\n", "utf-8"
+    )
+    assert read_qrels(tmp_path / "beir.tsv") == {"a b": {"my doc": 1, "three word id": 2}}
+
+
 def test_measures_come_from_ir_measures_and_a_missing_query_counts_zero():
     qrels = {"1": {"a": 1, "b": 0}, "2": {"c": 2}}
     run = {"1": {"x": 2.0, "a": 1.0}}  # relevant at rank 2; query 2 returned nothing
@@ -156,3 +171,27 @@ def test_the_cli_says_what_is_wrong_with_its_input(tmp_path):
     assert bad.exit_code == 2 and "bad.tsv:2" in bad.output
     none = CliRunner().invoke(main, [*args, "--qrels", str(tmp_path / "other.tsv")])
     assert none.exit_code == 1 and "no query has both a text and judgments" in none.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--concurrency", "0"], "--concurrency"),
+        (["--folds", "1"], "--folds"),
+        (["--apply"], "one index or alias name"),
+        (["--plot", "/nonexistent-dir/x.png"], "cannot write into /nonexistent-dir"),
+        (["--save", "/nonexistent-dir/x.json"], "cannot write into /nonexistent-dir"),
+    ],
+)
+def test_eval_refuses_what_it_cannot_do_before_it_searches(tmp_path, extra, said):
+    """No cluster answers here (port 1): each is refused up front, never after the whole evaluation."""
+    from click.testing import CliRunner
+
+    from bmx_rerank.cli import main
+
+    (tmp_path / "q.jsonl").write_text('{"_id": "1", "text": "a"}\n')
+    (tmp_path / "r.tsv").write_text("query-id\tcorpus-id\tscore\n1\td\t1\n")
+    args = ["eval", "logs-*", "--field", "body", "--queries", str(tmp_path / "q.jsonl")]
+    args += ["--qrels", str(tmp_path / "r.tsv"), "--upstream", "http://127.0.0.1:1", *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and said in result.output, result.output
