@@ -246,3 +246,22 @@ def test_eval_reads_the_store_it_is_told_and_says_when_statistics_were_estimated
         assert result.exit_code != 0 and "has no field [nosuchfield]" in result.output, result.output
     finally:
         engine.call("DELETE", f"/{empty}")
+
+
+def test_applied_configurations_are_read_from_the_store_the_proxy_and_the_wrapper_are_given(subset):
+    """`serve --stats-index S` (and the wrapper's `store=S`) keep statistics in S: what `eval --apply
+    --stats-index S` stores there is what they serve, not what `bmx-stats` holds."""
+    engine, index, _, _ = subset
+    store = f"bmxtest-store-{uuid.uuid4().hex[:8]}"
+    applied = {"field": "text", "mode": "bm25", "window_size": 29}
+    _once(_session_call(write_config, engine.url, index, applied, {"test": True}, store=store))
+    proxy = ProxyThread(engine.url, statistics_source(60.0), applied_ttl=TTL, stats_index=store)
+    try:
+        got = _search(proxy.url, index, _plain())
+        assert (got["_bmx"]["mode"], got["_bmx"]["window_size"]) == ("bm25", 29), got.get("_bmx")
+        with BMXClient(_official(engine.kind, engine.url), store=store) as bmx:
+            got = bmx.search(index=index, body=_plain())
+            assert (got["_bmx"]["mode"], got["_bmx"]["window_size"]) == ("bm25", 29), got.get("_bmx")
+    finally:
+        proxy.close()
+        engine.call("DELETE", f"/{store}")
