@@ -73,14 +73,23 @@ def json_headers(request: Request) -> CIMultiDict[str]:
 
 def unreadable_format(request: Request) -> str | None:
     """ "format" when the client asked for an answer the proxy cannot rerank (YAML, CBOR, Smile, via
-    `format` or `Accept`): it would get the raw window otherwise. Such a search passes through."""
-    fmt = request.query.get("format")
-    if fmt is not None and fmt.lower() != "json":
+    `format`, `Accept`, or without `Accept` the body's own `Content-Type`, which the cluster then
+    answers in): it would get the raw window otherwise. Such a search passes through."""
+    formats = request.query.getall("format", [])
+    if formats and formats[-1].lower() != "json":  # the cluster reads a repeated parameter's last value
         return "format"
     accept = request.headers.get("Accept", "").lower()
     if accept and "json" not in accept and "*/*" not in accept:
         return "format"
+    content_type = request.headers.get("Content-Type", "").lower()
+    if not accept and content_type and "json" not in content_type:
+        return "format"
     return None
+
+
+def last_values(query: Any) -> dict[str, str]:
+    """A request's query parameters, a repeated one's last value standing, as the cluster reads them."""
+    return dict(query.items())
 
 
 def error_response(err: SearchError) -> Response:

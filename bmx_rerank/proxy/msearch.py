@@ -26,6 +26,7 @@ from bmx_rerank.proxy.framing import (
     MARKER_HEADER,
     end_to_end,
     json_answer,
+    last_values,
     raw_response,
     unreadable_format,
 )
@@ -105,13 +106,13 @@ async def msearch(request: Request, index: str | None) -> Response:
         return await forward(request, raw)
     searches = {i: (ix, p) for i, (ix, p) in enumerate(plans) if p is not None and p.spec is not None and ix}
     # As for a single search: the window needs what a filter_path may drop; it applies at the end.
-    params = dict(request.query)
+    params = last_values(request.query)
     fpath = params.pop("filter_path", None) if searches else None
 
     async def first_stage(windows: Mapping[int, Window]) -> Answer:
         out = b"".join(
             (
-                orjson.dumps(windows[i].msearch_header(h, request.query.get("preference")))
+                orjson.dumps(windows[i].msearch_header(h, params.get("preference")))
                 + b"\n"
                 + orjson.dumps(windows[i].body or {})
                 + b"\n"

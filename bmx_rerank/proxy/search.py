@@ -25,6 +25,7 @@ from bmx_rerank.proxy.framing import (
     end_to_end,
     json_answer,
     json_headers,
+    last_values,
     raw_response,
     unreadable_format,
 )
@@ -51,20 +52,30 @@ async def search(request: Request, index: str | None) -> Response:
             raise TooDeep()
         return await forward(request, raw or None)  # the cluster answers such a body for itself
     headers = forwardable_headers(end_to_end(request))
-    params = dict(request.query)
+    params = last_values(request.query)
     # statistics are per index: a search that names none is not reranked (said out loud)
     skip = unreadable_format(request) or (NO_INDEX if index is None else None)
     plan = await state.admission.plan(index, body, params, headers, skip=skip)
     if plan.spec is None:
-        extra = None
-        if plan.skipped:
-            request.marker = skipped(plan.skipped)
-            extra = {MARKER_HEADER: str(request.marker)}
-        if plan.body == body:  # a policy's search: its original bytes
-            return await forward(request, raw or None, extra=extra)
-        return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
+        return await as_planned(request, plan, body, raw)
     assert index is not None
-    return await rerank(request, index, plan, headers, search_deadline(request, body, plan))
+    answer = await rerank(request, index, plan, headers, search_deadline(request, body, plan))
+    if answer is None:  # the cluster answered the window in a form the rerank cannot read: as sent
+        return await as_planned(
+            request, await state.admission.decline(index, body, params, headers, "format"), body, raw
+        )
+    return answer
+
+
+async def as_planned(request: Request, plan: Plan, body: Any, raw: bytes | None) -> Response:
+    """The search sent as its plan says, without a rerank (`ext.bmx` removed, and why said)."""
+    extra = None
+    if plan.skipped:
+        request.marker = skipped(plan.skipped)
+        extra = {MARKER_HEADER: str(request.marker)}
+    if plan.body == body:  # a policy's search: its original bytes
+        return await forward(request, raw or None, extra=extra)
+    return await forward(request, orjson.dumps(plan.body), headers=json_headers(request), extra=extra)
 
 
 def guard_length(request: Request) -> int | None:
@@ -75,7 +86,7 @@ def guard_length(request: Request) -> int | None:
 def search_deadline(request: Request, body: Any, *plans: Plan) -> Deadline | None:
     """One budget for the whole search, counted from its arrival: `--deadline`, lowered by
     `ext.bmx.deadline` and by the search's own `timeout` (query parameter or body), where given."""
-    timeout = request.query.get("timeout")
+    timeout = last_values(request.query).get("timeout")
     if timeout is None and isinstance(body, dict):
         timeout = body.get("timeout")
     own = [p.spec.deadline for p in plans if p.spec is not None]
@@ -89,8 +100,9 @@ async def rerank(
     plan: Plan,
     headers: Mapping[str, str],
     deadline: Deadline | None = None,
-) -> Response:
-    """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`."""
+) -> Response | None:
+    """The pipeline's rerank, its first stage sent to the request's own path, within `deadline`; None
+    where the cluster answered it in a form the rerank cannot read (the window is never the answer)."""
     state = request.state
 
     async def first_stage(
@@ -114,6 +126,8 @@ async def rerank(
         outcome = await state.rerank.rerank(index, plan, headers, first_stage, msearch)
     answer_headers, payload = outcome.answer.raw
     if outcome.body is None or outcome.marker is None:
+        if outcome.answer.status < 300:  # a window answered in YAML, CBOR...: not the caller's search
+            return None
         return raw_response(outcome.answer.status, answer_headers, payload)
     request.marker = outcome.marker
     extra = {MARKER_HEADER: str(outcome.marker)}

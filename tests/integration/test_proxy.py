@@ -360,18 +360,35 @@ async def _built(base: str, index_expr: str, store: str) -> None:
         await stats_build.build_snapshots(Cluster(session, base), index_expr, "body", {}, store=store)
 
 
-def test_yaml_answer_is_not_reranked_nor_widened(small):
+@pytest.mark.parametrize(
+    ("query", "content_type"),
+    [
+        ("?format=yaml", "application/json"),
+        ("?format=json&format=yaml", "application/json"),  # the cluster reads the last value
+        ("", "application/yaml"),  # no Accept: the cluster answers in the body's own type
+    ],
+)
+def test_yaml_answer_is_not_reranked_nor_widened(small, query, content_type):
     engine, index, proxy, _ = small
     body = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 30}}}
     request = urllib.request.Request(
-        f"{proxy.url}/{index}/_search?format=yaml",
+        f"{proxy.url}/{index}/_search{query}",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": content_type},
     )
     with urllib.request.urlopen(request, timeout=60) as resp:
         assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
         text = resp.read().decode()
     assert text.startswith("---") and text.count("_id:") == 2, "the client's page, not the window"
+
+
+def test_a_repeated_parameter_is_read_as_the_cluster_reads_it_its_last_value(small):
+    engine, index, proxy, _ = small
+    body = {"ext": {"bmx": {"field": "body", "query": "t0", "window_size": 30}}}
+    got = _via(engine, proxy).ok("POST", f"/{index}/_search?size=2&size=5&from=3&from=0", body)
+    assert got["_bmx"]["reranked"] is True and len(got["hits"]["hits"]) == 5
+    top = _via(engine, proxy).ok("POST", f"/{index}/_search?size=5", body)
+    assert [h["_id"] for h in got["hits"]["hits"]] == [h["_id"] for h in top["hits"]["hits"]]
 
 
 def test_policy_drop_in_needs_no_client_change(small):

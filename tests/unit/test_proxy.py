@@ -307,6 +307,33 @@ async def test_non_json_answers_pass_through_unreranked(proxy, client):
     assert fake.searches[-1] == {"size": 2}
 
 
+async def test_a_window_answered_in_a_form_the_rerank_cannot_read_is_never_the_answer(client):
+    """However the cluster came to answer the first stage in another form (a format the proxy did not
+    see asked for), the window is not sent: the caller's own search goes, said `reason=format`."""
+    fake = FakeCluster()
+    inner = fake.app()
+
+    @web.middleware
+    async def unreadable(request: web.Request, handler):
+        answer = await handler(request)
+        if request.path.endswith("/_search"):
+            return web.Response(body=b"---\nhits: yaml\n", content_type="application/yaml")
+        return answer
+
+    inner.middlewares.append(unreadable)
+    runner, url = await serve_app(inner)
+    proxy_runner, purl = await run_proxy(url)
+    try:
+        search = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}}
+        async with client.post(f"{purl}/docs/_search", json=search) as resp:
+            assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
+            assert await resp.read() == b"---\nhits: yaml\n"
+        assert fake.searches[-1] == {"size": 2}, "the caller's search, not the window's"
+    finally:
+        await proxy_runner.cleanup()
+        await runner.cleanup()
+
+
 async def test_policy_drop_in(proxy, client):
     fake, url = proxy
     status, headers, body = await post(
