@@ -208,7 +208,10 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()
+        # Elasticsearch and OpenSearch answer a request they could not decode (a header or a line too
+        # long) with a 400 and read nothing more on that connection, though they do not say `close`:
+        # reused, it would hang whatever request came next. A 400 is rare: a new connection after each.
+        self.keep_alive = self.parser.should_keep_alive() and self.status != 400
         if self.pipe is not None:
             self.pipe.finish()
         self._wake()

@@ -148,6 +148,33 @@ async def test_an_answer_without_a_length_ends_with_its_connection(session) -> N
         srv.close()
 
 
+async def test_no_connection_is_reused_after_a_400_the_cluster_reads_no_more_after(session) -> None:
+    """A request the cluster could not decode (a header too long) gets a 400 without `close`, and the
+    connection answers nothing after it: the next request must go on a new one, not hang."""
+    connections = 0
+
+    async def handle(reader, writer) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_head(reader)
+        if connections == 1:
+            writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            await asyncio.sleep(5)  # reads nothing more, closes nothing
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    srv, url = await _raw_server(handle)
+    try:
+        first = await session.request("GET", URL(f"{url}/x"))
+        assert first.status == 400 and await first.read() == b"{}"
+        second = await asyncio.wait_for(session.request("GET", URL(f"{url}/x")), 2)
+        assert second.status == 200 and await second.read() == b"ok" and connections == 2
+    finally:
+        srv.close()
+
+
 async def test_refused_and_slow_are_the_errors_failover_and_504_read(session) -> None:
     with pytest.raises(aiohttp.ClientConnectorError):  # never connected: another node may take it
         await session.request("GET", URL(f"http://127.0.0.1:{free_port()}/x"))
