@@ -212,11 +212,38 @@ class Inflater:
 
 
 def loads(data: bytes) -> Any:
-    """The JSON value of a body (None when empty), or `Unparsable`."""
+    """The JSON value of a body (None when empty), or `Unparsable`: not valid, or holding an integer
+    beyond 64 bits (`beyond_64_bits`), which would not go on unchanged."""
     try:
-        return orjson.loads(data) if data.strip() else None
+        value = orjson.loads(data) if data.strip() else None
     except orjson.JSONDecodeError:
         return Unparsable
+    return Unparsable if beyond_64_bits(data, value) else value
+
+
+# 19 digits or more: where an integer may be beyond 64 bits (-2^63 has 19)
+LONG_DIGITS = re.compile(rb"\d{19,}")
+INT64_EDGE = 2.0**63
+
+
+def beyond_64_bits(data: bytes, value: Any) -> bool:
+    """Whether a parsed body holds an integer orjson read as a float, being beyond 64 bits: written
+    back it would change (1.2345678901234568e+29 for 123456789012345678901234567890), and a `term` on
+    it would find other documents. A float literal that large (1e30) is read alike by the cluster;
+    the digits' run tells the two apart, looked for first since it is rare."""
+    if LONG_DIGITS.search(data) is None:
+        return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if abs(item) >= INT64_EDGE and item.is_integer():
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 async def parse(data: bytes, request: Request | None = None) -> Any:
@@ -350,7 +377,8 @@ async def guard_unparsable(request: Request, decoded: bytes, limit: int, metrics
     if b'"bmx"' in decoded:
         refuse(request, metrics, "unparsable_bmx")
         raise bad_request(
-            "[bmx] the request body asks for a rerank but is not valid JSON the rerank proxy can read",
+            "[bmx] the request body asks for a rerank but is not JSON the rerank proxy can read and send "
+            "on unchanged (not valid, or holding an integer beyond 64 bits)",
             "x_content_parse_exception",
         )
 

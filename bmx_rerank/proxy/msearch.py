@@ -19,6 +19,7 @@ from bmx_rerank.proxy.bodies import (
     Unparsable,
     guard_parsed,
     guard_unparsable,
+    loads,
     parse,
     read_json_body,
 )
@@ -41,15 +42,16 @@ from bmx_rerank.rerank.window import Window
 
 
 def parse_ndjson(data: bytes) -> list[Any] | None:
-    """The lines of an NDJSON body as JSON values, or None when any line is not JSON."""
+    """The lines of an NDJSON body as JSON values, or None when any line is not JSON the proxy can send
+    on unchanged (`bodies.loads`), or a blank line comes before the last: the cluster reads it as an
+    item's line (and refuses it), which skipping it would pair otherwise."""
+    lines = data.rstrip().split(b"\n")
     out = []
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            out.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
+    for line in lines:
+        value = loads(line)
+        if value is Unparsable or value is None:
             return None
+        out.append(value)
     return out
 
 

@@ -55,6 +55,7 @@ class FakeCluster:
 
     def __init__(self) -> None:
         self.searches: list[dict] = []
+        self.raw_bodies: list[bytes] = []  # every search's and msearch's body as it came
         self.requests: list[tuple[str, str, dict, bytes]] = []
         self.fail_termvectors = False
         self.analyze_calls = 0
@@ -172,12 +173,17 @@ class FakeCluster:
             )
             error = {"type": "illegal_argument_exception", "reason": reason}
             return web.json_response({"error": {"root_cause": [error], **error}, "status": 400}, status=400)
+        self.raw_bodies.append(await request.read())
         body = await request.json() if request.body_exists else {}
         self.searches.append(body)
         return web.json_response(self._window(request.match_info["index"], body), headers=ES_HEADERS)
 
     async def msearch(self, request: web.Request) -> web.Response:
-        lines = [json.loads(x) for x in (await request.read()).splitlines() if x.strip()]
+        self.raw_bodies.append(await request.read())
+        try:
+            lines = [json.loads(x) for x in (await request.read()).splitlines() if x.strip()]
+        except ValueError:  # as the cluster: a body it cannot read is a 400
+            return _es_error(400, "x_content_parse_exception", "not JSON")
         responses = []
         for header, body in zip(lines[0::2], lines[1::2], strict=True):
             self.searches.append(body)

@@ -434,6 +434,48 @@ async def test_rerank_error_fallback_and_fail(cluster, client):
         await runner.cleanup()
 
 
+@pytest.mark.parametrize(
+    "value",
+    [b"123456789012345678901234567890", b"-9223372036854775809"],
+)
+async def test_an_integer_beyond_64_bits_is_never_changed_on_its_way(proxy, client, value):
+    """orjson reads it as a float, which written back is another number (a `term` on it would find other
+    documents): a rerank asked of such a body is a 400, and any other such body goes as sent, byte for
+    byte; so does an `_msearch` line."""
+    JSON = {"Content-Type": "application/json"}
+    fake, url = proxy
+    text = b'{"size": 2, "query": {"bool": {"filter": {"term": {"code": ' + value + b"}}}}"
+    asked = text[:-1] + b', "ext": {"bmx": {"field": "body", "query": "t3"}}}'
+    async with client.post(f"{url}/docs/_search", data=asked, headers=JSON) as resp:
+        assert resp.status == 400 and "beyond 64 bits" in (await resp.json())["error"]["reason"]
+    async with client.post(f"{url}/docs-1/_search", data=text, headers=JSON) as resp:  # a policy's index
+        assert "X-BMX-Rerank" not in resp.headers
+    assert fake.raw_bodies[-1] == text
+    ndjson = b'{"index": "docs"}\n' + asked + b"\n"
+    async with client.post(
+        f"{url}/_msearch", data=ndjson, headers={"Content-Type": "application/x-ndjson"}
+    ) as resp:
+        assert resp.status == 400
+
+
+async def test_a_blank_line_inside_an_msearch_is_the_clusters_to_refuse(proxy, client):
+    """The cluster reads a blank line as an item's line (and refuses the request); skipping it would pair
+    the lines otherwise and rerank what the cluster refuses."""
+    fake, url = proxy
+    item = b'{"size": 2, "ext": {"bmx": {"field": "body", "query": "t3", "window_size": 5}}}'
+    for body in (b'{"index": "docs"}\n' + item + b"\n\n{}\n" + item + b"\n", b"\n{}\n" + item + b"\n"):
+        async with client.post(
+            f"{url}/docs/_msearch", data=body, headers={"Content-Type": "application/x-ndjson"}
+        ) as resp:
+            assert resp.status == 400, await resp.text()
+    plain = b'{"index": "docs"}\n{"size": 1}\n\n{}\n{"size": 1}\n'
+    async with client.post(
+        f"{url}/docs/_msearch", data=plain, headers={"Content-Type": "application/x-ndjson"}
+    ):
+        pass
+    assert fake.raw_bodies[-1] == plain, "without a rerank asked, the cluster's to answer as sent"
+
+
 async def test_msearch_reranks_marked_items_only(proxy, client):
     fake, url = proxy
     lines = [
