@@ -49,7 +49,7 @@ class TooLarge(Exception):
         self.max_depth = max_depth
         self.size = 0  # bytes sent up so far
         self.refusal: SearchError | None = None  # why the stream was cut, when it was
-        compressed = encoding in ("gzip", "deflate") and (max_depth or max_content is not None)
+        compressed = inflated_as(encoding) is not None and (max_depth or max_content is not None)
         self._inflater = Inflater(encoding, max_content or sys.maxsize) if compressed else None
         self._depth = RawDepth() if max_depth else None
 
@@ -119,7 +119,7 @@ async def read_json_body(
         raise ContentTooLong(max_content)
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
     depth_limit = max_depth if is_text(request) else 0
-    inflater = Inflater(encoding, limit) if encoding in ("gzip", "deflate") else None
+    inflater = Inflater(encoding, limit) if inflated_as(encoding) else None
     parts: list[bytes] = []
     size = 0
     async for chunk in request.content.iter_chunked(CHUNK):
@@ -151,7 +151,7 @@ def stream_body(request: Request) -> AsyncIterator[bytes] | None:
     if not request.body_exists:
         return None
     encoding = request.headers.get("Content-Encoding", "").lower().strip()
-    check = Inflater(encoding, CHECK_BYTES) if encoding in ("gzip", "deflate") else None
+    check = Inflater(encoding, CHECK_BYTES) if inflated_as(encoding) else None
 
     async def chunks() -> AsyncIterator[bytes]:
         nonlocal check
@@ -170,16 +170,30 @@ def stream_body(request: Request) -> AsyncIterator[bytes] | None:
     return chunks()
 
 
+def inflated_as(encoding: str) -> str | None:
+    """The compression a `Content-Encoding` names, as the cluster reads it (Netty takes the `x-` names
+    too), or None: another (the cluster's to read) or none."""
+    return {"gzip": "gzip", "x-gzip": "gzip", "deflate": "deflate", "x-deflate": "deflate"}.get(encoding)
+
+
+def _deflate_bits(first: bytes) -> int:
+    """`deflate` as Netty reads it: a zlib stream (its two-byte header), else raw deflate."""
+    zlib_header = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] << 8 | first[1]) % 31 == 0
+    return zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS
+
+
 class Inflater:
     """Streamed gzip/deflate inflation that stops a little past `limit` bytes (a bomb never inflates)."""
 
     def __init__(self, encoding: str, limit: int) -> None:
         self.encoding = encoding
-        self.wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        self.wbits = (
+            16 + zlib.MAX_WBITS if inflated_as(encoding) == "gzip" else 0
+        )  # 0: known on the first bytes
         self.limit = limit
         self.size = 0
         self.parts: list[bytes] = []
-        self._obj = zlib.decompressobj(self.wbits)
+        self._obj = zlib.decompressobj(self.wbits) if self.wbits else None
 
     def feed(self, data: bytes) -> None:
         """Inflate `data` and keep what it gives (`parts`)."""
@@ -188,8 +202,12 @@ class Inflater:
     def pieces(self, data: bytes, step: int = PIECE) -> Iterator[bytes]:
         """Inflate `data`, in pieces of at most `step` bytes, kept by nobody here (a bomb's chunk never
         inflates whole at once)."""
+        if self._obj is None and data:
+            self.wbits = _deflate_bits(data)
+            self._obj = zlib.decompressobj(self.wbits)
         try:
             while data and self.size <= self.limit:
+                assert self._obj is not None
                 if self._obj.eof:  # a further gzip member follows
                     self._obj = zlib.decompressobj(self.wbits)
                 piece = self._obj.decompress(data, min(step, self.limit - self.size + 1))
@@ -200,7 +218,7 @@ class Inflater:
             raise self._broken() from exc
 
     def result(self) -> bytes:
-        if not self._obj.eof:
+        if self._obj is None or not self._obj.eof:
             raise self._broken()
         return b"".join(self.parts)
 

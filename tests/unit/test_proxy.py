@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import socket
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -270,10 +271,25 @@ async def test_bad_ext_is_a_400_and_nothing_reaches_the_cluster(proxy, client):
     assert len(fake.searches) == before
 
 
-async def test_gzipped_search_body_is_read(proxy, client):
+def _raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "pack"),
+    [
+        ("gzip", gzip.compress),
+        ("x-gzip", gzip.compress),  # the names Netty reads too
+        ("deflate", zlib.compress),
+        ("x-deflate", zlib.compress),
+        ("deflate", _raw_deflate),  # raw deflate, without zlib's header: the cluster reads it
+    ],
+)
+async def test_compressed_search_body_is_read(proxy, client, encoding, pack):
     fake, url = proxy
-    raw = gzip.compress(json.dumps({"size": 1, "ext": {"bmx": {"field": "body", "query": "t3"}}}).encode())
-    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    raw = pack(json.dumps({"size": 1, "ext": {"bmx": {"field": "body", "query": "t3"}}}).encode())
+    headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
     async with client.post(f"{url}/docs/_search", data=raw, headers=headers) as resp:
         body = await resp.json()
         assert resp.headers["X-BMX-Rerank"] == "bmx"
