@@ -33,7 +33,9 @@ SKIP_AUTO = ("Accept-Encoding", "User-Agent", "Content-Type", "Accept")
 MARKER_HEADER = "X-BMX-Rerank"
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))  # the cluster's
 MAX_LINE = 4096  # request line, as Elasticsearch's http.max_initial_line_length
-MAX_FIELD = 8192  # one header, as Elasticsearch's http.max_header_size
+# One header: the larger of the engines' http.max_header_size (Elasticsearch 8: 16 KB; OpenSearch 8 KB,
+# which answers a longer one with its own 400).
+MAX_FIELD = 16384
 
 
 def end_to_end_headers(headers: Mapping[str, str], *, drop: Sequence[str] = ()) -> CIMultiDict[str]:
@@ -64,11 +66,9 @@ def client_headers(request: Request, *, drop: Sequence[str] = ()) -> CIMultiDict
 
 
 def json_headers(request: Request) -> CIMultiDict[str]:
-    """Client headers for a body the proxy re-serialized: identity encoding both ways."""
-    hdrs = client_headers(request, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
-    if "Content-Type" not in hdrs:
-        hdrs["Content-Type"] = "application/json"
-    return hdrs
+    """Client headers for a body the proxy re-serialized: identity encoding both ways. No Content-Type
+    is added where the client sent none: the cluster refuses such a body (406), as without the proxy."""
+    return client_headers(request, drop=("Content-Length", "Content-Encoding", "Accept-Encoding"))
 
 
 def unreadable_format(request: Request) -> str | None:

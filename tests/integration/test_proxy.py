@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import http.client
 import json
 import urllib.parse
 import urllib.request
@@ -380,6 +381,24 @@ def test_yaml_answer_is_not_reranked_nor_widened(small, query, content_type):
         assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
         text = resp.read().decode()
     assert text.startswith("---") and text.count("_id:") == 2, "the client's page, not the window"
+
+
+def test_a_body_without_a_content_type_is_refused_as_the_cluster_refuses_it(small):
+    """The cluster answers a body sent without `Content-Type` with a 406; so must the proxy, rerank
+    asked or not (it never adds a type the client did not send)."""
+    engine, index, proxy, _ = small
+    asked = json.dumps({"size": 2, "ext": {"bmx": {"field": "body", "query": "t0"}}}).encode()
+    answers = []
+    for base, data in ((proxy.url, asked), (engine.url, b'{"size": 2}')):
+        url = urllib.parse.urlsplit(base)
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        connection.putrequest("POST", f"/{index}/_search")
+        connection.putheader("Content-Length", str(len(data)))
+        connection.endheaders(data)
+        answer = connection.getresponse()
+        answers.append((answer.status, answer.read()))
+        connection.close()
+    assert answers[0] == answers[1] and answers[0][0] == 406, answers
 
 
 def test_a_repeated_parameter_is_read_as_the_cluster_reads_it_its_last_value(small):

@@ -181,7 +181,7 @@ LONG = "a" * 9000
 # Malformed HTTP a client could send, as it goes on the wire.
 RAW_HTTP = {
     "request line over 8 KiB": f"POST /docs/_search?q={LONG} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
-    "header over 8 KiB": f"GET / HTTP/1.1\r\nHost: x\r\nX-Big: {LONG}\r\n\r\n",
+    "header over 16 KiB": f"GET / HTTP/1.1\r\nHost: x\r\nX-Big: {LONG * 2}\r\n\r\n",
     "many headers": "GET / HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{i}: v\r\n" for i in range(200)) + "\r\n",
     "content-length with transfer-encoding": (
         "POST /docs/_search HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -342,7 +342,7 @@ def _raw_request(url: str, data: bytes) -> tuple[int, dict]:
         (b"TRACE / HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method_not_allowed_exception"),
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 400, "too_long_http_line_exception"),
         (
-            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 9000 + b"\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 17000 + b"\r\n\r\n",
             400,
             "too_long_http_header_exception",
         ),
