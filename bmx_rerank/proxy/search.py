@@ -3,12 +3,14 @@ stage sent by `relay.call`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
 from bmx_rerank.deadline import Deadline, request_budget, time_value, within
+from bmx_rerank.errors import SearchError
 from bmx_rerank.identity import forwardable_headers
 from bmx_rerank.proxy.bodies import (
     MAX_DEPTH,
@@ -35,6 +37,8 @@ from bmx_rerank.proxy.relay import call, forward
 from bmx_rerank.rerank.pipeline import Answer, skipped
 from bmx_rerank.rerank.plan import NO_INDEX, Plan, asks_bmx
 
+log = logging.getLogger("bmx_rerank.proxy")
+
 
 async def search(request: Request, index: str | None) -> Response:
     state = request.state
@@ -59,11 +63,20 @@ async def search(request: Request, index: str | None) -> Response:
     if plan.spec is None:
         return await as_planned(request, plan, body, raw)
     assert index is not None
-    answer = await rerank(request, index, plan, headers, search_deadline(request, body, plan))
-    if answer is None:  # the cluster answered the window in a form the rerank cannot read: as sent
-        return await as_planned(
-            request, await state.admission.decline(index, body, params, headers, "format"), body, raw
-        )
+    reason = "format"  # None below: the cluster answered the window in a form the rerank cannot read
+    try:
+        answer = await rerank(request, index, plan, headers, search_deadline(request, body, plan))
+    except SearchError:
+        raise
+    except Exception as exc:  # a fault of the rerank's own (an answer of a shape nobody expected)
+        if state.config.on_rerank_error == "fail":
+            raise
+        state.metrics.errors.labels("bmx_rerank_exception").inc()
+        log.warning("rerank failed: the search goes as sent", extra={"fields": {"error": type(exc).__name__}})
+        answer, reason = None, "rerank_error"
+    if answer is None:  # the caller's own search, as sent: never the window, never a 500 of the proxy's
+        declined = await state.admission.decline(index, body, params, headers, reason)
+        return await as_planned(request, declined, body, raw)
     return answer
 
 

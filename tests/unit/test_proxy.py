@@ -19,6 +19,7 @@ from aiohttp import web
 from bmx_rerank import scoring
 from bmx_rerank.policy import parse_rules
 from bmx_rerank.proxy import ProxyConfig, make_app, search_route, split_upstream
+from bmx_rerank.rerank.pipeline import Reranker
 from bmx_rerank.rerank.rescore import candidate_features
 from bmx_rerank.stats.source import FixedStats
 from bmx_rerank.upstream import DocRef, DocTerms
@@ -348,6 +349,23 @@ async def test_a_window_answered_in_a_form_the_rerank_cannot_read_is_never_the_a
     finally:
         await proxy_runner.cleanup()
         await runner.cleanup()
+
+
+async def test_a_fault_of_the_reranks_own_is_the_callers_search_not_a_500(proxy, client, monkeypatch):
+    """A fault the pipeline does not answer itself (a bug; an answer of a shape nobody expected, read
+    before the first stage) sends the search as sent, `reason=rerank_error`, never a 500 of the proxy's."""
+    fake, url = proxy
+
+    async def broken(*args, **kwargs):
+        raise AttributeError("'str' object has no attribute 'get'")
+
+    monkeypatch.setattr(Reranker, "rerank", broken)
+    search = {"size": 2, "query": {"match": {"body": "t0"}}, "ext": {"bmx": {"field": "body"}}}
+    async with client.post(f"{url}/docs/_search", json=search) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["X-BMX-Rerank"] == "skipped; reason=rerank_error"
+        assert len((await resp.json())["hits"]["hits"]) == 2
+    assert fake.searches[-1] == {"size": 2, "query": {"match": {"body": "t0"}}}
 
 
 async def test_policy_drop_in(proxy, client):
