@@ -63,7 +63,7 @@ async def search(request: Request, index: str | None) -> Response:
     if plan.spec is None:
         return await as_planned(request, plan, body, raw)
     assert index is not None
-    reason = "format"  # None below: the cluster answered the window in a form the rerank cannot read
+    reason = "unreadable"  # None below: the cluster answered the window in a form the rerank cannot read
     try:
         answer = await rerank(request, index, plan, headers, search_deadline(request, body, plan))
     except SearchError:

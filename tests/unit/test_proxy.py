@@ -326,7 +326,7 @@ async def test_non_json_answers_pass_through_unreranked(proxy, client):
 
 async def test_a_window_answered_in_a_form_the_rerank_cannot_read_is_never_the_answer(client):
     """However the cluster came to answer the first stage in another form (a format the proxy did not
-    see asked for), the window is not sent: the caller's own search goes, said `reason=format`."""
+    see asked for), the window is not sent: the caller's own search goes, said `reason=unreadable`."""
     fake = FakeCluster()
     inner = fake.app()
 
@@ -343,7 +343,7 @@ async def test_a_window_answered_in_a_form_the_rerank_cannot_read_is_never_the_a
     try:
         search = {"size": 2, "ext": {"bmx": {"field": "body", "query": "t0", "window_size": 5}}}
         async with client.post(f"{purl}/docs/_search", json=search) as resp:
-            assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=format"
+            assert resp.status == 200 and resp.headers["X-BMX-Rerank"] == "skipped; reason=unreadable"
             assert await resp.read() == b"---\nhits: yaml\n"
         assert fake.searches[-1] == {"size": 2}, "the caller's search, not the window's"
     finally:
