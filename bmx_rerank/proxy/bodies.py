@@ -230,13 +230,11 @@ class Inflater:
 
 
 def loads(data: bytes) -> Any:
-    """The JSON value of a body (None when empty), or `Unparsable`: not valid, or holding an integer
-    beyond 64 bits (`beyond_64_bits`), which would not go on unchanged."""
+    """The JSON value of a body (None when empty), or `Unparsable`."""
     try:
-        value = orjson.loads(data) if data.strip() else None
+        return orjson.loads(data) if data.strip() else None
     except orjson.JSONDecodeError:
         return Unparsable
-    return Unparsable if beyond_64_bits(data, value) else value
 
 
 # 19 digits or more: where an integer may be beyond 64 bits (-2^63 has 19)
@@ -262,6 +260,14 @@ def beyond_64_bits(data: bytes, value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+async def parse_request(data: bytes, request: Request) -> Any:
+    """`parse` of a request's body, which the proxy may send on written anew: `Unparsable` also where
+    it holds an integer beyond 64 bits (`beyond_64_bits`), which would not go on unchanged. The
+    cluster's answers are only read, so `parse` reads them."""
+    value = await parse(data, request)
+    return Unparsable if value is not Unparsable and beyond_64_bits(data, value) else value
 
 
 async def parse(data: bytes, request: Request | None = None) -> Any:

@@ -17,6 +17,7 @@ from bmx_rerank.proxy.bodies import (
     THREAD_BYTES,
     TooDeep,
     Unparsable,
+    beyond_64_bits,
     guard_parsed,
     guard_unparsable,
     loads,
@@ -43,13 +44,13 @@ from bmx_rerank.rerank.window import Window
 
 def parse_ndjson(data: bytes) -> list[Any] | None:
     """The lines of an NDJSON body as JSON values, or None when any line is not JSON the proxy can send
-    on unchanged (`bodies.loads`), or a blank line comes before the last: the cluster reads it as an
-    item's line (and refuses it), which skipping it would pair otherwise."""
-    lines = data.rstrip().split(b"\n")
+    on unchanged (not valid, or holding an integer beyond 64 bits), or a blank line comes before the
+    last: the cluster reads it as an item's line (and refuses it), which skipping it would pair
+    otherwise."""
     out = []
-    for line in lines:
+    for line in data.rstrip().split(b"\n"):
         value = loads(line)
-        if value is Unparsable or value is None:
+        if value is Unparsable or value is None or beyond_64_bits(line, value):
             return None
         out.append(value)
     return out

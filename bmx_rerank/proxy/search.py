@@ -20,6 +20,7 @@ from bmx_rerank.proxy.bodies import (
     guard_parsed,
     guard_unparsable,
     parse,
+    parse_request,
     read_json_body,
 )
 from bmx_rerank.proxy.framing import (
@@ -44,7 +45,7 @@ async def search(request: Request, index: str | None) -> Response:
     state = request.state
     config = state.config
     raw, decoded = await read_json_body(request, config.max_body, guard_length(request), config.max_depth)
-    body = await parse(decoded, request)
+    body = await parse_request(decoded, request)
     if body is Unparsable:
         await guard_unparsable(request, decoded, config.max_depth, state.metrics)
         return await forward(request, raw or None)

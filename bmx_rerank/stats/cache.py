@@ -129,8 +129,9 @@ class StatsCache:
     Each view is checked for drift at most every `check_interval` seconds (pointer + markers: two
     small calls), reloaded when another sidecar published a new snapshot. Past the interval one check
     runs for every search; they wait for it at most `CHECK_WAIT` seconds, then are served the cached
-    view marked stale while it goes on; a caller with no view waits, never longer than `timeout`. Loaded snapshots are shared by snapshot id: a caller reaches one only
-    through a pointer it read with its own credentials.
+    view marked stale while it goes on; a caller with no view waits, never longer than `timeout`.
+    Loaded snapshots are shared by snapshot id: a caller reaches one only through a pointer it read
+    with its own credentials.
 
     Length tables are memory-mapped files under `lengths_dir` (default `length_index.default_dir()`),
     one per snapshot, written by the first process that needs one and mapped by every other: N serving
